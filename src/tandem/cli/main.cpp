@@ -1,0 +1,203 @@
+// The tandem command line: train, inspect, config.
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "tandem/core/config.h"
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/io/checkpoint.h"
+#include "tandem/io/hf.h"
+#include "tandem/memory/estimate.h"
+#include "tandem/models/spec.h"
+#include "tandem/run/trainer.h"
+
+namespace {
+
+using namespace tandem;
+
+/// Options every command that reads a configuration shares.
+struct ConfigArgs {
+  std::vector<std::string> config_files;
+  std::string deepspeed;
+  std::vector<std::string> sets;
+  std::string preset, device, init_from, run_dir;
+  int64_t steps = -1;
+
+  void add_to(CLI::App* app, bool training) {
+    app->add_option("-c,--config", config_files, "YAML config (tandem keys, nested or dotted); .json = DeepSpeed; repeatable")
+        ->check(CLI::ExistingFile);
+    app->add_option("--deepspeed", deepspeed, "DeepSpeed JSON config: the keys that map are used, the rest listed")
+        ->check(CLI::ExistingFile);
+    app->add_option("-s,--set", sets, "override one key: --set train.steps=100 (repeatable; `tandem config --keys`)");
+    app->add_option("-p,--preset", preset, "model preset: " + join(preset_names(), ", "));
+    app->add_option("--device", device, "auto | cpu | cuda | cuda:N");
+    app->add_option("--init-from", init_from, "start from an HF LLaMA directory (config.json + safetensors)");
+    if (training) {
+      app->add_option("--steps", steps, "optimizer steps (train.steps)");
+      app->add_option("--run-dir", run_dir, "run directory (default runs/<date>-<time>-<preset>)");
+    }
+  }
+
+  /// defaults < resumed checkpoint's config < --config files < --deepspeed < flags < --set
+  Config resolve(const std::string& resume_dir) const {
+    Config cfg;
+    if (!resume_dir.empty()) load_checkpoint_config(cfg, resume_dir);
+    for (const auto& f : config_files) load_config_file(cfg, f);
+    if (!deepspeed.empty()) {
+      const auto r = load_deepspeed_config(cfg, deepspeed);
+      if (!r.ignored_keys.empty())
+        log::warn(deepspeed + ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));
+    }
+    if (!preset.empty()) set_config_key(cfg, "model.preset", preset, "--preset");
+    if (!device.empty()) set_config_key(cfg, "train.device", device, "--device");
+    if (!init_from.empty()) set_config_key(cfg, "model.init_from", init_from, "--init-from");
+    if (steps >= 0) set_config_key(cfg, "train.steps", std::to_string(steps), "--steps");
+    if (!run_dir.empty()) set_config_key(cfg, "train.run_dir", run_dir, "--run-dir");
+    for (const auto& s : sets) apply_override(cfg, s);
+    validate_config(cfg);
+    return cfg;
+  }
+};
+
+ModelSpec spec_for(const Config& cfg) {
+  if (!cfg.model.init_from.empty()) return spec_from_hf_config(cfg.model.init_from + "/config.json");
+  return resolve_model_spec(cfg.model);
+}
+
+int run_inspect(const Config& cfg) {
+  const ModelSpec s = spec_for(cfg);
+  const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
+  std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
+              s.name.c_str(), to_string(s.arch), (long long)s.n_layer, (long long)s.d_model, (long long)s.d_ff,
+              (long long)s.vocab_size, (long long)s.padded_vocab(), s.tie_embeddings ? "tied" : "untied");
+  if (s.arch == Arch::kLlama)
+    std::printf("attention: %lld heads, %lld key/value heads, head_dim %lld, RoPE theta %g, max_seq_len %lld\n",
+                (long long)s.n_head, (long long)s.n_kv_head, (long long)s.head_dim(), s.rope_theta,
+                (long long)s.max_seq_len);
+  const int64_t emb = s.padded_vocab() * s.d_model;
+  std::printf("\nparameters: %s (%lld; %lld as stored with vocabulary padding)\n",
+              format_count(double(s.num_params_unpadded())).c_str(), (long long)s.num_params_unpadded(),
+              (long long)s.num_params());
+  std::printf("  %-24s %12s\n", "block", "params");
+  std::printf("  %-24s %12s\n", "embed", format_count(double(emb)).c_str());
+  std::printf("  %-24s %12s  each, %s in all\n",
+              ("layer.0 .. layer." + std::to_string(s.n_layer - 1)).c_str(),
+              format_count(double(s.params_per_layer())).c_str(),
+              format_count(double(s.params_per_layer() * s.n_layer)).c_str());
+  std::printf("  %-24s %12s\n", s.tie_embeddings ? "head (norm; tied lm_head)" : "head (norm + lm_head)",
+              format_count(double(s.d_model + (s.tie_embeddings ? 0 : emb))).c_str());
+
+  const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
+  const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
+  std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",
+              (long long)cfg.train.micro_batch, (long long)T, to_string(cfg.train.precision),
+              cfg.model.checkpointing ? "on" : "off");
+  std::printf("  %-28s %14s %14s\n", "", cuda ? "GPU" : "CPU (device)", "host");
+  for (const auto& [name, bytes] : e.rows())
+    std::printf("  %-28s %14s %14s\n", name.c_str(), format_bytes(double(bytes)).c_str(), "-");
+  const int64_t host = cfg.data.prefetch * 2 * cfg.train.micro_batch * T * 8;
+  std::printf("  %-28s %14s %14s\n", "prefetched batches", "-", format_bytes(double(host)).c_str());
+  std::printf("  %-28s %14s %14s\n", "total", format_bytes(double(e.total())).c_str(), format_bytes(double(host)).c_str());
+  if (cuda && accelerator()) {
+    const auto ms = accelerator()->memory_stats(0);
+    std::printf("\n%s: %s free of %s: the estimate %s\n", accelerator()->device_name(0).c_str(),
+                format_bytes(double(ms.free)).c_str(), format_bytes(double(ms.total)).c_str(),
+                e.total() <= ms.free ? "fits" : "does NOT fit (lower train.micro_batch or set model.checkpointing=true)");
+  } else {
+    std::printf("\nhost: %s available\n", format_bytes(double(host_available_bytes())).c_str());
+  }
+  return 0;
+}
+
+std::string one_line(std::string s) {
+  for (auto& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+
+  CLI::App app{"tandem: train models larger than GPU memory at GPU speed, using the GPU, pinned host memory\n"
+               "and CPU cores together.\n\n"
+               "  tandem train                      train the embedded default (tiny model, generated corpus)\n"
+               "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
+               "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
+               "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
+               "  tandem config --keys              every configuration key with its meaning",
+               "tandem"};
+  app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
+  app.require_subcommand(0, 1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging");
+
+  ConfigArgs train_args, inspect_args, config_args;
+  std::string resume;
+  auto* train_cmd = app.add_subcommand("train", "train a model (no options: the embedded default job)");
+  train_args.add_to(train_cmd, true);
+  train_cmd->add_option("--resume", resume, "continue from a checkpoint directory or a run directory's newest checkpoint");
+
+  auto* inspect_cmd = app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
+  inspect_args.add_to(inspect_cmd, false);
+
+  bool list_keys = false;
+  auto* config_cmd = app.add_subcommand("config", "print the resolved configuration as YAML, or list every key");
+  config_args.add_to(config_cmd, true);
+  config_cmd->add_flag("--keys", list_keys, "list every key with its type and meaning");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tandem: error: %s; see tandem --help\n", one_line(e.what()).c_str());
+    return 2;
+  }
+  log::set_verbose(verbose);
+
+  try {
+    if (*train_cmd) {
+      std::string resume_dir = resume.empty() ? "" : resolve_checkpoint_dir(resume);
+      Config cfg = train_args.resolve(resume_dir);
+      TrainOptions opts;
+      opts.resume = resume_dir;
+      train(cfg, opts);
+      return 0;
+    }
+    if (*inspect_cmd) return run_inspect(inspect_args.resolve(""));
+    if (*config_cmd) {
+      if (list_keys) {
+        for (const auto& k : config_keys()) std::printf("%-26s %-22s %s\n", k.name.c_str(), k.type.c_str(), k.doc.c_str());
+        return 0;
+      }
+      std::fputs(config_to_yaml(config_args.resolve("")).c_str(), stdout);
+      return 0;
+    }
+    std::cout << app.help();
+    return 0;
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", one_line(e.what()).c_str());
+    return 2;
+  } catch (const c10::OutOfMemoryError& e) {
+    std::fprintf(stderr, "tandem: error: out of memory: %s; lower train.micro_batch or set model.checkpointing=true\n",
+                 one_line(e.what_without_backtrace()).c_str());
+    return 2;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "tandem: internal error: %s\n", one_line(e.what_without_backtrace()).c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: internal error: %s\n", one_line(e.what()).c_str());
+    return 1;
+  }
+}

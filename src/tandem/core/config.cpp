@@ -1,0 +1,593 @@
+#include "tandem/core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+
+namespace tandem {
+namespace {
+
+// ---- value parsing --------------------------------------------------------------------------
+
+int64_t parse_int(const std::string& key, const std::string& v) {
+  try {
+    size_t pos = 0;
+    const long long x = std::stoll(v, &pos);
+    if (pos == v.size()) return x;
+    // Accept integral floats written as 1e6.
+    const double d = std::stod(v, &pos);
+    if (pos == v.size() && std::floor(d) == d && std::fabs(d) < 9e18) return static_cast<int64_t>(d);
+  } catch (const std::exception&) {
+  }
+  TANDEM_FAIL("'", key, "' expects an integer, got '", v, "'");
+}
+
+double parse_double(const std::string& key, const std::string& v) {
+  try {
+    size_t pos = 0;
+    const double x = std::stod(v, &pos);
+    if (pos == v.size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  TANDEM_FAIL("'", key, "' expects a finite number, got '", v, "'");
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  const std::string s = to_lower(v);
+  if (s == "true" || s == "yes" || s == "on" || s == "1") return true;
+  if (s == "false" || s == "no" || s == "off" || s == "0") return false;
+  TANDEM_FAIL("'", key, "' expects true or false, got '", v, "'");
+}
+
+bool is_null(const std::string& v) {
+  const std::string s = to_lower(v);
+  return s.empty() || s == "~" || s == "null" || s == "none" || s == "preset";
+}
+
+template <typename E>
+E parse_enum(const std::string& key, const std::string& v, const std::vector<std::pair<std::string, E>>& table) {
+  const std::string s = to_lower(v);
+  std::vector<std::string> names;
+  for (const auto& [name, e] : table) {
+    if (s == name) return e;
+    names.push_back(name);
+  }
+  TANDEM_FAIL("'", key, "' must be one of ", join(names, ", "), "; got '", v, "'", did_you_mean(s, names));
+}
+
+template <typename E>
+std::string enum_name(E e, const std::vector<std::pair<std::string, E>>& table) {
+  for (const auto& [name, x] : table)
+    if (x == e) return name;
+  return "?";
+}
+
+std::string fmt_double(double x) {
+  std::ostringstream os;
+  os.precision(17);
+  os << x;
+  return os.str();
+}
+
+const std::vector<std::pair<std::string, Precision>> kPrecisions = {
+    {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
+const std::vector<std::pair<std::string, LrSchedule>> kSchedules = {
+    {"cosine", LrSchedule::kCosine}, {"linear", LrSchedule::kLinear}, {"constant", LrSchedule::kConstant}};
+const std::vector<std::pair<std::string, OffloadTarget>> kOffloadTargets = {
+    {"none", OffloadTarget::kNone}, {"cpu", OffloadTarget::kCpu}};
+
+// ---- the key registry -----------------------------------------------------------------------
+
+struct Field {
+  std::string name, type, doc;
+  std::function<void(Config&, const std::string&)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+template <typename Get>
+Field int_field(std::string name, std::string doc, Get get) {
+  return {name, "int", std::move(doc),
+          [get, name](Config& c, const std::string& v) { get(c) = parse_int(name, v); },
+          [get](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
+}
+template <typename Get>
+Field uint_field(std::string name, std::string doc, Get get) {
+  return {name, "int", std::move(doc),
+          [get, name](Config& c, const std::string& v) {
+            const int64_t x = parse_int(name, v);
+            TANDEM_CHECK(x >= 0, "'", name, "' must be >= 0, got ", v);
+            get(c) = static_cast<uint64_t>(x);
+          },
+          [get](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
+}
+template <typename Get>
+Field double_field(std::string name, std::string doc, Get get) {
+  return {name, "float", std::move(doc),
+          [get, name](Config& c, const std::string& v) { get(c) = parse_double(name, v); },
+          [get](const Config& c) { return fmt_double(get(const_cast<Config&>(c))); }};
+}
+template <typename Get>
+Field bool_field(std::string name, std::string doc, Get get) {
+  return {name, "bool", std::move(doc),
+          [get, name](Config& c, const std::string& v) { get(c) = parse_bool(name, v); },
+          [get](const Config& c) { return std::string(get(const_cast<Config&>(c)) ? "true" : "false"); }};
+}
+template <typename Get>
+Field string_field(std::string name, std::string doc, Get get) {
+  return {name, "string", std::move(doc), [get](Config& c, const std::string& v) { get(c) = v; },
+          [get](const Config& c) { return get(const_cast<Config&>(c)); }};
+}
+template <typename Get>
+Field opt_int_field(std::string name, std::string doc, Get get) {
+  return {name, "int|null", std::move(doc),
+          [get, name](Config& c, const std::string& v) {
+            if (is_null(v)) get(c).reset();
+            else get(c) = parse_int(name, v);
+          },
+          [get](const Config& c) {
+            const auto& o = get(const_cast<Config&>(c));
+            return o ? std::to_string(*o) : std::string("null");
+          }};
+}
+template <typename Get>
+Field opt_double_field(std::string name, std::string doc, Get get) {
+  return {name, "float|null", std::move(doc),
+          [get, name](Config& c, const std::string& v) {
+            if (is_null(v)) get(c).reset();
+            else get(c) = parse_double(name, v);
+          },
+          [get](const Config& c) {
+            const auto& o = get(const_cast<Config&>(c));
+            return o ? fmt_double(*o) : std::string("null");
+          }};
+}
+template <typename Get>
+Field opt_bool_field(std::string name, std::string doc, Get get) {
+  return {name, "bool|null", std::move(doc),
+          [get, name](Config& c, const std::string& v) {
+            if (is_null(v)) get(c).reset();
+            else get(c) = parse_bool(name, v);
+          },
+          [get](const Config& c) {
+            const auto& o = get(const_cast<Config&>(c));
+            return o ? std::string(*o ? "true" : "false") : std::string("null");
+          }};
+}
+template <typename E, typename Get>
+Field enum_field(std::string name, std::string doc, const std::vector<std::pair<std::string, E>>& table, Get get) {
+  std::vector<std::string> names;
+  for (const auto& [n, e] : table) names.push_back(n);
+  return {name, join(names, "|"), std::move(doc),
+          [get, name, &table](Config& c, const std::string& v) { get(c) = parse_enum(name, v, table); },
+          [get, &table](const Config& c) { return enum_name(get(const_cast<Config&>(c)), table); }};
+}
+
+#define F(path) [](Config& c) -> auto& { return c.path; }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> kFields = {
+      string_field("model.preset", "model preset: tiny, 125M, 1B, 3B, 7B, 13B, mlp (see `tandem inspect`)", F(model.preset)),
+      opt_int_field("model.n_layer", "number of decoder blocks (null = preset)", F(model.n_layer)),
+      opt_int_field("model.d_model", "hidden size (null = preset)", F(model.d_model)),
+      opt_int_field("model.n_head", "attention heads (null = preset)", F(model.n_head)),
+      opt_int_field("model.n_kv_head", "key/value heads for grouped-query attention (null = preset)", F(model.n_kv_head)),
+      opt_int_field("model.d_ff", "feed-forward size (null = preset)", F(model.d_ff)),
+      opt_int_field("model.vocab_size", "vocabulary size before padding to a multiple of 64 (null = preset)", F(model.vocab_size)),
+      opt_int_field("model.max_seq_len", "longest sequence (RoPE table length; null = preset)", F(model.max_seq_len)),
+      opt_bool_field("model.tie_embeddings", "share the embedding and output head weights (null = preset)", F(model.tie_embeddings)),
+      opt_double_field("model.rope_theta", "RoPE base frequency (null = preset)", F(model.rope_theta)),
+      opt_double_field("model.norm_eps", "RMSNorm epsilon (null = preset)", F(model.norm_eps)),
+      bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward", F(model.checkpointing)),
+
+      string_field("model.init_from", "HF LLaMA directory to start from (config.json + safetensors); overrides the preset", F(model.init_from)),
+
+      string_field("data.path", "'synthetic' (generated corpus), a token file (nanoGPT or llm.c .bin) or a text file", F(data.path)),
+      string_field("data.format", "auto | nanogpt | llmc | text", F(data.format)),
+      string_field("data.val_path", "held-out token file; empty = the last data.val_fraction of data.path", F(data.val_path)),
+      double_field("data.val_fraction", "fraction of the tokens held out for evaluation when no data.val_path", F(data.val_fraction)),
+      int_field("data.synthetic_bytes", "size in bytes of the generated default corpus", F(data.synthetic_bytes)),
+      int_field("data.prefetch", "batches the loader thread prepares ahead", F(data.prefetch)),
+
+      int_field("train.steps", "optimizer steps to run (total, including resumed ones)", F(train.steps)),
+      int_field("train.micro_batch", "sequences per forward/backward pass", F(train.micro_batch)),
+      int_field("train.seq_len", "tokens per sequence; 0 = model.max_seq_len", F(train.seq_len)),
+      int_field("train.grad_accum", "micro-batches accumulated per optimizer step", F(train.grad_accum)),
+      double_field("train.grad_clip", "global gradient-norm clip; 0 disables", F(train.grad_clip)),
+      enum_field("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling", kPrecisions, F(train.precision)),
+      string_field("train.device", "auto | cpu | cuda | cuda:N", F(train.device)),
+      uint_field("train.seed", "seed for initialisation and data order", F(train.seed)),
+      int_field("train.eval_every", "evaluate on the held-out split every N steps; 0 disables", F(train.eval_every)),
+      int_field("train.eval_batches", "micro-batches per evaluation", F(train.eval_batches)),
+      int_field("train.log_every", "log line / metrics cadence in steps", F(train.log_every)),
+      int_field("train.checkpoint_every", "checkpoint every N steps; 0 = only at the end", F(train.checkpoint_every)),
+      int_field("train.keep_checkpoints", "checkpoints kept in the run directory (older ones are removed)", F(train.keep_checkpoints)),
+      bool_field("train.save_final", "write a checkpoint when training ends", F(train.save_final)),
+      bool_field("train.tf32", "allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA", F(train.tf32)),
+      bool_field("train.cudnn_benchmark", "let cuDNN pick the fastest algorithms", F(train.cudnn_benchmark)),
+      string_field("train.run_dir", "run directory; empty = runs/<date>-<time>-<preset>", F(train.run_dir)),
+      string_field("train.progress", "auto (bar on a terminal, lines otherwise) | bar | lines | off", F(train.progress)),
+
+      string_field("optim.type", "adamw | adam", F(optim.type)),
+      double_field("optim.lr", "peak learning rate", F(optim.lr)),
+      double_field("optim.min_lr_ratio", "final learning rate as a fraction of optim.lr (cosine, linear)", F(optim.min_lr_ratio)),
+      int_field("optim.warmup_steps", "linear warmup steps", F(optim.warmup_steps)),
+      int_field("optim.decay_steps", "step at which decay ends; 0 = train.steps", F(optim.decay_steps)),
+      double_field("optim.warmup_min_lr", "learning rate at step 0 of warmup", F(optim.warmup_min_lr)),
+      enum_field("optim.schedule", "learning-rate shape after warmup", kSchedules, F(optim.schedule)),
+      double_field("optim.beta1", "Adam beta1", F(optim.beta1)),
+      double_field("optim.beta2", "Adam beta2", F(optim.beta2)),
+      double_field("optim.eps", "Adam epsilon", F(optim.eps)),
+      double_field("optim.weight_decay", "decoupled weight decay (matrices and embeddings; not norms)", F(optim.weight_decay)),
+
+      double_field("scaler.init_scale", "fp16 initial loss scale", F(scaler.init_scale)),
+      double_field("scaler.growth_factor", "fp16 loss-scale growth factor", F(scaler.growth_factor)),
+      double_field("scaler.backoff_factor", "fp16 loss-scale backoff on overflow", F(scaler.backoff_factor)),
+      int_field("scaler.growth_interval", "fp16 clean steps before the scale grows", F(scaler.growth_interval)),
+      double_field("scaler.min_scale", "fp16 smallest loss scale", F(scaler.min_scale)),
+      bool_field("scaler.dynamic", "fp16 dynamic loss scaling (false: fixed at init_scale)", F(scaler.dynamic)),
+
+      enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets, F(offload.optimizer)),
+      bool_field("offload.pin_memory", "use pinned host memory for offloaded buffers", F(offload.pin_memory)),
+  };
+  return kFields;
+}
+#undef F
+
+const Field& find_field(const std::string& key, const std::string& origin) {
+  for (const auto& f : fields())
+    if (f.name == key) return f;
+  TANDEM_FAIL(origin.empty() ? "" : origin + ": ", "unknown config key '", key, "'",
+              did_you_mean(key, config_key_names()),
+              did_you_mean(key, config_key_names()).empty() ? "; `tandem config --keys` lists the valid keys" : "");
+}
+
+void flatten_yaml(Config& cfg, const YAML::Node& node, const std::string& prefix, const std::string& origin) {
+  const auto where = [&](const YAML::Node& n) {
+    return origin + ":" + std::to_string(n.Mark().line + 1);
+  };
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      for (const auto& kv : node) {
+        const std::string k = kv.first.as<std::string>();
+        flatten_yaml(cfg, kv.second, prefix.empty() ? k : prefix + "." + k, origin);
+      }
+      break;
+    case YAML::NodeType::Scalar:
+      TANDEM_CHECK(!prefix.empty(), origin, ": expected a mapping of config keys, got a scalar");
+      set_config_key(cfg, prefix, node.Scalar(), where(node));
+      break;
+    case YAML::NodeType::Null:
+      if (!prefix.empty()) set_config_key(cfg, prefix, "", where(node));
+      break;
+    case YAML::NodeType::Sequence:
+      find_field(prefix, where(node));  // unknown keys first
+      TANDEM_FAIL(where(node), ": '", prefix, "' expects a single value, got a list");
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+std::vector<ConfigKeyInfo> config_keys() {
+  std::vector<ConfigKeyInfo> out;
+  for (const auto& f : fields()) out.push_back({f.name, f.type, f.doc});
+  return out;
+}
+
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> out;
+  for (const auto& f : fields()) out.push_back(f.name);
+  return out;
+}
+
+void set_config_key(Config& cfg, const std::string& key, const std::string& value, const std::string& origin) {
+  const Field& f = find_field(key, origin);
+  try {
+    f.set(cfg, value);
+  } catch (const UserError& e) {
+    if (origin.empty()) throw;
+    throw UserError(origin + ": " + e.what());
+  }
+}
+
+std::string get_config_key(const Config& cfg, const std::string& key) { return find_field(key, "").get(cfg); }
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  TANDEM_CHECK(eq != std::string::npos && eq > 0, "--set expects KEY=VALUE, got '", assignment,
+               "' (e.g. --set train.steps=100)");
+  set_config_key(cfg, assignment.substr(0, eq), assignment.substr(eq + 1), "--set");
+}
+
+void load_yaml_config_text(Config& cfg, const std::string& text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    TANDEM_FAIL(origin, ":", e.mark.line + 1, ": not valid YAML (", e.msg, "); fix the syntax");
+  }
+  if (root.IsNull()) return;
+  TANDEM_CHECK(root.IsMap(), origin, ": expected a mapping of config keys at the top level");
+  flatten_yaml(cfg, root, "", origin);
+}
+
+void load_yaml_config(Config& cfg, const std::string& path) {
+  std::ifstream in(path);
+  TANDEM_CHECK(in.good(), "cannot read config file '", path, "'; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  load_yaml_config_text(cfg, ss.str(), path);
+}
+
+DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text, const std::string& origin) {
+  using nlohmann::json;
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    TANDEM_FAIL(origin, ": not valid JSON (", e.what(), ")");
+  }
+  TANDEM_CHECK(root.is_object(), origin, ": a DeepSpeed config must be a JSON object");
+  DeepSpeedImport result;
+  auto& ignored = result.ignored_keys;
+  const auto is_auto = [](const json& v) { return v.is_string() && v.get<std::string>() == "auto"; };
+  const auto num = [&](const json& v, const std::string& key) -> double {
+    TANDEM_CHECK(v.is_number(), origin, ": '", key, "' must be a number, got ", v.dump());
+    return v.get<double>();
+  };
+  const auto integer = [&](const json& v, const std::string& key) -> int64_t {
+    TANDEM_CHECK(v.is_number_integer(), origin, ": '", key, "' must be an integer, got ", v.dump());
+    return v.get<int64_t>();
+  };
+  const auto boolean = [&](const json& v, const std::string& key) -> bool {
+    TANDEM_CHECK(v.is_boolean(), origin, ": '", key, "' must be true or false, got ", v.dump());
+    return v.get<bool>();
+  };
+  const auto object = [&](const json& v, const std::string& key) -> const json& {
+    TANDEM_CHECK(v.is_object(), origin, ": '", key, "' must be an object, got ", v.dump());
+    return v;
+  };
+
+  std::optional<int64_t> micro, accum, global;
+  for (const auto& [key, v] : root.items()) {
+    if (is_auto(v)) continue;  // HF Trainer placeholders: keep tandem's own value
+    if (key == "train_micro_batch_size_per_gpu") {
+      micro = integer(v, key);
+    } else if (key == "gradient_accumulation_steps") {
+      accum = integer(v, key);
+    } else if (key == "train_batch_size") {
+      global = integer(v, key);
+    } else if (key == "gradient_clipping") {
+      cfg.train.grad_clip = num(v, key);
+    } else if (key == "steps_per_print") {
+      cfg.train.log_every = integer(v, key);
+    } else if (key == "optimizer") {
+      const json& o = object(v, key);
+      for (const auto& [k, x] : o.items()) {
+        if (k == "type") {
+          const std::string t = to_lower(x.get<std::string>());
+          TANDEM_CHECK(t == "adam" || t == "adamw" || t == "cpuadam" || t == "fusedadam", origin,
+                       ": optimizer type '", x.get<std::string>(), "' is not supported; use Adam or AdamW");
+          cfg.optim.type = "adamw";  // DeepSpeed's Adam is AdamW unless adam_w_mode is false
+        } else if (k == "params") {
+          for (const auto& [p, y] : object(x, "optimizer.params").items()) {
+            if (is_auto(y)) continue;
+            if (p == "lr") cfg.optim.lr = num(y, "optimizer.params.lr");
+            else if (p == "eps") cfg.optim.eps = num(y, "optimizer.params.eps");
+            else if (p == "weight_decay") cfg.optim.weight_decay = num(y, "optimizer.params.weight_decay");
+            else if (p == "betas") {
+              TANDEM_CHECK(y.is_array() && y.size() == 2, origin, ": 'optimizer.params.betas' must be [beta1, beta2]");
+              cfg.optim.beta1 = num(y[0], "optimizer.params.betas[0]");
+              cfg.optim.beta2 = num(y[1], "optimizer.params.betas[1]");
+            } else if (p == "adam_w_mode") {
+              cfg.optim.type = boolean(y, "optimizer.params.adam_w_mode") ? "adamw" : "adam";
+            } else {
+              ignored.push_back("optimizer.params." + p);
+            }
+          }
+        } else {
+          ignored.push_back("optimizer." + k);
+        }
+      }
+    } else if (key == "scheduler") {
+      const json& s = object(v, key);
+      TANDEM_CHECK(s.contains("type"), origin, ": 'scheduler' needs a 'type'");
+      const std::string type = s["type"].get<std::string>();
+      const json params = s.value("params", json::object());
+      double max_lr = cfg.optim.lr;
+      if (type == "WarmupLR" || type == "WarmupDecayLR") {
+        cfg.optim.schedule = type == "WarmupLR" ? LrSchedule::kConstant : LrSchedule::kLinear;
+        if (type == "WarmupDecayLR") cfg.optim.min_lr_ratio = 0.0;
+        for (const auto& [p, y] : params.items()) {
+          if (is_auto(y)) continue;
+          if (p == "warmup_max_lr") max_lr = cfg.optim.lr = num(y, "scheduler.params.warmup_max_lr");
+          else if (p == "warmup_min_lr") cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_lr");
+          else if (p == "warmup_num_steps") cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
+          else if (p == "total_num_steps" && type == "WarmupDecayLR")
+            cfg.optim.decay_steps = integer(y, "scheduler.params.total_num_steps");
+          else if (p == "warmup_type" && y.is_string() && y.get<std::string>() == "linear") continue;
+          else ignored.push_back("scheduler.params." + p + (p == "warmup_type" ? " (tandem warms up linearly)" : ""));
+        }
+        (void)max_lr;
+      } else if (type == "WarmupCosineLR") {
+        cfg.optim.schedule = LrSchedule::kCosine;
+        for (const auto& [p, y] : params.items()) {
+          if (is_auto(y)) continue;
+          if (p == "warmup_num_steps") cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
+          else if (p == "total_num_steps") cfg.optim.decay_steps = integer(y, "scheduler.params.total_num_steps");
+          else if (p == "cos_min_ratio") cfg.optim.min_lr_ratio = num(y, "scheduler.params.cos_min_ratio");
+          else if (p == "warmup_min_ratio") cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_ratio") * cfg.optim.lr;
+          else ignored.push_back("scheduler.params." + p);
+        }
+      } else {
+        TANDEM_FAIL(origin, ": scheduler type '", type, "' is not supported; use WarmupLR, WarmupDecayLR or WarmupCosineLR");
+      }
+    } else if (key == "bf16" || key == "fp16") {
+      const json& o = object(v, key);
+      const bool enabled = o.contains("enabled") && !is_auto(o["enabled"]) && boolean(o["enabled"], key + ".enabled");
+      if (enabled) cfg.train.precision = key == "bf16" ? Precision::kBf16 : Precision::kFp16;
+      for (const auto& [k, x] : o.items()) {
+        if (k == "enabled" || is_auto(x)) continue;
+        if (key == "fp16" && k == "loss_scale") {
+          const double s = num(x, "fp16.loss_scale");
+          cfg.scaler.dynamic = s == 0.0;
+          if (s > 0) cfg.scaler.init_scale = s;
+        } else if (key == "fp16" && k == "initial_scale_power") {
+          cfg.scaler.init_scale = std::ldexp(1.0, static_cast<int>(integer(x, "fp16.initial_scale_power")));
+        } else if (key == "fp16" && k == "loss_scale_window") {
+          cfg.scaler.growth_interval = integer(x, "fp16.loss_scale_window");
+        } else if (key == "fp16" && k == "min_loss_scale") {
+          cfg.scaler.min_scale = num(x, "fp16.min_loss_scale");
+        } else {
+          ignored.push_back(key + "." + k);
+        }
+      }
+    } else if (key == "zero_optimization") {
+      for (const auto& [k, x] : object(v, key).items()) {
+        if (k == "offload_optimizer") {
+          for (const auto& [p, y] : object(x, "zero_optimization.offload_optimizer").items()) {
+            if (p == "device") {
+              const std::string d = to_lower(y.get<std::string>());
+              TANDEM_CHECK(d == "cpu" || d == "none", origin, ": zero_optimization.offload_optimizer.device '", d,
+                           "' is not supported; use cpu or none");
+              cfg.offload.optimizer = d == "cpu" ? OffloadTarget::kCpu : OffloadTarget::kNone;
+            } else if (p == "pin_memory") {
+              cfg.offload.pin_memory = boolean(y, "zero_optimization.offload_optimizer.pin_memory");
+            } else {
+              ignored.push_back("zero_optimization.offload_optimizer." + p);
+            }
+          }
+        } else {
+          ignored.push_back("zero_optimization." + k);
+        }
+      }
+    } else {
+      ignored.push_back(key);
+    }
+  }
+  // Batch arithmetic (one process: world size 1).
+  if (global && micro && accum) {
+    TANDEM_CHECK(*global == *micro * *accum, origin, ": train_batch_size (", *global,
+                 ") must equal train_micro_batch_size_per_gpu (", *micro, ") x gradient_accumulation_steps (",
+                 *accum, ") on one device");
+  } else if (global && micro) {
+    TANDEM_CHECK(*global % *micro == 0, origin, ": train_batch_size (", *global,
+                 ") is not a multiple of train_micro_batch_size_per_gpu (", *micro, ")");
+    accum = *global / *micro;
+  } else if (global && accum) {
+    TANDEM_CHECK(*global % *accum == 0, origin, ": train_batch_size (", *global,
+                 ") is not a multiple of gradient_accumulation_steps (", *accum, ")");
+    micro = *global / *accum;
+  } else if (global) {
+    micro = *global;
+    accum = 1;
+  }
+  if (micro) cfg.train.micro_batch = *micro;
+  if (accum) cfg.train.grad_accum = *accum;
+  return result;
+}
+
+DeepSpeedImport load_deepspeed_config(Config& cfg, const std::string& path) {
+  std::ifstream in(path);
+  TANDEM_CHECK(in.good(), "cannot read DeepSpeed config '", path, "'; check the path");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_deepspeed_config_text(cfg, ss.str(), path);
+}
+
+void load_config_file(Config& cfg, const std::string& path) {
+  const auto dot = path.rfind('.');
+  const std::string ext = dot == std::string::npos ? "" : to_lower(path.substr(dot + 1));
+  if (ext == "json") {
+    const auto r = load_deepspeed_config(cfg, path);
+    if (!r.ignored_keys.empty())
+      log::warn(path + ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));
+  } else if (ext == "yaml" || ext == "yml") {
+    load_yaml_config(cfg, path);
+  } else {
+    TANDEM_FAIL("config file '", path, "' has an unknown extension; use .yaml/.yml (tandem) or .json (DeepSpeed)");
+  }
+}
+
+std::string config_to_yaml(const Config& cfg) {
+  YAML::Node root;
+  for (const auto& f : fields()) {
+    const auto dot = f.name.find('.');
+    const std::string section = f.name.substr(0, dot), key = f.name.substr(dot + 1);
+    const std::string value = f.get(cfg);
+    if (value == "null") root[section][key] = YAML::Node(YAML::NodeType::Null);
+    else root[section][key] = value;
+  }
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_hash(const Config& cfg) {
+  // FNV-1a over the canonical YAML text.
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char ch : config_to_yaml(cfg)) h = (h ^ ch) * 1099511628211ull;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+void validate_config(const Config& c) {
+  TANDEM_CHECK(c.train.steps >= 0, "train.steps must be >= 0, got ", c.train.steps);
+  TANDEM_CHECK(c.train.micro_batch > 0, "train.micro_batch must be > 0, got ", c.train.micro_batch);
+  TANDEM_CHECK(c.train.grad_accum > 0, "train.grad_accum must be > 0, got ", c.train.grad_accum);
+  TANDEM_CHECK(c.train.seq_len >= 0, "train.seq_len must be >= 0 (0 = model.max_seq_len), got ", c.train.seq_len);
+  TANDEM_CHECK(c.train.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables), got ", c.train.grad_clip);
+  TANDEM_CHECK(c.train.log_every > 0, "train.log_every must be > 0, got ", c.train.log_every);
+  TANDEM_CHECK(c.train.eval_every >= 0, "train.eval_every must be >= 0, got ", c.train.eval_every);
+  TANDEM_CHECK(c.train.eval_every == 0 || c.train.eval_batches > 0, "train.eval_batches must be > 0 when evaluating");
+  TANDEM_CHECK(c.train.checkpoint_every >= 0, "train.checkpoint_every must be >= 0, got ", c.train.checkpoint_every);
+  TANDEM_CHECK(c.train.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1, got ", c.train.keep_checkpoints);
+  const auto& p = c.train.progress;
+  TANDEM_CHECK(p == "auto" || p == "bar" || p == "lines" || p == "off", "train.progress must be auto, bar, lines or off; got '", p, "'");
+  TANDEM_CHECK(c.optim.type == "adamw" || c.optim.type == "adam", "optim.type must be adamw or adam; got '", c.optim.type, "'");
+  TANDEM_CHECK(c.optim.lr > 0, "optim.lr must be > 0, got ", c.optim.lr);
+  TANDEM_CHECK(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1 must be in [0, 1), got ", c.optim.beta1);
+  TANDEM_CHECK(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2 must be in [0, 1), got ", c.optim.beta2);
+  TANDEM_CHECK(c.optim.eps > 0, "optim.eps must be > 0, got ", c.optim.eps);
+  TANDEM_CHECK(c.optim.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", c.optim.weight_decay);
+  TANDEM_CHECK(c.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0, got ", c.optim.warmup_steps);
+  TANDEM_CHECK(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1], got ", c.optim.min_lr_ratio);
+  TANDEM_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", c.data.val_fraction);
+  TANDEM_CHECK(c.data.prefetch >= 1, "data.prefetch must be >= 1, got ", c.data.prefetch);
+  TANDEM_CHECK(c.data.synthetic_bytes >= 4096, "data.synthetic_bytes must be >= 4096, got ", c.data.synthetic_bytes);
+  TANDEM_CHECK(c.scaler.init_scale > 0, "scaler.init_scale must be > 0");
+  TANDEM_CHECK(c.scaler.growth_factor > 1, "scaler.growth_factor must be > 1");
+  TANDEM_CHECK(c.scaler.backoff_factor > 0 && c.scaler.backoff_factor < 1, "scaler.backoff_factor must be in (0, 1)");
+  TANDEM_CHECK(c.scaler.growth_interval > 0, "scaler.growth_interval must be > 0");
+}
+
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* to_string(LrSchedule s) {
+  switch (s) {
+    case LrSchedule::kCosine: return "cosine";
+    case LrSchedule::kLinear: return "linear";
+    case LrSchedule::kConstant: return "constant";
+  }
+  return "?";
+}
+
+}  // namespace tandem

@@ -1,0 +1,152 @@
+#pragma once
+// The run's configuration: one flat key space ("train.steps", "optim.lr", ...), filled from
+// defaults, then YAML files, then DeepSpeed JSON files, then --set overrides, in that order.
+// Every key is declared once in config.cpp with its type and a one-line doc; an unknown key is
+// an error naming the closest valid one.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem {
+
+/// Arithmetic used for the forward and backward passes.
+enum class Precision { kFp32, kBf16, kFp16 };
+/// Learning-rate shape after warmup.
+enum class LrSchedule { kCosine, kLinear, kConstant };
+/// Where the optimizer keeps its state and runs (offload engine: a later layer).
+enum class OffloadTarget { kNone, kCpu };
+
+/// Model selection: a preset plus optional overrides of its fields (unset = preset value).
+struct ModelConfig {
+  std::string preset = "tiny";
+  std::optional<int64_t> n_layer, d_model, n_head, n_kv_head, d_ff, vocab_size, max_seq_len;
+  std::optional<bool> tie_embeddings;
+  std::optional<double> rope_theta, norm_eps;
+  bool checkpointing = false;  ///< recompute each decoder block in backward (activation checkpointing)
+  std::string init_from;       ///< HF LLaMA directory: architecture from its config.json, weights from its safetensors
+};
+
+/// Where the tokens come from.
+struct DataConfig {
+  std::string path = "synthetic";  ///< "synthetic", a token file (.bin) or a text file
+  std::string format = "auto";     ///< auto | nanogpt | llmc | text
+  std::string val_path;            ///< held-out file; empty = the last val_fraction of `path`
+  double val_fraction = 0.05;
+  int64_t synthetic_bytes = 2'000'000;  ///< size of the generated corpus
+  int64_t prefetch = 2;                 ///< batches prepared ahead by the loader thread
+};
+
+/// The step loop.
+struct TrainConfig {
+  int64_t steps = 300;
+  int64_t micro_batch = 16;
+  int64_t seq_len = 0;  ///< 0 = the model's max_seq_len
+  int64_t grad_accum = 1;
+  double grad_clip = 1.0;  ///< global-norm clipping; 0 disables
+  Precision precision = Precision::kFp32;
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
+  uint64_t seed = 1337;
+  int64_t eval_every = 100;  ///< 0 disables evaluation
+  int64_t eval_batches = 8;
+  int64_t log_every = 10;
+  int64_t checkpoint_every = 0;  ///< 0 = only at the end
+  int64_t keep_checkpoints = 3;
+  bool save_final = true;
+  bool tf32 = true;
+  bool cudnn_benchmark = true;
+  std::string run_dir;            ///< empty = runs/<time>-<preset>
+  std::string progress = "auto";  ///< auto | bar | lines | off
+};
+
+/// AdamW and the learning-rate schedule.
+struct OptimConfig {
+  std::string type = "adamw";  ///< adamw | adam
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;  ///< cosine/linear decay floor as a fraction of lr
+  int64_t warmup_steps = 20;
+  int64_t decay_steps = 0;  ///< 0 = train.steps
+  double warmup_min_lr = 0.0;
+  LrSchedule schedule = LrSchedule::kCosine;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+/// Dynamic loss scaling for fp16.
+struct ScalerConfig {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min_scale = 1.0;
+  bool dynamic = true;  ///< false: the scale stays at init_scale
+};
+
+/// Offload settings (consumed by the heterogeneous engine).
+struct OffloadConfig {
+  OffloadTarget optimizer = OffloadTarget::kNone;
+  bool pin_memory = true;
+};
+
+/// The whole configuration of a run.
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ScalerConfig scaler;
+  OffloadConfig offload;
+};
+
+/// One settable key: its dotted name, a one-line description, and its current value as text.
+struct ConfigKeyInfo {
+  std::string name;
+  std::string type;
+  std::string doc;
+};
+
+/// Every valid key, in declaration order.
+std::vector<ConfigKeyInfo> config_keys();
+std::vector<std::string> config_key_names();
+
+/// Sets one key from text; throws UserError for an unknown key (naming the closest) or a bad value.
+/// `origin` prefixes the message (e.g. "run.yaml:4").
+void set_config_key(Config& cfg, const std::string& key, const std::string& value,
+                    const std::string& origin = "");
+
+/// Reads one key as text.
+std::string get_config_key(const Config& cfg, const std::string& key);
+
+/// Applies a "key=value" override (from --set).
+void apply_override(Config& cfg, const std::string& assignment);
+
+/// Loads a YAML file (nested maps flatten to dotted keys) into cfg.
+void load_yaml_config(Config& cfg, const std::string& path);
+/// Parses YAML text (for tests and resumed runs); `origin` names the source in messages.
+void load_yaml_config_text(Config& cfg, const std::string& text, const std::string& origin);
+
+/// Result of reading a DeepSpeed JSON config: the keys it could not map.
+struct DeepSpeedImport {
+  std::vector<std::string> ignored_keys;
+};
+/// Loads the DeepSpeed keys that map onto tandem's; returns the ones it ignored.
+DeepSpeedImport load_deepspeed_config(Config& cfg, const std::string& path);
+DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text, const std::string& origin);
+
+/// Loads by extension: .json = DeepSpeed, .yaml/.yml = tandem YAML. Logs one warning for ignored keys.
+void load_config_file(Config& cfg, const std::string& path);
+
+/// The full configuration as YAML (every key, nested), for run directories and `tandem config`.
+std::string config_to_yaml(const Config& cfg);
+
+/// Stable hash of the configuration (hex), to check that ranks or a resume agree.
+std::string config_hash(const Config& cfg);
+
+/// Checks values that are individually valid but impossible together.
+void validate_config(const Config& cfg);
+
+const char* to_string(Precision p);
+const char* to_string(LrSchedule s);
+
+}  // namespace tandem

@@ -1,0 +1,192 @@
+#include "tandem/io/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/io/fs.h"
+#include "tandem/io/hf.h"
+#include "tandem/io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace tandem {
+namespace {
+
+// Note [Checkpoint layout]
+// step_XXXXXXXX/
+//   model.safetensors      weights under HF names (real vocabulary rows), fp32
+//   config.json            HF config, so the directory loads in transformers
+//   optimizer.safetensors  "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step"
+//   rng.safetensors        CPU (and CUDA) generator states as U8
+//   tandem.yaml            the full run configuration
+//   trainer_state.json     step, data position, scaler, config hash, and every file's size;
+//                          written last, so its presence marks a complete directory
+// The directory is built as .step_XXXXXXXX.tmp, each file fsynced, then renamed into place.
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr int kFormatVersion = 1;
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+torch::Tensor bytes_tensor(const std::string& s) {
+  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+std::string tensor_bytes(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
+                            const Config& config, int device_index) {
+  ensure_writable_directory(parent, "checkpoint directory");
+  const std::string name = step_name(state.step);
+  const fs::path final_dir = fs::path(parent) / name;
+  const fs::path tmp_dir = fs::path(parent) / ("." + name + ".tmp");
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  TANDEM_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
+  try {
+    save_hf_model(model, tmp_dir.string());
+    write_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    torch::Tensor cpu_state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      cpu_state = gen.get_state();
+    }
+    std::vector<NamedTensor> rng{{"cpu", cpu_state}};
+    if (device_index >= 0 && accelerator()) rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
+    write_safetensors((tmp_dir / "rng.safetensors").string(), rng);
+    write_file_synced((tmp_dir / "tandem.yaml").string(), config_to_yaml(config));
+
+    nlohmann::json j;
+    j["format_version"] = kFormatVersion;
+    j["step"] = state.step;
+    j["data_position"] = state.data_position;
+    j["tokens_seen"] = state.tokens_seen;
+    j["loss_scale"] = state.loss_scale;
+    j["growth_tracker"] = state.growth_tracker;
+    j["config_hash"] = state.config_hash;
+    nlohmann::json files = nlohmann::json::object();
+    for (const auto& e : fs::directory_iterator(tmp_dir)) files[e.path().filename().string()] = fs::file_size(e.path());
+    j["files"] = files;
+    write_file_synced((tmp_dir / kStateFile).string(), j.dump(2) + "\n");
+    fsync_directory(tmp_dir.string());
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    fs::rename(tmp_dir, final_dir);
+    fsync_directory(parent);
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+  return final_dir.string();
+}
+
+std::vector<std::string> list_checkpoints(const std::string& parent) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return out;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / kStateFile)) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void prune_checkpoints(const std::string& parent, int64_t keep) {
+  auto all = list_checkpoints(parent);
+  std::error_code ec;
+  for (int64_t i = 0; i + keep < static_cast<int64_t>(all.size()); ++i) fs::remove_all(all[i], ec);
+}
+
+std::string resolve_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  TANDEM_CHECK(fs::is_directory(path, ec), "--resume: '", path, "' is not a directory; give a checkpoint or run directory");
+  if (fs::exists(fs::path(path) / kStateFile)) return path;
+  for (const auto& sub : {fs::path(path) / "checkpoints", fs::path(path)}) {
+    auto all = list_checkpoints(sub.string());
+    if (!all.empty()) return all.back();
+  }
+  if (fs::path(path).filename().string().rfind("step_", 0) == 0)
+    TANDEM_FAIL("--resume: '", path, "' has no ", kStateFile, "; the checkpoint is incomplete (cut off while being written?)");
+  TANDEM_FAIL("--resume: no complete checkpoint in '", path, "'; give a step_* directory or a run directory with checkpoints/");
+}
+
+void load_checkpoint_config(Config& cfg, const std::string& dir) {
+  const std::string p = (fs::path(dir) / "tandem.yaml").string();
+  load_yaml_config_text(cfg, read_file(p, "checkpoint config"), p);
+}
+
+TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index) {
+  const fs::path d(dir);
+  const std::string state_path = (d / kStateFile).string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(state_path, "checkpoint state"));
+  } catch (const nlohmann::json::parse_error& e) {
+    TANDEM_FAIL(state_path, " is corrupt (", e.what(), "); resume from an earlier checkpoint");
+  }
+  TANDEM_CHECK(j.value("format_version", 0) == kFormatVersion, state_path, ": unsupported checkpoint format version ",
+               j.value("format_version", 0));
+  if (j.contains("files")) {
+    for (const auto& [name, size] : j["files"].items()) {
+      std::error_code ec;
+      const auto actual = fs::file_size(d / name, ec);
+      TANDEM_CHECK(!ec, dir, ": file '", name, "' is missing; the checkpoint is damaged, resume from an earlier one");
+      TANDEM_CHECK(actual == size.get<uint64_t>(), dir, ": file '", name, "' has ", actual, " bytes, expected ",
+                   size.get<uint64_t>(), "; the checkpoint is damaged, resume from an earlier one");
+    }
+  }
+  {
+    SafetensorsFile weights((d / "model.safetensors").string());
+    model.load_hf_state_dict(
+        [&](const std::string& n) -> std::optional<torch::Tensor> {
+          if (!weights.contains(n)) return std::nullopt;
+          return weights.tensor(n);
+        },
+        (d / "model.safetensors").string());
+  }
+  {
+    SafetensorsFile opt((d / "optimizer.safetensors").string());
+    optimizer.load_state(
+        [&](const std::string& n) -> std::optional<torch::Tensor> {
+          if (!opt.contains(n)) return std::nullopt;
+          return opt.tensor(n);
+        },
+        (d / "optimizer.safetensors").string());
+  }
+  {
+    SafetensorsFile rng((d / "rng.safetensors").string());
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.tensor("cpu"));
+    if (device_index >= 0 && accelerator() && rng.contains("cuda"))
+      accelerator()->set_rng_state(device_index, tensor_bytes(rng.tensor("cuda")));
+  }
+  TrainerState s;
+  s.step = j.at("step").get<int64_t>();
+  s.data_position = j.at("data_position").get<int64_t>();
+  s.tokens_seen = j.value("tokens_seen", int64_t{0});
+  s.loss_scale = j.value("loss_scale", 1.0);
+  s.growth_tracker = j.value("growth_tracker", int64_t{0});
+  s.config_hash = j.value("config_hash", std::string());
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,45 @@
+#pragma once
+// Training checkpoints: one directory per step, written under a temporary name, every file
+// fsynced, then renamed into place (Note [Checkpoint layout] in checkpoint.cpp).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+#include "tandem/models/model.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem {
+
+/// Everything besides tensors that a resumed run needs to continue exactly.
+struct TrainerState {
+  int64_t step = 0;           ///< optimizer steps completed
+  int64_t data_position = 0;  ///< sampler position (micro-batches handed out)
+  int64_t tokens_seen = 0;
+  double loss_scale = 1.0;
+  int64_t growth_tracker = 0;
+  std::string config_hash;
+};
+
+/// Writes `<parent>/step_XXXXXXXX` atomically and returns its path.
+std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
+                            const Config& config, int device_index);
+
+/// Restores model, optimizer and RNG from a checkpoint directory and returns the trainer state.
+/// UserError when the directory is not a complete checkpoint or does not match the model.
+TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index);
+
+/// A checkpoint directory itself, or the newest complete checkpoint under a run directory.
+std::string resolve_checkpoint_dir(const std::string& path);
+
+/// The tandem config stored in a checkpoint (tandem.yaml), applied onto cfg.
+void load_checkpoint_config(Config& cfg, const std::string& checkpoint_dir);
+
+/// Complete checkpoints under `parent`, oldest first.
+std::vector<std::string> list_checkpoints(const std::string& parent);
+
+/// Removes all but the newest `keep` checkpoints under `parent`.
+void prune_checkpoints(const std::string& parent, int64_t keep);
+
+}  // namespace tandem

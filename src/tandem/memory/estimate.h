@@ -1,0 +1,26 @@
+#pragma once
+// A first memory estimate per device for the single-device trainer: weights, gradients,
+// optimizer states, activations and logits. The offload engine's MemoryPlan replaces it with
+// an exact per-buffer plan.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+
+/// Bytes by purpose on the compute device.
+struct MemoryEstimate {
+  int64_t weights = 0, grads = 0, optimizer = 0, activations = 0, logits = 0;
+  int64_t total() const { return weights + grads + optimizer + activations + logits; }
+  std::vector<std::pair<std::string, int64_t>> rows() const;
+};
+
+/// Estimate for training `spec` with micro-batch B, sequence T, precision and checkpointing.
+MemoryEstimate estimate_training_memory(const ModelSpec& spec, int64_t micro_batch, int64_t seq_len, Precision p,
+                                        bool checkpointing);
+
+}  // namespace tandem

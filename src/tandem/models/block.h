@@ -1,0 +1,58 @@
+#pragma once
+// The unit of the engine: a Block owns its parameters and maps one activation to the next.
+// A model is a sequence of Blocks: embedding, decoder layers 0..L-1, head (ARCHITECTURE.md).
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tandem {
+
+/// A parameter with its HF checkpoint name.
+using NamedTensor = std::pair<std::string, torch::Tensor>;
+
+/// The role of a Block in the sequence.
+enum class BlockKind { kEmbedding, kLayer, kHead };
+
+/// One unit of offload, streaming, placement and checkpoint sharding.
+class Block : public torch::nn::Module {
+ public:
+  Block(BlockKind kind, std::string name, std::string hf_prefix)
+      : kind_(kind), name_(std::move(name)), hf_prefix_(std::move(hf_prefix)) {}
+
+  /// Embedding: (B, T) int64 tokens -> (B, T, C). Layer: (B, T, C) -> (B, T, C). Head: (B, T, C) -> (B, T, V_pad).
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+
+  /// The parameters this Block owns, under their HF names (a tied head owns none of the embedding).
+  virtual std::vector<NamedTensor> hf_parameters() {
+    std::vector<NamedTensor> out;
+    for (const auto& item : named_parameters(/*recurse=*/true)) out.emplace_back(hf_prefix_ + item.key(), item.value());
+    return out;
+  }
+
+  BlockKind kind() const { return kind_; }
+  /// Short display name: "embed", "layer.3", "head".
+  const std::string& name() const { return name_; }
+
+ protected:
+  BlockKind kind_;
+  std::string name_;
+  std::string hf_prefix_;
+};
+
+/// RMSNorm with a learned scale: y = x / rms(x) * weight (weight initialised to ones).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+}  // namespace tandem

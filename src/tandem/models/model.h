@@ -1,0 +1,59 @@
+#pragma once
+// A model as a sequence of Blocks, with HF-named state for checkpoints and pretrained weights.
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/models/block.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+
+/// The whole network: blocks_[0] embeds, blocks_[1..L] are decoder layers, blocks_.back() is the head.
+class Model : public torch::nn::Module {
+ public:
+  Model(const ModelSpec& spec, bool checkpointing);
+
+  /// (B, T) int64 tokens -> (B, T, V_pad) logits. Decoder layers are recomputed in backward when
+  /// activation checkpointing is on and gradients are being recorded.
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  /// Mean cross-entropy of logits (B, T, V_pad) against targets (B, T), over the real vocabulary
+  /// only (padding columns never enter the softmax), computed in fp32.
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const;
+
+  const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
+  const ModelSpec& spec() const { return spec_; }
+  bool checkpointing() const { return checkpointing_; }
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+
+  /// Every trainable tensor once, under its HF name, with padded vocabulary rows.
+  std::vector<NamedTensor> hf_parameters();
+
+  /// HF-shaped views for export: vocabulary rows cut to spec().vocab_size.
+  std::vector<NamedTensor> hf_state_dict();
+
+  /// Copies HF-named tensors into the parameters (any float dtype, cast to the parameter's).
+  /// `lookup(name)` returns the tensor or std::nullopt when absent. Throws UserError naming the
+  /// first missing tensor or the first whose shape differs.
+  void load_hf_state_dict(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                          const std::string& source);
+
+  /// The HF shape a named parameter has in a checkpoint.
+  std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;
+
+ private:
+  ModelSpec spec_;
+  bool checkpointing_;
+  std::vector<std::shared_ptr<Block>> blocks_;
+};
+
+/// Builds the model for a spec, initialised from torch's current RNG.
+std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing);
+
+}  // namespace tandem

@@ -1,0 +1,113 @@
+#include "tandem/models/spec.h"
+
+#include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+
+namespace tandem {
+namespace {
+
+ModelSpec llama(std::string name, int64_t layers, int64_t d, int64_t heads, int64_t kv, int64_t ff, int64_t vocab,
+                int64_t seq, bool tie) {
+  ModelSpec s;
+  s.name = std::move(name);
+  s.arch = Arch::kLlama;
+  s.n_layer = layers, s.d_model = d, s.n_head = heads, s.n_kv_head = kv, s.d_ff = ff;
+  s.vocab_size = vocab, s.max_seq_len = seq, s.tie_embeddings = tie;
+  return s;
+}
+
+// Note [Preset shapes]
+// Every matrix dimension is a multiple of 64 and head_dim is 64 or 128, so bf16 GEMMs and
+// flash attention run on tensor cores without padding. The 1B..13B presets follow the public
+// LLaMA shapes (7B, 13B are LLaMA-2's); 1B and 3B use grouped-query attention.
+const std::vector<ModelSpec>& presets() {
+  static const std::vector<ModelSpec> kPresets = [] {
+    std::vector<ModelSpec> p;
+    // tiny: byte-level, trains on two CPU cores in seconds.
+    p.push_back(llama("tiny", 4, 128, 4, 2, 384, 256, 128, true));
+    p.push_back(llama("125M", 12, 768, 12, 12, 2048, 32000, 2048, true));
+    p.push_back(llama("1B", 24, 2048, 16, 8, 5632, 32000, 2048, false));
+    p.push_back(llama("3B", 28, 3072, 24, 8, 8192, 32000, 2048, false));
+    p.push_back(llama("7B", 32, 4096, 32, 32, 11008, 32000, 4096, false));
+    p.push_back(llama("13B", 40, 5120, 40, 40, 13824, 32000, 4096, false));
+    ModelSpec mlp = llama("mlp", 4, 256, 1, 1, 1024, 256, 128, true);
+    mlp.arch = Arch::kMlp;
+    p.push_back(mlp);
+    return p;
+  }();
+  return kPresets;
+}
+
+}  // namespace
+
+int64_t ModelSpec::params_per_layer() const {
+  if (arch == Arch::kMlp) return 2 * d_model * d_ff + d_model;
+  const int64_t kv_dim = n_kv_head * head_dim();
+  const int64_t attn = d_model * d_model * 2 + d_model * kv_dim * 2;
+  const int64_t mlp = 3 * d_model * d_ff;
+  return attn + mlp + 2 * d_model;
+}
+
+int64_t ModelSpec::num_params() const {
+  const int64_t emb = padded_vocab() * d_model;
+  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer() + d_model;
+}
+
+int64_t ModelSpec::num_params_unpadded() const {
+  const int64_t emb = vocab_size * d_model;
+  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer() + d_model;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : presets()) out.push_back(p.name);
+  return out;
+}
+
+ModelSpec preset_spec(const std::string& name) {
+  for (const auto& p : presets())
+    if (to_lower(p.name) == to_lower(name)) return p;
+  TANDEM_FAIL("unknown model preset '", name, "'", did_you_mean(name, preset_names()),
+              " (presets: ", join(preset_names(), ", "), ")");
+}
+
+void validate_spec(const ModelSpec& s) {
+  TANDEM_CHECK(s.n_layer > 0, "model.n_layer must be > 0, got ", s.n_layer);
+  TANDEM_CHECK(s.d_model > 0, "model.d_model must be > 0, got ", s.d_model);
+  TANDEM_CHECK(s.d_ff > 0, "model.d_ff must be > 0, got ", s.d_ff);
+  TANDEM_CHECK(s.vocab_size > 0, "model.vocab_size must be > 0, got ", s.vocab_size);
+  TANDEM_CHECK(s.max_seq_len > 0, "model.max_seq_len must be > 0, got ", s.max_seq_len);
+  TANDEM_CHECK(s.norm_eps > 0, "model.norm_eps must be > 0, got ", s.norm_eps);
+  if (s.arch == Arch::kLlama) {
+    TANDEM_CHECK(s.n_head > 0 && s.d_model % s.n_head == 0, "model.d_model (", s.d_model,
+                 ") must be divisible by model.n_head (", s.n_head, ")");
+    TANDEM_CHECK(s.head_dim() % 2 == 0, "head dimension d_model/n_head = ", s.head_dim(), " must be even for RoPE");
+    TANDEM_CHECK(s.n_kv_head > 0 && s.n_head % s.n_kv_head == 0, "model.n_head (", s.n_head,
+                 ") must be divisible by model.n_kv_head (", s.n_kv_head, ")");
+    TANDEM_CHECK(s.rope_theta > 0, "model.rope_theta must be > 0, got ", s.rope_theta);
+  }
+}
+
+ModelSpec resolve_model_spec(const ModelConfig& c) {
+  ModelSpec s = preset_spec(c.preset);
+  const bool custom = c.n_layer || c.d_model || c.n_head || c.n_kv_head || c.d_ff || c.vocab_size ||
+                      c.max_seq_len || c.tie_embeddings || c.rope_theta || c.norm_eps;
+  if (c.n_layer) s.n_layer = *c.n_layer;
+  if (c.d_model) s.d_model = *c.d_model;
+  if (c.n_head) s.n_head = *c.n_head;
+  if (c.n_kv_head) s.n_kv_head = *c.n_kv_head;
+  else if (c.n_head && s.arch == Arch::kLlama && s.n_kv_head > *c.n_head) s.n_kv_head = *c.n_head;
+  if (c.d_ff) s.d_ff = *c.d_ff;
+  if (c.vocab_size) s.vocab_size = *c.vocab_size;
+  if (c.max_seq_len) s.max_seq_len = *c.max_seq_len;
+  if (c.tie_embeddings) s.tie_embeddings = *c.tie_embeddings;
+  if (c.rope_theta) s.rope_theta = *c.rope_theta;
+  if (c.norm_eps) s.norm_eps = *c.norm_eps;
+  if (custom) s.name += "+custom";
+  validate_spec(s);
+  return s;
+}
+
+const char* to_string(Arch a) { return a == Arch::kLlama ? "llama" : "mlp"; }
+
+}  // namespace tandem

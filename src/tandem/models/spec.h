@@ -1,0 +1,60 @@
+#pragma once
+// Model architecture descriptions and the preset zoo.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+
+namespace tandem {
+
+/// Which family a model belongs to.
+enum class Arch { kLlama, kMlp };
+
+/// RoPE frequency scaling as in HF's rope_scaling {"rope_type": "llama3", ...}; factor 0 = none.
+struct RopeScaling {
+  double factor = 0.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+/// Every number that fixes a model's shapes.
+struct ModelSpec {
+  std::string name;  ///< preset name, or "custom"
+  Arch arch = Arch::kLlama;
+  int64_t n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, d_ff = 0;
+  int64_t vocab_size = 0;   ///< the real vocabulary (tokens the data may contain)
+  int64_t max_seq_len = 0;
+  bool tie_embeddings = false;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  RopeScaling rope_scaling;
+
+  int64_t head_dim() const { return d_model / n_head; }
+  /// Vocabulary rounded up to a multiple of 64 (tensor-core friendly); extra rows never win the loss.
+  int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
+  /// Parameters as stored (padded vocabulary rows included).
+  int64_t num_params() const;
+  /// Parameters of the real model (as an HF checkpoint counts them).
+  int64_t num_params_unpadded() const;
+  /// Parameters of one decoder block.
+  int64_t params_per_layer() const;
+};
+
+/// Names of the built-in presets.
+std::vector<std::string> preset_names();
+
+/// A preset by name; UserError naming the closest preset if unknown.
+ModelSpec preset_spec(const std::string& name);
+
+/// The preset with the config's overrides applied, validated.
+ModelSpec resolve_model_spec(const ModelConfig& cfg);
+
+/// Checks shapes for consistency (heads divide d_model, ...); UserError with the fix.
+void validate_spec(const ModelSpec& spec);
+
+const char* to_string(Arch a);
+
+}  // namespace tandem

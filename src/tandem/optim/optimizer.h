@@ -1,0 +1,60 @@
+#pragma once
+// The optimizer interface the step loop talks to. The on-device implementation below is
+// LibTorch's fused multi-tensor AdamW; the CPU kernels over flat buffers plug in behind the same
+// interface.
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/models/block.h"
+
+namespace tandem {
+
+/// AdamW hyper-parameters (lr is passed per step by the schedule).
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  bool decoupled = true;  ///< false = plain Adam (L2 added to the gradient)
+};
+
+/// Updates parameters from their .grad.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// One update at learning rate `lr`. When `found_inf` (a 0-d float tensor on the
+  /// parameters' device) is non-zero, the update is skipped without a host synchronisation.
+  virtual void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) = 0;
+  virtual void zero_grad() = 0;
+  /// State tensors by name ("<param>.exp_avg", ...), for checkpoints.
+  virtual std::vector<NamedTensor> state() = 0;
+  /// Restores state written by state(); UserError naming the first missing or mismatched tensor.
+  virtual void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                          const std::string& source) = 0;
+};
+
+/// AdamW through ATen's fused multi-tensor kernel (CPU and CUDA). Matrices and embeddings get
+/// weight decay; 1-D parameters (norm scales) do not.
+class FusedAdamW : public Optimizer {
+ public:
+  FusedAdamW(std::vector<NamedTensor> params, AdamWOptions options);
+  void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
+  void zero_grad() override;
+  std::vector<NamedTensor> state() override;
+  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                  const std::string& source) override;
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  struct Group {
+    double weight_decay;
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> params, exp_avg, exp_avg_sq, steps;
+  };
+  AdamWOptions options_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace tandem

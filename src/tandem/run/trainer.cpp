@@ -1,0 +1,369 @@
+#include "tandem/run/trainer.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/data/dataset.h"
+#include "tandem/data/loader.h"
+#include "tandem/io/checkpoint.h"
+#include "tandem/io/fs.h"
+#include "tandem/io/hf.h"
+#include "tandem/models/model.h"
+#include "tandem/optim/optimizer.h"
+#include "tandem/run/lr_schedule.h"
+#include "tandem/run/progress.h"
+
+namespace fs = std::filesystem;
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+torch::Device resolve_device(const std::string& s) {
+  if (s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (s == "cpu") return torch::Device(torch::kCPU);
+  if (s.rfind("cuda", 0) == 0) {
+    TANDEM_CHECK(torch::cuda::is_available(), "train.device=", s,
+                 " but no CUDA device is visible (or this build has no CUDA); use train.device=cpu or auto");
+    int index = 0;
+    if (s.size() > 4) {
+      TANDEM_CHECK(s[4] == ':' && s.size() > 5, "train.device '", s, "' is not valid; use cuda or cuda:N");
+      try {
+        index = std::stoi(s.substr(5));
+      } catch (const std::exception&) {
+        TANDEM_FAIL("train.device '", s, "' is not valid; use cuda or cuda:N");
+      }
+    }
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(index >= 0 && index < n, "train.device=", s, " but only ", n, " CUDA device(s) are visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
+}
+
+/// Mixed-precision region for the forward pass; restores the previous state on exit.
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, Precision p) : device_(device), on_(p != Precision::kFp32) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, p == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+  }
+
+ private:
+  torch::DeviceType device_;
+  bool on_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+std::string default_run_dir(const std::string& preset) {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&now));
+  std::string base = std::string("runs/") + buf + "-" + preset;
+  std::string dir = base;
+  for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
+  return dir;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Appends one JSON object per line and flushes, so a crash loses at most the current line.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path) : out_(path, std::ios::app) {
+    TANDEM_CHECK(out_.good(), "cannot open '", path, "' for writing; check the run directory");
+  }
+  void write(const nlohmann::json& j) {
+    out_ << j.dump() << '\n';
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace
+
+TrainSummary train(Config cfg, const TrainOptions& options) {
+  validate_config(cfg);
+  const torch::Device device = resolve_device(cfg.train.device);
+  const int device_index = device.is_cuda() ? device.index() : -1;
+  if (device.is_cuda()) {
+    at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
+    at::globalContext().setAllowTF32CuDNN(cfg.train.tf32);
+    at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
+  }
+  if (cfg.offload.optimizer == OffloadTarget::kCpu)
+    log::warn("offload.optimizer=cpu: the offload engine is not part of this build yet; the optimizer runs on " +
+              device.str());
+
+  // Checkpoint to resume from, before anything is created.
+  std::string resume_dir;
+  if (!options.resume.empty()) resume_dir = resolve_checkpoint_dir(options.resume);
+
+  // Architecture: the preset with overrides, or an HF directory's config.json.
+  ModelSpec spec;
+  if (!cfg.model.init_from.empty()) {
+    const std::string src = resume_dir.empty() ? cfg.model.init_from : resume_dir;
+    spec = spec_from_hf_config((fs::path(src) / "config.json").string());
+    spec.name = "hf";
+  } else {
+    spec = resolve_model_spec(cfg.model);
+  }
+  const int64_t seq_len = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
+  TANDEM_CHECK(seq_len <= spec.max_seq_len, "train.seq_len=", seq_len, " exceeds model.max_seq_len=", spec.max_seq_len,
+               "; lower train.seq_len or raise model.max_seq_len");
+
+  DataSplits data = open_data(cfg.data, cfg.train.seed);
+
+  // Run directory: explicit, the resumed run's, or a new one under runs/.
+  std::string run_dir = cfg.train.run_dir;
+  if (run_dir.empty() && !resume_dir.empty()) run_dir = fs::path(resume_dir).parent_path().parent_path().string();
+  if (run_dir.empty()) run_dir = default_run_dir(spec.name);
+  ensure_writable_directory(run_dir, "run directory");
+  const std::string ckpt_parent = (fs::path(run_dir) / "checkpoints").string();
+  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+
+  // Model, weights and optimizer.
+  torch::manual_seed(cfg.train.seed);
+  auto model = build_model(spec, cfg.model.checkpointing);
+  if (!cfg.model.init_from.empty() && resume_dir.empty()) {
+    load_hf_weights(*model, cfg.model.init_from);
+    log::info("initialised from " + cfg.model.init_from);
+  }
+  model->to(device);
+  model->train();
+  AdamWOptions adam;
+  adam.beta1 = cfg.optim.beta1, adam.beta2 = cfg.optim.beta2, adam.eps = cfg.optim.eps;
+  adam.weight_decay = cfg.optim.weight_decay, adam.decoupled = cfg.optim.type == "adamw";
+  FusedAdamW optimizer(model->hf_parameters(), adam);
+
+  TrainerState state;
+  state.loss_scale = cfg.scaler.init_scale;
+  state.config_hash = config_hash(cfg);
+  if (!resume_dir.empty()) {
+    state = load_checkpoint(resume_dir, *model, optimizer, device_index);
+    log::info(strprintf("resumed from %s at step %lld", resume_dir.c_str(), static_cast<long long>(state.step)));
+  }
+
+  const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  const bool fp16 = cfg.train.precision == Precision::kFp16;
+  torch::Tensor scale = torch::full({1}, state.loss_scale, fopts);
+  torch::Tensor growth_tracker =
+      torch::full({1}, state.growth_tracker, torch::TensorOptions().dtype(torch::kInt32).device(device));
+
+  BatchLoader train_loader(data.train, cfg.train.micro_batch, seq_len, cfg.train.seed, device, cfg.data.prefetch,
+                           spec.vocab_size, "training");
+  train_loader.seek(state.data_position);
+  std::unique_ptr<BatchLoader> val_loader;
+  if (cfg.train.eval_every > 0 && data.val.size() >= seq_len + 2)
+    val_loader = std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, seq_len, cfg.train.seed ^ 0x5eedull,
+                                               device, cfg.data.prefetch, spec.vocab_size, "held-out");
+  else if (cfg.train.eval_every > 0)
+    log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
+                        cfg.data.val_fraction, static_cast<long long>(data.val.size())));
+
+  const int64_t tokens_per_step = cfg.train.micro_batch * seq_len * cfg.train.grad_accum;
+  log::info(strprintf("model %s (%s params, %lld layers, d_model %lld) on %s | %s | data: %s", spec.name.c_str(),
+                      format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
+                      static_cast<long long>(spec.d_model), device.str().c_str(), to_string(cfg.train.precision),
+                      data.description.c_str()));
+  log::info(strprintf("batch %lld x %lld tokens x %lld accumulation = %lld tokens/step | run dir %s",
+                      static_cast<long long>(cfg.train.micro_batch), static_cast<long long>(seq_len),
+                      static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
+                      run_dir.c_str()));
+
+  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  Progress progress(cfg.train.progress, cfg.train.log_every);
+  TrainSummary summary;
+  summary.run_dir = run_dir;
+  summary.first_step = state.step;
+  std::vector<double> step_times;
+  if (device_index >= 0 && accelerator()) accelerator()->reset_peak_memory(device_index);
+
+  std::vector<torch::Tensor> params;
+  for (auto& [name, p] : model->hf_parameters()) params.push_back(p);
+
+  const auto evaluate = [&]() -> double {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    val_loader->seek(0);
+    torch::Tensor sum = torch::zeros({}, fopts);
+    for (int64_t i = 0; i < cfg.train.eval_batches; ++i) {
+      Batch b = val_loader->next();
+      AutocastGuard ac(device.type(), cfg.train.precision);
+      sum += model->loss(model->forward(b.inputs), b.targets).detach();
+    }
+    model->train();
+    return sum.item<double>() / double(cfg.train.eval_batches);
+  };
+  const auto checkpoint = [&]() {
+    state.data_position = train_loader.position();
+    state.loss_scale = scale.item<double>();
+    state.growth_tracker = growth_tracker.item<int64_t>();
+    const auto t0 = Clock::now();
+    summary.last_checkpoint = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index);
+    prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
+    progress.message(strprintf("checkpoint %s (%.2f s)", summary.last_checkpoint.c_str(),
+                               std::chrono::duration<double>(Clock::now() - t0).count()));
+  };
+
+  const auto run_start = Clock::now();
+  for (int64_t step = state.step; step < cfg.train.steps; ++step) {
+    const auto t0 = Clock::now();
+    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
+    torch::Tensor loss_sum = torch::zeros({}, fopts);
+    for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
+      Batch b = train_loader.next();
+      torch::Tensor loss;
+      {
+        AutocastGuard ac(device.type(), cfg.train.precision);
+        loss = model->loss(model->forward(b.inputs), b.targets);
+      }
+      // Gradients accumulate in the fp32 .grad of the fp32 parameters (autocast casts weights
+      // per op; their gradients arrive in fp32), so accumulation adds no rounding beyond fp32.
+      torch::Tensor scaled = loss / double(cfg.train.grad_accum);
+      if (fp16) scaled = scaled * scale;
+      scaled.backward();
+      loss_sum += loss.detach();
+    }
+    std::vector<torch::Tensor> grads;
+    for (auto& p : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    torch::Tensor found_inf = torch::zeros({}, fopts);
+    if (fp16) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.reciprocal());
+    // Global norm of all gradients, without a host synchronisation.
+    torch::Tensor norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
+    found_inf = torch::maximum(found_inf, (~torch::isfinite(norm)).to(torch::kFloat32));
+    if (cfg.train.grad_clip > 0) {
+      auto coef = torch::clamp_max(cfg.train.grad_clip / (norm + 1e-6), 1.0);
+      at::_foreach_mul_(grads, coef);
+    }
+    optimizer.step(lr, found_inf);
+    optimizer.zero_grad();
+    if (fp16 && cfg.scaler.dynamic) {
+      at::_amp_update_scale_(scale, growth_tracker, found_inf, cfg.scaler.growth_factor, cfg.scaler.backoff_factor,
+                             cfg.scaler.growth_interval);
+      scale.clamp_min_(cfg.scaler.min_scale);
+    }
+    // One host synchronisation per step.
+    auto host = torch::stack({loss_sum / double(cfg.train.grad_accum), norm.to(torch::kFloat32), found_inf,
+                              scale.squeeze()})
+                    .to(torch::kCPU, torch::kFloat64);
+    const double loss_v = host[0].item<double>(), norm_v = host[1].item<double>();
+    const bool skipped = host[2].item<double>() != 0.0;
+    const double scale_v = host[3].item<double>();
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.step = step + 1;
+    state.tokens_seen += tokens_per_step;
+    if (skipped) ++summary.skipped_steps;
+    summary.losses.push_back(loss_v);
+    step_times.push_back(dt);
+
+    nlohmann::json m = {{"step", state.step},        {"loss", loss_v},     {"lr", lr},
+                        {"grad_norm", norm_v},       {"step_time_s", dt},  {"tokens_per_s", tokens_per_step / dt},
+                        {"tokens", state.tokens_seen}, {"mem_host_peak_bytes", host_peak_rss_bytes()}};
+    if (device_index >= 0 && accelerator()) {
+      const auto ms = accelerator()->memory_stats(device_index);
+      m["mem_device_bytes"] = ms.allocated;
+      m["mem_device_peak_bytes"] = ms.peak_allocated;
+      m["mem_device_reserved_bytes"] = ms.reserved;
+    }
+    if (fp16) m["loss_scale"] = scale_v;
+    if (skipped) m["skipped"] = true;
+    metrics.write(m);
+
+    ProgressSample ps;
+    ps.step = state.step, ps.total = cfg.train.steps, ps.loss = loss_v, ps.lr = lr;
+    ps.tokens_per_s = tokens_per_step / median(std::vector<double>(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end()));
+    ps.step_time_s = dt;
+    ps.eta_s = double(cfg.train.steps - state.step) * tokens_per_step / ps.tokens_per_s;
+    if (skipped) ps.extra = fp16 ? strprintf("overflow, step skipped, scale %g", scale_v) : "non-finite gradients, step skipped";
+    else if (fp16) ps.extra = strprintf("scale %g", scale_v);
+    progress.update(ps);
+
+    if (val_loader && state.step % cfg.train.eval_every == 0) {
+      summary.last_eval_loss = evaluate();
+      metrics.write({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
+      progress.message(strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
+    }
+    if (cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 && state.step < cfg.train.steps)
+      checkpoint();
+  }
+  progress.finish();
+  const double wall = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  if (val_loader && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
+      state.step > summary.first_step) {
+    summary.last_eval_loss = evaluate();
+    metrics.write({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
+  }
+  if (cfg.train.save_final && state.step > summary.first_step) checkpoint();
+
+  summary.final_step = state.step;
+  // Median over steps after the first few (warm-up: allocator, cuDNN/cuBLAS heuristics).
+  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
+  summary.median_step_time_s = median(steady);
+  summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
+  summary.peak_host_bytes = host_peak_rss_bytes();
+  if (device_index >= 0 && accelerator()) summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
+
+  nlohmann::json s = {{"steps", summary.final_step - summary.first_step},
+                      {"final_step", summary.final_step},
+                      {"final_loss", summary.losses.empty() ? 0.0 : summary.losses.back()},
+                      {"eval_loss", summary.last_eval_loss},
+                      {"median_step_time_s", summary.median_step_time_s},
+                      {"median_tokens_per_s", summary.median_tokens_per_s},
+                      {"tokens_per_step", tokens_per_step},
+                      {"params", spec.num_params_unpadded()},
+                      {"n_layer", spec.n_layer},
+                      {"d_model", spec.d_model},
+                      {"seq_len", seq_len},
+                      {"precision", to_string(cfg.train.precision)},
+                      {"device", device.str()},
+                      {"wall_s", wall},
+                      {"skipped_steps", summary.skipped_steps},
+                      {"peak_device_bytes", summary.peak_device_bytes},
+                      {"peak_host_bytes", summary.peak_host_bytes},
+                      {"checkpoint", summary.last_checkpoint}};
+  write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  if (!summary.losses.empty()) {
+    log::info(strprintf("done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
+                        static_cast<long long>(summary.final_step - summary.first_step), format_duration(wall).c_str(),
+                        summary.losses.front(), summary.losses.back(),
+                        summary.last_eval_loss >= 0 ? strprintf(" | eval %.4f", summary.last_eval_loss).c_str() : "",
+                        format_count(summary.median_tokens_per_s).c_str(),
+                        format_bytes(double(device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
+  } else {
+    log::info(strprintf("nothing to do: already at step %lld of train.steps=%lld", static_cast<long long>(state.step), static_cast<long long>(cfg.train.steps)));
+  }
+  return summary;
+}
+
+}  // namespace tandem

@@ -1,0 +1,34 @@
+#pragma once
+// The step loop on one device (CPU or one GPU): autocast, loss scaling, accumulation,
+// clipping, schedule, evaluation, checkpoints, metrics and progress.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+
+namespace tandem {
+
+/// What the CLI adds to a config for one invocation.
+struct TrainOptions {
+  std::string resume;  ///< checkpoint or run directory to continue from
+};
+
+/// The outcome of a run.
+struct TrainSummary {
+  std::string run_dir;
+  std::string last_checkpoint;
+  int64_t first_step = 0, final_step = 0;
+  std::vector<double> losses;  ///< training loss of each step run, in order
+  double last_eval_loss = -1;  ///< < 0 when never evaluated
+  double median_tokens_per_s = 0;
+  double median_step_time_s = 0;
+  int64_t peak_device_bytes = 0, peak_host_bytes = 0;
+  int64_t skipped_steps = 0;
+};
+
+/// Trains according to a configuration; throws UserError for bad input before any work is lost.
+TrainSummary train(Config config, const TrainOptions& options);
+
+}  // namespace tandem
