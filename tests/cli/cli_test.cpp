@@ -1,0 +1,101 @@
+// The CLI as a user meets it: exit codes, one-line errors, and the default job's outputs.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "../test_util.h"
+
+namespace tandem {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+Result run_cli(const std::string& args) {
+  test::TempDir tmp;
+  const std::string cmd = test::cli_path() + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream o(tmp.file("out")), e(tmp.file("err"));
+  r.out.assign(std::istreambuf_iterator<char>(o), {});
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  return r;
+}
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+void expect_user_error(const std::string& args, const std::string& needle) {
+  const Result r = run_cli(args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+  EXPECT_EQ(lines(r.err), 1) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << "stack trace leaked: " << r.err;
+}
+
+TEST(Cli, UserErrorsAreOneLineWithExitCode2) {
+  test::TempDir dir;
+  expect_user_error("train --set train.stpes=1", "did you mean 'train.steps'");
+  expect_user_error("train -p tinny", "did you mean 'tiny'");
+  expect_user_error("train --set data.path=" + dir.file("none.bin") + " --run-dir " + dir.file("r"), "cannot open");
+  expect_user_error("train --resume " + dir.file("nothing"), "not a directory");
+  expect_user_error("train --run-dir /proc/tandem-no --steps 1", "run directory");
+  expect_user_error("train --init-from " + dir.path(), "config.json");
+  expect_user_error("inspect --set train.precision=fp8", "must be one of");
+  expect_user_error("--bogus", "--bogus");
+  {
+    std::ofstream(dir.file("bad.yaml")) << "train:\n  steps: 5\n  lr: 0.1\n";
+    expect_user_error("train -c " + dir.file("bad.yaml"), "bad.yaml:3: unknown config key 'train.lr'");
+  }
+  {
+    std::ofstream(dir.file("trunc.bin")) << "abc";
+    expect_user_error("train --set data.path=" + dir.file("trunc.bin") + " --run-dir " + dir.file("r2"), "truncated");
+  }
+}
+
+TEST(Cli, HelpInspectAndConfig) {
+  Result h = run_cli("--help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("train"), std::string::npos);
+  EXPECT_NE(h.out.find("inspect"), std::string::npos);
+  Result i = run_cli("inspect -p 7B --set train.precision=bf16 --set model.checkpointing=true");
+  EXPECT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("6.74 B"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("AdamW states"), std::string::npos) << i.out;
+  Result k = run_cli("config --keys");
+  EXPECT_EQ(k.code, 0);
+  EXPECT_NE(k.out.find("train.grad_accum"), std::string::npos);
+  Result c = run_cli("config --set train.steps=7");
+  EXPECT_EQ(c.code, 0);
+  EXPECT_NE(c.out.find("steps: 7"), std::string::npos) << c.out;
+}
+
+TEST(Cli, ShortTrainRunWritesItsRunDirectory) {
+  test::TempDir dir;
+  std::ofstream(dir.file("ds.json")) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 3}, "bf16": {"enabled": false}})";
+  const Result r = run_cli("train --steps 3 --run-dir " + dir.file("run") + " --deepspeed " + dir.file("ds.json") +
+                           " --set train.seq_len=16 --set data.synthetic_bytes=20000 --device cpu");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ignored: zero_optimization.stage"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2 x 16 tokens x 2 accumulation"), std::string::npos) << r.err;
+  std::ifstream m(dir.file("run/metrics.jsonl"));
+  std::string all((std::istreambuf_iterator<char>(m)), {});
+  EXPECT_EQ(lines(all), 4);  // 3 steps + final evaluation
+  EXPECT_TRUE(std::filesystem::exists(dir.file("run/checkpoints/step_00000003/model.safetensors")));
+  EXPECT_TRUE(std::filesystem::exists(dir.file("run/summary.json")));
+  // Resume the run directory for two more steps.
+  const Result r2 = run_cli("train --resume " + dir.file("run") + " --steps 5");
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  EXPECT_NE(r2.err.find("resumed from"), std::string::npos) << r2.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("run/checkpoints/step_00000005/trainer_state.json")));
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,106 @@
+// GPU tests: skipped where no CUDA device is visible; run by scripts/gpu-check.sh.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/device.h"
+#include "tandem/models/model.h"
+#include "tandem/run/trainer.h"
+#include "../test_util.h"
+
+namespace tandem {
+namespace {
+
+#define REQUIRE_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+TEST(Gpu, BackendIsRegisteredAndReportsMemory) {
+  REQUIRE_CUDA();
+  ASSERT_NE(accelerator(), nullptr) << "CUDA visible but the CUDA backend was not linked";
+  EXPECT_GE(accelerator()->device_count(), 1);
+  const auto s = accelerator()->memory_stats(0);
+  EXPECT_GT(s.total, 0);
+  EXPECT_GT(s.free, 0);
+  EXPECT_FALSE(accelerator()->device_name(0).empty());
+}
+
+TEST(Gpu, Fp32ForwardAndGradientsMatchTheCpu) {
+  REQUIRE_CUDA();
+  at::globalContext().setFloat32MatmulPrecision("highest");
+  ModelSpec s = preset_spec("tiny");
+  torch::manual_seed(21);
+  Model cpu(s, false);
+  torch::manual_seed(21);
+  Model gpu(s, true);
+  gpu.to(torch::kCUDA);
+  auto tokens = torch::randint(0, 256, {4, 64}, torch::kInt64);
+  auto lc = cpu.loss(cpu.forward(tokens), tokens);
+  auto lg = gpu.loss(gpu.forward(tokens.cuda()), tokens.cuda());
+  EXPECT_NEAR(lg.item<double>(), lc.item<double>(), 1e-4);
+  lc.backward();
+  lg.backward();
+  auto a = cpu.hf_parameters(), b = gpu.hf_parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(test::AllClose(b[i].second.grad(), a[i].second.grad(), 1e-3, 1e-6)) << a[i].first;
+}
+
+TEST(Gpu, Bf16TrainingRunLearnsAndReportsDeviceMemory) {
+  REQUIRE_CUDA();
+  test::TempDir dir;
+  Config c;
+  c.train.steps = 60;
+  c.train.device = "cuda";
+  c.train.precision = Precision::kBf16;
+  c.train.progress = "off";
+  c.train.run_dir = dir.path();
+  c.train.eval_every = 30;
+  c.model.checkpointing = true;
+  const auto s = train(c, {});
+  EXPECT_LT(s.losses.back(), s.losses.front() - 2.0);
+  EXPECT_GT(s.peak_device_bytes, 0);
+  std::ifstream in(dir.file("metrics.jsonl"));
+  std::string line;
+  std::getline(in, line);
+  EXPECT_TRUE(nlohmann::json::parse(line).contains("mem_device_peak_bytes"));
+}
+
+TEST(Gpu, Fp16ScalerOnCuda) {
+  REQUIRE_CUDA();
+  test::TempDir dir;
+  Config c;
+  c.train.steps = 20;
+  c.train.device = "cuda";
+  c.train.precision = Precision::kFp16;
+  c.scaler.init_scale = 1e30;
+  c.train.progress = "off";
+  c.train.eval_every = 0;
+  c.train.run_dir = dir.path();
+  const auto s = train(c, {});
+  EXPECT_GE(s.skipped_steps, 1);
+  EXPECT_LT(s.losses.back(), s.losses.front());
+}
+
+TEST(Gpu, ResumeOnCudaContinuesFromTheSavedState) {
+  REQUIRE_CUDA();
+  test::TempDir dir;
+  Config c;
+  c.train.steps = 4;
+  c.train.device = "cuda";
+  c.train.progress = "off";
+  c.train.eval_every = 0;
+  c.train.run_dir = dir.path();
+  const auto a = train(c, {});
+  c.train.steps = 8;
+  TrainOptions r;
+  r.resume = a.last_checkpoint;
+  const auto b = train(c, r);
+  EXPECT_EQ(b.first_step, 4);
+  EXPECT_EQ(b.losses.size(), 4u);
+  EXPECT_LT(b.losses.back(), a.losses.front());
+}
+
+}  // namespace
+}  // namespace tandem

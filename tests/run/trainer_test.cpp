@@ -1,0 +1,188 @@
+#include "tandem/run/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/error.h"
+#include "tandem/io/hf.h"
+#include "tandem/io/safetensors.h"
+#include "../test_util.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+Config small_run(const std::string& dir, int64_t steps) {
+  Config c;
+  c.model.preset = "tiny";
+  c.train.steps = steps;
+  c.train.micro_batch = 8;
+  c.train.seq_len = 64;
+  c.train.device = "cpu";
+  c.train.eval_every = 0;
+  c.train.progress = "off";
+  c.train.run_dir = dir;
+  c.optim.warmup_steps = 10;
+  c.data.synthetic_bytes = 200000;
+  return c;
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t i = from; i < to; ++i) s += v[i];
+  return s / double(to - from);
+}
+
+TEST(Trainer, LossFallsOnTheDefaultCorpusWithin200Steps) {
+  test::TempDir dir;
+  Config c = small_run(dir.path(), 200);
+  c.train.eval_every = 100;
+  c.train.save_final = false;
+  const auto s = train(c, {});
+  ASSERT_EQ(s.losses.size(), 200u);
+  const double first = s.losses[0], last = mean(s.losses, 190, 200);
+  EXPECT_NEAR(first, std::log(256.0), 0.3);  // uniform over bytes at the start
+  EXPECT_LT(last, 0.4 * first) << "first " << first << " last " << last;
+  EXPECT_GT(s.last_eval_loss, 0);
+  EXPECT_LT(s.last_eval_loss, 0.5 * first);
+  // metrics.jsonl: one line per step plus evaluations, with the documented fields.
+  std::ifstream in(dir.file("metrics.jsonl"));
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) {
+      ++evals;
+      continue;
+    }
+    ++steps;
+    for (const char* k : {"step", "loss", "lr", "tokens_per_s", "step_time_s", "mem_host_peak_bytes", "grad_norm"})
+      EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(steps, 200);
+  EXPECT_EQ(evals, 2);
+}
+
+// Note: N steps straight and N/2 + resume + N/2 must give bitwise-identical losses (fp32, CPU),
+// with gradient accumulation and clipping active.
+TEST(Trainer, ResumeContinuesBitwiseIdentically) {
+  test::TempDir straight_dir, split_dir;
+  Config c = small_run(straight_dir.path(), 12);
+  c.train.micro_batch = 4;
+  c.train.seq_len = 32;
+  c.train.grad_accum = 2;
+  c.train.grad_clip = 0.5;
+  const auto straight = train(c, {});
+  ASSERT_EQ(straight.losses.size(), 12u);
+
+  Config first = c;
+  first.train.run_dir = split_dir.path();
+  first.train.steps = 6;
+  const auto a = train(first, {});
+  ASSERT_FALSE(a.last_checkpoint.empty());
+  Config second = c;
+  second.train.run_dir = split_dir.path();
+  TrainOptions resume;
+  resume.resume = a.last_checkpoint;
+  const auto b = train(second, resume);
+  ASSERT_EQ(b.first_step, 6);
+  ASSERT_EQ(b.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(a.losses[i], straight.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(b.losses[i], straight.losses[6 + i]) << "step " << 7 + i;
+  }
+  // Resuming the run directory picks its newest checkpoint; nothing left to do.
+  resume.resume = split_dir.path();
+  const auto c2 = train(second, resume);
+  EXPECT_EQ(c2.first_step, 12);
+  EXPECT_TRUE(c2.losses.empty());
+}
+
+TEST(Trainer, CheckpointIsAnHfDirectory) {
+  test::TempDir dir;
+  Config c = small_run(dir.path(), 3);
+  c.train.checkpoint_every = 1;
+  c.train.keep_checkpoints = 2;
+  const auto s = train(c, {});
+  const auto ckpts = fs::path(dir.path()) / "checkpoints";
+  EXPECT_FALSE(fs::exists(ckpts / "step_00000001"));  // pruned: keep 2
+  EXPECT_TRUE(fs::exists(ckpts / "step_00000002"));
+  EXPECT_TRUE(fs::exists(ckpts / "step_00000003"));
+  for (auto& e : fs::directory_iterator(ckpts)) EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos);
+  const ModelSpec spec = spec_from_hf_config(s.last_checkpoint + "/config.json");
+  EXPECT_EQ(spec.n_layer, 4);
+  SafetensorsFile w(s.last_checkpoint + "/model.safetensors");
+  EXPECT_TRUE(w.contains("model.layers.3.self_attn.q_proj.weight"));
+  EXPECT_EQ(w.entry("model.embed_tokens.weight").shape, (std::vector<int64_t>{256, 128}));
+}
+
+TEST(Trainer, ShapeMismatchOnResumeNamesTheTensor) {
+  test::TempDir dir;
+  Config c = small_run(dir.path(), 2);
+  const auto s = train(c, {});
+  Config other = c;
+  other.model.d_ff = 256;
+  other.train.steps = 4;
+  TrainOptions r;
+  r.resume = s.last_checkpoint;
+  try {
+    train(other, r);
+    FAIL() << "expected a shape error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, IncompleteOrDamagedCheckpointIsRefused) {
+  test::TempDir dir;
+  const auto s = train(small_run(dir.path(), 1), {});
+  TrainOptions r;
+  r.resume = s.last_checkpoint;
+  // Truncate the weights: the recorded size no longer matches.
+  fs::resize_file(s.last_checkpoint + "/model.safetensors", 100);
+  Config c = small_run(dir.path(), 2);
+  EXPECT_THROW(train(c, r), UserError);
+  fs::remove(s.last_checkpoint + "/trainer_state.json");
+  EXPECT_THROW(train(c, r), UserError);
+}
+
+TEST(Trainer, UnwritableRunDirectoryIsAUserError) {
+  Config c = small_run("/proc/tandem-cannot-write-here", 1);
+  EXPECT_THROW(train(c, {}), UserError);
+}
+
+TEST(Trainer, Fp16LossScalingBacksOffOnOverflowAndSkipsTheStep) {
+  test::TempDir dir;
+  Config c = small_run(dir.path(), 6);
+  c.train.precision = Precision::kFp16;
+  c.scaler.init_scale = 1e30;  // guaranteed overflow in fp16 gradients
+  c.scaler.backoff_factor = 1e-6;
+  c.train.save_final = false;
+  const auto s = train(c, {});
+  EXPECT_GE(s.skipped_steps, 1);
+  EXPECT_LT(s.skipped_steps, 6);
+  std::ifstream in(dir.file("metrics.jsonl"));
+  std::string line;
+  std::vector<double> scales;
+  while (std::getline(in, line)) scales.push_back(nlohmann::json::parse(line).at("loss_scale").get<double>());
+  ASSERT_EQ(scales.size(), 6u);
+  EXPECT_LT(scales.back(), 1e30);
+  for (double l : s.losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+TEST(Trainer, Bf16AutocastAndCheckpointingTrain) {
+  test::TempDir dir;
+  Config c = small_run(dir.path(), 30);
+  c.train.precision = Precision::kBf16;
+  c.model.checkpointing = true;
+  c.train.save_final = false;
+  const auto s = train(c, {});
+  EXPECT_LT(mean(s.losses, 25, 30), mean(s.losses, 0, 5) - 0.5);
+}
+
+}  // namespace
+}  // namespace tandem
