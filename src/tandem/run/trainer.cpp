@@ -149,6 +149,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   ensure_writable_directory(run_dir, "run directory");
   const std::string ckpt_parent = (fs::path(run_dir) / "checkpoints").string();
   write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+  write_file_atomic((fs::path(run_dir) / "model_config.json").string(), hf_config_json(spec));
 
   // Model, weights and optimizer.
   torch::manual_seed(cfg.train.seed);

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the GPU machine: build against its PyTorch's LibTorch, run the test suite (GPU tests
+# included), then the single-GPU benchmark: tandem and PyTorch eager on the identical 1B
+# model (bf16, B=8, T=2048), alternating, two runs each. Prints a short table last.
+# Logs and JSON go to $OUT (or ./gpu-check-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+STEPS=${STEPS:-30}
+export PYTHONUNBUFFERED=1
+
+prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$OUT/gpu.txt"
+echo "== build"
+t0=$(date +%s)
+cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+grep -E "^-- tandem:" "$OUT/cmake.log"
+ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+echo "== tests"
+(cd "$BUILD" && ctest --output-on-failure -j8 --timeout 600) >"$OUT/ctest.log" 2>&1
+test_rc=$?
+grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest.log" | tail -20
+
+echo "== benchmark: 1B, bf16, B=8, T=2048, $STEPS steps per run"
+common=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --steps "$STEPS"
+        --set train.eval_every=0 --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines
+        --set train.log_every=10)
+tandem_runs=() pytorch_runs=()
+for i in 1 2; do
+  "$BUILD/tandem" train "${common[@]}" --run-dir "$OUT/tandem-1b-$i" 2>&1 | tail -3
+  tandem_runs+=("$OUT/tandem-1b-$i")
+  python3 bench/pytorch_llama.py --model-config "$OUT/tandem-1b-1/model_config.json" --batch 8 --seq 2048 \
+    --steps "$STEPS" --json "$OUT/pytorch-1b-$i.json" | tail -1
+  pytorch_runs+=("$OUT/pytorch-1b-$i.json")
+done
+
+echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
+grep -E "tests passed" "$OUT/ctest.log"
+python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
+exit $test_rc

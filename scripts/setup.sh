@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Sets up tandem on a fresh Debian 12 machine and builds it (Release, Ninja, precompiled headers).
+# Idempotent: installs only what is missing, reconfigures only when needed, rebuilds incrementally.
+#
+# LibTorch: an existing one is used when Torch_DIR or CMAKE_PREFIX_PATH points at it; otherwise a
+# venv at .venv gets torch==2.11.0 from PyPI and its bundled LibTorch is used.
+# CUDA code is built when nvcc is found (PATH or /usr/local/cuda), a CPU-only build otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.11.0
+BUILD_DIR=${TANDEM_BUILD_DIR:-build}
+APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip
+              libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+              libgtest-dev libgmock-dev)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  say "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# LibTorch.
+prefix=""
+if [ -n "${Torch_DIR:-}" ]; then
+  say "using LibTorch from Torch_DIR=$Torch_DIR"
+elif [ -n "${CMAKE_PREFIX_PATH:-}" ] && ls "${CMAKE_PREFIX_PATH%%:*}"/Torch/TorchConfig.cmake >/dev/null 2>&1; then
+  prefix=$CMAKE_PREFIX_PATH
+  say "using LibTorch from CMAKE_PREFIX_PATH=$prefix"
+else
+  if [ ! -x .venv/bin/python ]; then
+    say "creating .venv"
+    python3 -m venv .venv
+  fi
+  if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+    say "installing torch==$TORCH_VERSION into .venv (the LibTorch distribution; a few GB)"
+    .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  fi
+  prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+fi
+
+# nvcc: on PATH, or the toolkit's usual place.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
+cmake_args=(-G Ninja -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release)
+[ -n "$prefix" ] && cmake_args+=("-DCMAKE_PREFIX_PATH=$prefix")
+[ -n "${Torch_DIR:-}" ] && cmake_args+=("-DTorch_DIR=$Torch_DIR")
+stamp="$BUILD_DIR/.tandem-setup"
+want="${cmake_args[*]} ${TANDEM_CMAKE_ARGS:-}"
+if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "configuring $BUILD_DIR"
+  # shellcheck disable=SC2086
+  cmake "${cmake_args[@]}" ${TANDEM_CMAKE_ARGS:-} >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
+  grep -E "^-- tandem:" "$BUILD_DIR.cmake.log" || true
+  echo "$want" >"$stamp"
+fi
+say "building"
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+say "ready: $BUILD_DIR/tandem"
