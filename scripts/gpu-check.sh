@@ -22,7 +22,8 @@ ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build
 echo "build: $(( $(date +%s) - t0 )) s"
 
 echo "== tests"
-(cd "$BUILD" && ctest --output-on-failure -j8 --timeout 600) >"$OUT/ctest.log" 2>&1
+# Eight tests at a time with two intra-op threads each: no oversubscription of the 16 cores.
+(cd "$BUILD" && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 --timeout 600) >"$OUT/ctest.log" 2>&1
 test_rc=$?
 grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest.log" | tail -20
 

@@ -1,5 +1,6 @@
 // The CUDA AcceleratorBackend (compiled only in CUDA builds; see Note [Build layout]).
 
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -25,6 +26,9 @@ class CudaBackend : public AcceleratorBackend {
     return prop.name;
   }
   DeviceMemoryStats memory_stats(int index) const override {
+    // The caching allocator is set up lazily, at the first CUDA tensor; before that it has no
+    // device entries to report.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     DeviceMemoryStats s;
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
@@ -39,6 +43,7 @@ class CudaBackend : public AcceleratorBackend {
     return s;
   }
   void reset_peak_memory(int index) override {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }
   void synchronize(int index) override {
