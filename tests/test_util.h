@@ -10,7 +10,10 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <functional>
 #include <string>
+
+#include "tandem/core/error.h"
 
 namespace tandem::test {
 
@@ -48,6 +51,16 @@ inline ::testing::AssertionResult AllClose(const torch::Tensor& actual, const to
                                          << " (rtol " << rtol << ", atol " << atol << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+/// The message of the UserError that f throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 /// Path of the tandem CLI next to the test binary.

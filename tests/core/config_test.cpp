@@ -9,14 +9,7 @@
 namespace tandem {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(Config, YamlNestedAndDottedKeys) {
   Config c;

@@ -31,14 +31,7 @@ std::vector<char> llmc_file(int32_t magic, int32_t version, int32_t count, const
   return buf;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TokenFile, NanoGptRawUint16) {
   test::TempDir dir;

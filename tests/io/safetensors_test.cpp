@@ -22,12 +22,7 @@ std::string le64(uint64_t v) {
 }
 
 std::string error_of(const std::string& path) {
-  try {
-    SafetensorsFile f(path);
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { SafetensorsFile f(path); });
 }
 
 TEST(Safetensors, RoundTripEveryDtypeAndMetadata) {

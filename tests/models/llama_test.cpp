@@ -51,8 +51,11 @@ TEST(Llama, HfParameterNames) {
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_EQ(names.size(), 2u + 9u * 2 + 1u);
   auto state = m.hf_state_dict();
-  for (auto& [n, t] : state)
-    if (n == "lm_head.weight" || n == "model.embed_tokens.weight") EXPECT_EQ(t.size(0), 50) << n;
+  for (auto& [n, t] : state) {
+    if (n == "lm_head.weight" || n == "model.embed_tokens.weight") {
+      EXPECT_EQ(t.size(0), 50) << n;
+    }
+  }
   s.tie_embeddings = true;
   Model tied(s, false);
   for (auto& [n, p] : tied.hf_parameters()) EXPECT_NE(n, "lm_head.weight");

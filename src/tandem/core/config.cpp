@@ -126,41 +126,32 @@ Field string_field(std::string name, std::string doc, Get get) {
   return {name, "string", std::move(doc), [get](Config& c, const std::string& v) { get(c) = v; },
           [get](const Config& c) { return get(const_cast<Config&>(c)); }};
 }
+/// An optional field: "null" (or empty) resets it to "use the preset".
+template <typename Get, typename Parse, typename Format>
+Field optional_field(std::string name, std::string type, std::string doc, Get get, Parse parse, Format format) {
+  return {name, std::move(type), std::move(doc),
+          [get, name, parse](Config& c, const std::string& v) {
+            if (is_null(v)) get(c).reset();
+            else get(c) = parse(name, v);
+          },
+          [get, format](const Config& c) {
+            const auto& o = get(const_cast<Config&>(c));
+            return o ? format(*o) : std::string("null");
+          }};
+}
 template <typename Get>
 Field opt_int_field(std::string name, std::string doc, Get get) {
-  return {name, "int|null", std::move(doc),
-          [get, name](Config& c, const std::string& v) {
-            if (is_null(v)) get(c).reset();
-            else get(c) = parse_int(name, v);
-          },
-          [get](const Config& c) {
-            const auto& o = get(const_cast<Config&>(c));
-            return o ? std::to_string(*o) : std::string("null");
-          }};
+  return optional_field(std::move(name), "int|null", std::move(doc), get, parse_int,
+                        [](int64_t x) { return std::to_string(x); });
 }
 template <typename Get>
 Field opt_double_field(std::string name, std::string doc, Get get) {
-  return {name, "float|null", std::move(doc),
-          [get, name](Config& c, const std::string& v) {
-            if (is_null(v)) get(c).reset();
-            else get(c) = parse_double(name, v);
-          },
-          [get](const Config& c) {
-            const auto& o = get(const_cast<Config&>(c));
-            return o ? fmt_double(*o) : std::string("null");
-          }};
+  return optional_field(std::move(name), "float|null", std::move(doc), get, parse_double, fmt_double);
 }
 template <typename Get>
 Field opt_bool_field(std::string name, std::string doc, Get get) {
-  return {name, "bool|null", std::move(doc),
-          [get, name](Config& c, const std::string& v) {
-            if (is_null(v)) get(c).reset();
-            else get(c) = parse_bool(name, v);
-          },
-          [get](const Config& c) {
-            const auto& o = get(const_cast<Config&>(c));
-            return o ? std::string(*o ? "true" : "false") : std::string("null");
-          }};
+  return optional_field(std::move(name), "bool|null", std::move(doc), get, parse_bool,
+                        [](bool b) { return std::string(b ? "true" : "false"); });
 }
 template <typename E, typename Get>
 Field enum_field(std::string name, std::string doc, const std::vector<std::pair<std::string, E>>& table, Get get) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,28 +16,44 @@ namespace fs = std::filesystem;
 
 namespace tandem {
 
-void write_file_synced(const std::string& path, const void* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TANDEM_CHECK(fd >= 0, "cannot create '", path, "': ", std::strerror(errno), "; check permissions and free space");
+DurableFile::DurableFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TANDEM_CHECK(fd_ >= 0, "cannot create '", path_, "': ", std::strerror(errno), "; check permissions and free space");
+}
+
+DurableFile::~DurableFile() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(path_.c_str());  // never committed: leave nothing half-written behind
+  }
+}
+
+void DurableFile::append(const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
-  size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, p, std::min<size_t>(size, size_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(path.c_str());
-      TANDEM_FAIL("cannot write '", path, "': ", std::strerror(err), "; check free space");
-    }
+    TANDEM_CHECK(n > 0, "cannot write '", path_, "': ", std::strerror(errno), "; check free space");
     p += n;
-    left -= static_cast<size_t>(n);
+    size -= static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(path.c_str());
-    TANDEM_FAIL("cannot flush '", path, "' to disk: ", std::strerror(err));
+}
+
+void DurableFile::commit() {
+  const bool ok = ::fsync(fd_) == 0;
+  const int err = errno;
+  ::close(fd_);
+  fd_ = -1;
+  if (!ok) {
+    ::unlink(path_.c_str());
+    TANDEM_FAIL("cannot flush '", path_, "' to disk: ", std::strerror(err));
   }
+}
+
+void write_file_synced(const std::string& path, const void* data, size_t size) {
+  DurableFile f(path);
+  f.append(data, size);
+  f.commit();
 }
 
 void write_file_synced(const std::string& path, const std::string& bytes) {

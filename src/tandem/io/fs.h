@@ -6,6 +6,22 @@
 
 namespace tandem {
 
+/// A file written sequentially and committed with fsync; removed if not committed.
+class DurableFile {
+ public:
+  explicit DurableFile(std::string path);
+  ~DurableFile();
+  DurableFile(const DurableFile&) = delete;
+  DurableFile& operator=(const DurableFile&) = delete;
+  void append(const void* data, size_t size);
+  /// fsyncs and closes; UserError (and the file removed) when the data cannot reach the disk.
+  void commit();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 /// Writes `bytes` to `path` durably (temporary sibling, fsync, rename, fsync of the directory).
 void write_file_atomic(const std::string& path, const std::string& bytes);
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
+#include "tandem/io/fs.h"
 
 namespace tandem {
 namespace {
@@ -26,44 +27,6 @@ const std::vector<std::pair<std::string, torch::ScalarType>>& dtype_table() {
       {"U64", torch::kUInt64},    {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2}};
   return kTable;
 }
-
-class SyncedWriter {
- public:
-  explicit SyncedWriter(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    TANDEM_CHECK(fd_ >= 0, "cannot create '", path_, "': ", std::strerror(errno), "; check permissions and free space");
-  }
-  ~SyncedWriter() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());  // not committed: remove the partial file
-    }
-  }
-  void append(const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, std::min<size_t>(size, 1u << 30));
-      if (n < 0 && errno == EINTR) continue;
-      TANDEM_CHECK(n > 0, "cannot write '", path_, "': ", std::strerror(errno), "; check free space");
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
-  void commit() {
-    const bool ok = ::fsync(fd_) == 0;
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (!ok) {
-      ::unlink(path_.c_str());
-      TANDEM_FAIL("cannot flush '", path_, "' to disk: ", std::strerror(err));
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -210,7 +173,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   unsigned char len[8];
   uint64_t hl = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(hl >> (8 * i));
-  SyncedWriter w(path);
+  DurableFile w(path);
   w.append(len, 8);
   w.append(h.data(), h.size());
   for (const auto& c : cpu) w.append(c.data_ptr(), c.numel() * c.element_size());
