@@ -129,12 +129,18 @@ TEST(Trainer, ShapeMismatchOnResumeNamesTheTensor) {
   other.train.steps = 4;
   TrainOptions r;
   r.resume = s.last_checkpoint;
+  const auto read = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  const std::string config_before = read(dir.file("config.yaml"));
   try {
     train(other, r);
     FAIL() << "expected a shape error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_proj.weight"), std::string::npos) << e.what();
   }
+  EXPECT_EQ(read(dir.file("config.yaml")), config_before) << "a failed resume rewrote the run's config";
 }
 
 TEST(Trainer, IncompleteOrDamagedCheckpointIsRefused) {

@@ -148,8 +148,6 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   if (run_dir.empty()) run_dir = default_run_dir(spec.name);
   ensure_writable_directory(run_dir, "run directory");
   const std::string ckpt_parent = (fs::path(run_dir) / "checkpoints").string();
-  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
-  write_file_atomic((fs::path(run_dir) / "model_config.json").string(), hf_config_json(spec));
 
   // Model, weights and optimizer.
   torch::manual_seed(cfg.train.seed);
@@ -172,6 +170,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     state = load_checkpoint(resume_dir, *model, optimizer, device_index);
     log::info(strprintf("resumed from %s at step %lld", resume_dir.c_str(), static_cast<long long>(state.step)));
   }
+
+  // Written only once the model, weights and checkpoint are known to be good, so a failed
+  // resume leaves the run directory's files as they were.
+  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+  write_file_atomic((fs::path(run_dir) / "model_config.json").string(), hf_config_json(spec));
 
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   const bool fp16 = cfg.train.precision == Precision::kFp16;
