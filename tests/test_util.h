@@ -7,10 +7,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
-#include <functional>
 #include <string>
 
 #include "tandem/core/error.h"

@@ -2,9 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {
@@ -13,8 +13,8 @@ using test::error_of;
 
 TEST(Config, YamlNestedAndDottedKeys) {
   Config c;
-  load_yaml_config_text(c, "train:\n  steps: 42\n  precision: bf16\noptim.lr: 1e-4\nmodel:\n  preset: 125M\n  n_layer: 3\n",
-                        "t.yaml");
+  load_yaml_config_text(
+      c, "train:\n  steps: 42\n  precision: bf16\noptim.lr: 1e-4\nmodel:\n  preset: 125M\n  n_layer: 3\n", "t.yaml");
   EXPECT_EQ(c.train.steps, 42);
   EXPECT_EQ(c.train.precision, Precision::kBf16);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1e-4);
@@ -106,7 +106,8 @@ TEST(Config, DeepSpeedKeysMapAndOthersAreListed) {
   EXPECT_FALSE(c.offload.pin_memory);
   const std::string ignored = join(r.ignored_keys, ",");
   EXPECT_EQ(r.ignored_keys.size(), 4u) << ignored;
-  for (const char* k : {"optimizer.params.amsgrad", "fp16.hysteresis", "zero_optimization.stage", "wall_clock_breakdown"})
+  for (const char* k :
+       {"optimizer.params.amsgrad", "fp16.hysteresis", "zero_optimization.stage", "wall_clock_breakdown"})
     EXPECT_NE(ignored.find(k), std::string::npos) << k << " not in " << ignored;
 }
 
@@ -116,11 +117,12 @@ TEST(Config, DeepSpeedBatchArithmeticAndBadTypes) {
               load_deepspeed_config_text(c, R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})", "d");
             }).find("not a multiple"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { load_deepspeed_config_text(c, R"({"optimizer": {"type": "Lamb"}})", "d"); })
-                .find("not supported"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { load_deepspeed_config_text(c, R"({"optimizer": {"type": "Lamb"}})", "d"); }).find("not supported"),
+      std::string::npos);
   Config w;
-  load_deepspeed_config_text(w, R"({"bf16": {"enabled": true}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 7}}})", "d");
+  load_deepspeed_config_text(
+      w, R"({"bf16": {"enabled": true}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 7}}})", "d");
   EXPECT_EQ(w.train.precision, Precision::kBf16);
   EXPECT_EQ(w.optim.schedule, LrSchedule::kConstant);
   EXPECT_EQ(w.optim.warmup_steps, 7);

@@ -5,11 +5,11 @@
 #include <cstring>
 #include <fstream>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/data/synthetic.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {
@@ -19,7 +19,8 @@ void write_bytes(const std::string& path, const void* data, size_t n) {
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
 }
 
-std::vector<char> llmc_file(int32_t magic, int32_t version, int32_t count, const std::vector<uint32_t>& tokens, int bpt) {
+std::vector<char> llmc_file(int32_t magic, int32_t version, int32_t count, const std::vector<uint32_t>& tokens,
+                            int bpt) {
   std::vector<char> buf(1024, 0);
   int32_t header[256] = {};
   header[0] = magic, header[1] = version, header[2] = count;

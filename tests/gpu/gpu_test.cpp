@@ -6,10 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../test_util.h"
 #include "tandem/core/device.h"
 #include "tandem/models/model.h"
 #include "tandem/run/trainer.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {

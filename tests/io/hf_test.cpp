@@ -5,10 +5,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "tandem/core/error.h"
 #include "../test_util.h"
+#include "tandem/core/error.h"
 
 namespace tandem {
 namespace {
@@ -94,12 +94,19 @@ TEST(Safetensors, CorruptHeadersAreRefusedWithTheCause) {
   write_raw(dir.file("biglen"), le64(1000) + "{}");
   EXPECT_NE(error_of(dir.file("biglen")).find("header length 1000 exceeds"), std::string::npos);
   EXPECT_NE(error_of(file("json", "{not json", 0)).find("not valid JSON"), std::string::npos);
-  EXPECT_NE(error_of(file("outside", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)).find("truncated"),
-            std::string::npos);
-  EXPECT_NE(error_of(file("overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12))
-                .find("overlap"),
-            std::string::npos);
-  EXPECT_NE(error_of(file("dtype", R"({"a":{"dtype":"F12","shape":[1],"data_offsets":[0,4]}})", 4)).find("unknown dtype 'F12'"),
+  EXPECT_NE(
+      error_of(file("outside", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)).find("truncated"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(
+          file(
+              "overlap",
+              R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+              12))
+          .find("overlap"),
+      std::string::npos);
+  EXPECT_NE(error_of(file("dtype", R"({"a":{"dtype":"F12","shape":[1],"data_offsets":[0,4]}})", 4))
+                .find("unknown dtype 'F12'"),
             std::string::npos);
   EXPECT_NE(error_of(file("size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)).find("need 12"),
             std::string::npos);

@@ -3,11 +3,11 @@
 
 #include <set>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {
@@ -42,12 +42,12 @@ TEST(Llama, HfParameterNames) {
   Model m(s, false);
   std::set<std::string> names;
   for (auto& [n, p] : m.hf_parameters()) names.insert(n);
-  for (const char* n : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-                        "model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
-                        "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-                        "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
-                        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
-                        "model.norm.weight", "lm_head.weight"})
+  for (const char* n :
+       {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight", "model.norm.weight", "lm_head.weight"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_EQ(names.size(), 2u + 9u * 2 + 1u);
   auto state = m.hf_state_dict();
@@ -166,7 +166,7 @@ TEST(Presets, SizesAreWhatTheirNamesSay) {
   EXPECT_NEAR(double(preset_spec("125M").num_params_unpadded()), 125e6, 20e6);
   EXPECT_NEAR(double(preset_spec("1B").num_params_unpadded()), 1.2e9, 0.2e9);
   EXPECT_NEAR(double(preset_spec("3B").num_params_unpadded()), 3.0e9, 0.3e9);
-  EXPECT_NEAR(double(preset_spec("7B").num_params_unpadded()), 6.74e9, 0.05e9);   // LLaMA-2 7B
+  EXPECT_NEAR(double(preset_spec("7B").num_params_unpadded()), 6.74e9, 0.05e9);  // LLaMA-2 7B
   EXPECT_NEAR(double(preset_spec("13B").num_params_unpadded()), 13.0e9, 0.1e9);  // LLaMA-2 13B
   for (const auto& n : preset_names()) {
     const auto s = preset_spec(n);

@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "tandem/optim/optimizer.h"
 #include "../test_util.h"
+#include "tandem/optim/optimizer.h"
 
 namespace tandem {
 namespace {

@@ -6,10 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
-#include "../test_util.h"
 
 namespace tandem {
 namespace {
@@ -112,7 +112,8 @@ TEST(Trainer, CheckpointIsAnHfDirectory) {
   EXPECT_FALSE(fs::exists(ckpts / "step_00000001"));  // pruned: keep 2
   EXPECT_TRUE(fs::exists(ckpts / "step_00000002"));
   EXPECT_TRUE(fs::exists(ckpts / "step_00000003"));
-  for (auto& e : fs::directory_iterator(ckpts)) EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos);
+  for (auto& e : fs::directory_iterator(ckpts))
+    EXPECT_EQ(e.path().filename().string().rfind(".", 0), std::string::npos);
   const ModelSpec spec = spec_from_hf_config(s.last_checkpoint + "/config.json");
   EXPECT_EQ(spec.n_layer, 4);
   SafetensorsFile w(s.last_checkpoint + "/model.safetensors");

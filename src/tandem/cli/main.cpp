@@ -1,7 +1,7 @@
 // The tandem command line: train, inspect, config.
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <iostream>
@@ -30,7 +30,8 @@ struct ConfigArgs {
   int64_t steps = -1;
 
   void add_to(CLI::App* app, bool training) {
-    app->add_option("-c,--config", config_files, "YAML config (tandem keys, nested or dotted); .json = DeepSpeed; repeatable")
+    app->add_option("-c,--config", config_files,
+                    "YAML config (tandem keys, nested or dotted); .json = DeepSpeed; repeatable")
         ->check(CLI::ExistingFile);
     app->add_option("--deepspeed", deepspeed, "DeepSpeed JSON config: the keys that map are used, the rest listed")
         ->check(CLI::ExistingFile);
@@ -52,7 +53,8 @@ struct ConfigArgs {
     if (!deepspeed.empty()) {
       const auto r = load_deepspeed_config(cfg, deepspeed);
       if (!r.ignored_keys.empty())
-        log::warn(deepspeed + ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));
+        log::warn(deepspeed +
+                  ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));
     }
     if (!preset.empty()) set_config_key(cfg, "model.preset", preset, "--preset");
     if (!device.empty()) set_config_key(cfg, "train.device", device, "--device");
@@ -86,8 +88,7 @@ int run_inspect(const Config& cfg) {
               (long long)s.num_params());
   std::printf("  %-24s %12s\n", "block", "params");
   std::printf("  %-24s %12s\n", "embed", format_count(double(emb)).c_str());
-  std::printf("  %-24s %12s  each, %s in all\n",
-              ("layer.0 .. layer." + std::to_string(s.n_layer - 1)).c_str(),
+  std::printf("  %-24s %12s  each, %s in all\n", ("layer.0 .. layer." + std::to_string(s.n_layer - 1)).c_str(),
               format_count(double(s.params_per_layer())).c_str(),
               format_count(double(s.params_per_layer() * s.n_layer)).c_str());
   std::printf("  %-24s %12s\n", s.tie_embeddings ? "head (norm; tied lm_head)" : "head (norm + lm_head)",
@@ -103,12 +104,14 @@ int run_inspect(const Config& cfg) {
     std::printf("  %-28s %14s %14s\n", name.c_str(), format_bytes(double(bytes)).c_str(), "-");
   const int64_t host = cfg.data.prefetch * 2 * cfg.train.micro_batch * T * 8;
   std::printf("  %-28s %14s %14s\n", "prefetched batches", "-", format_bytes(double(host)).c_str());
-  std::printf("  %-28s %14s %14s\n", "total", format_bytes(double(e.total())).c_str(), format_bytes(double(host)).c_str());
+  std::printf("  %-28s %14s %14s\n", "total", format_bytes(double(e.total())).c_str(),
+              format_bytes(double(host)).c_str());
   if (cuda && accelerator()) {
     const auto ms = accelerator()->memory_stats(0);
-    std::printf("\n%s: %s free of %s: the estimate %s\n", accelerator()->device_name(0).c_str(),
-                format_bytes(double(ms.free)).c_str(), format_bytes(double(ms.total)).c_str(),
-                e.total() <= ms.free ? "fits" : "does NOT fit (lower train.micro_batch or set model.checkpointing=true)");
+    std::printf(
+        "\n%s: %s free of %s: the estimate %s\n", accelerator()->device_name(0).c_str(),
+        format_bytes(double(ms.free)).c_str(), format_bytes(double(ms.total)).c_str(),
+        e.total() <= ms.free ? "fits" : "does NOT fit (lower train.micro_batch or set model.checkpointing=true)");
   } else {
     std::printf("\nhost: %s available\n", format_bytes(double(host_available_bytes())).c_str());
   }
@@ -124,15 +127,15 @@ std::string one_line(std::string s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-
-  CLI::App app{"tandem: train models larger than GPU memory at GPU speed, using the GPU, pinned host memory\n"
-               "and CPU cores together.\n\n"
-               "  tandem train                      train the embedded default (tiny model, generated corpus)\n"
-               "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
-               "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
-               "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
-               "  tandem config --keys              every configuration key with its meaning",
-               "tandem"};
+  CLI::App app{
+      "tandem: train models larger than GPU memory at GPU speed, using the GPU, pinned host memory\n"
+      "and CPU cores together.\n\n"
+      "  tandem train                      train the embedded default (tiny model, generated corpus)\n"
+      "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
+      "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
+      "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
+      "  tandem config --keys              every configuration key with its meaning",
+      "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);
   bool verbose = false;
@@ -142,9 +145,11 @@ int main(int argc, char** argv) {
   std::string resume;
   auto* train_cmd = app.add_subcommand("train", "train a model (no options: the embedded default job)");
   train_args.add_to(train_cmd, true);
-  train_cmd->add_option("--resume", resume, "continue from a checkpoint directory or a run directory's newest checkpoint");
+  train_cmd->add_option("--resume", resume,
+                        "continue from a checkpoint directory or a run directory's newest checkpoint");
 
-  auto* inspect_cmd = app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
+  auto* inspect_cmd =
+      app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
   inspect_args.add_to(inspect_cmd, false);
 
   bool list_keys = false;
@@ -178,7 +183,8 @@ int main(int argc, char** argv) {
     if (*inspect_cmd) return run_inspect(inspect_args.resolve(""));
     if (*config_cmd) {
       if (list_keys) {
-        for (const auto& k : config_keys()) std::printf("%-26s %-22s %s\n", k.name.c_str(), k.type.c_str(), k.doc.c_str());
+        for (const auto& k : config_keys())
+          std::printf("%-26s %-22s %s\n", k.name.c_str(), k.type.c_str(), k.doc.c_str());
         return 0;
       }
       std::fputs(config_to_yaml(config_args.resolve("")).c_str(), stdout);

@@ -82,8 +82,8 @@ const std::vector<std::pair<std::string, Precision>> kPrecisions = {
     {"fp32", Precision::kFp32}, {"bf16", Precision::kBf16}, {"fp16", Precision::kFp16}};
 const std::vector<std::pair<std::string, LrSchedule>> kSchedules = {
     {"cosine", LrSchedule::kCosine}, {"linear", LrSchedule::kLinear}, {"constant", LrSchedule::kConstant}};
-const std::vector<std::pair<std::string, OffloadTarget>> kOffloadTargets = {
-    {"none", OffloadTarget::kNone}, {"cpu", OffloadTarget::kCpu}};
+const std::vector<std::pair<std::string, OffloadTarget>> kOffloadTargets = {{"none", OffloadTarget::kNone},
+                                                                            {"cpu", OffloadTarget::kCpu}};
 
 // ---- the key registry -----------------------------------------------------------------------
 
@@ -95,8 +95,7 @@ struct Field {
 
 template <typename Get>
 Field int_field(std::string name, std::string doc, Get get) {
-  return {name, "int", std::move(doc),
-          [get, name](Config& c, const std::string& v) { get(c) = parse_int(name, v); },
+  return {name, "int", std::move(doc), [get, name](Config& c, const std::string& v) { get(c) = parse_int(name, v); },
           [get](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
 }
 template <typename Get>
@@ -117,8 +116,7 @@ Field double_field(std::string name, std::string doc, Get get) {
 }
 template <typename Get>
 Field bool_field(std::string name, std::string doc, Get get) {
-  return {name, "bool", std::move(doc),
-          [get, name](Config& c, const std::string& v) { get(c) = parse_bool(name, v); },
+  return {name, "bool", std::move(doc), [get, name](Config& c, const std::string& v) { get(c) = parse_bool(name, v); },
           [get](const Config& c) { return std::string(get(const_cast<Config&>(c)) ? "true" : "false"); }};
 }
 template <typename Get>
@@ -131,8 +129,10 @@ template <typename Get, typename Parse, typename Format>
 Field optional_field(std::string name, std::string type, std::string doc, Get get, Parse parse, Format format) {
   return {name, std::move(type), std::move(doc),
           [get, name, parse](Config& c, const std::string& v) {
-            if (is_null(v)) get(c).reset();
-            else get(c) = parse(name, v);
+            if (is_null(v))
+              get(c).reset();
+            else
+              get(c) = parse(name, v);
           },
           [get, format](const Config& c) {
             const auto& o = get(const_cast<Config&>(c));
@@ -162,29 +162,40 @@ Field enum_field(std::string name, std::string doc, const std::vector<std::pair<
           [get, &table](const Config& c) { return enum_name(get(const_cast<Config&>(c)), table); }};
 }
 
-#define F(path) [](Config& c) -> auto& { return c.path; }
+#define F(path) \
+  [](Config & c) -> auto& { return c.path; }
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
-      string_field("model.preset", "model preset: tiny, 125M, 1B, 3B, 7B, 13B, mlp (see `tandem inspect`)", F(model.preset)),
+      string_field("model.preset", "model preset: tiny, 125M, 1B, 3B, 7B, 13B, mlp (see `tandem inspect`)",
+                   F(model.preset)),
       opt_int_field("model.n_layer", "number of decoder blocks (null = preset)", F(model.n_layer)),
       opt_int_field("model.d_model", "hidden size (null = preset)", F(model.d_model)),
       opt_int_field("model.n_head", "attention heads (null = preset)", F(model.n_head)),
-      opt_int_field("model.n_kv_head", "key/value heads for grouped-query attention (null = preset)", F(model.n_kv_head)),
+      opt_int_field("model.n_kv_head", "key/value heads for grouped-query attention (null = preset)",
+                    F(model.n_kv_head)),
       opt_int_field("model.d_ff", "feed-forward size (null = preset)", F(model.d_ff)),
-      opt_int_field("model.vocab_size", "vocabulary size before padding to a multiple of 64 (null = preset)", F(model.vocab_size)),
+      opt_int_field("model.vocab_size", "vocabulary size before padding to a multiple of 64 (null = preset)",
+                    F(model.vocab_size)),
       opt_int_field("model.max_seq_len", "longest sequence (RoPE table length; null = preset)", F(model.max_seq_len)),
-      opt_bool_field("model.tie_embeddings", "share the embedding and output head weights (null = preset)", F(model.tie_embeddings)),
+      opt_bool_field("model.tie_embeddings", "share the embedding and output head weights (null = preset)",
+                     F(model.tie_embeddings)),
       opt_double_field("model.rope_theta", "RoPE base frequency (null = preset)", F(model.rope_theta)),
       opt_double_field("model.norm_eps", "RMSNorm epsilon (null = preset)", F(model.norm_eps)),
-      bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward", F(model.checkpointing)),
+      bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward",
+                 F(model.checkpointing)),
 
-      string_field("model.init_from", "HF LLaMA directory to start from (config.json + safetensors); overrides the preset", F(model.init_from)),
+      string_field("model.init_from",
+                   "HF LLaMA directory to start from (config.json + safetensors); overrides the preset",
+                   F(model.init_from)),
 
-      string_field("data.path", "'synthetic' (generated corpus), a token file (nanoGPT or llm.c .bin) or a text file", F(data.path)),
+      string_field("data.path", "'synthetic' (generated corpus), a token file (nanoGPT or llm.c .bin) or a text file",
+                   F(data.path)),
       string_field("data.format", "auto | nanogpt | llmc | text", F(data.format)),
-      string_field("data.val_path", "held-out token file; empty = the last data.val_fraction of data.path", F(data.val_path)),
-      double_field("data.val_fraction", "fraction of the tokens held out for evaluation when no data.val_path", F(data.val_fraction)),
+      string_field("data.val_path", "held-out token file; empty = the last data.val_fraction of data.path",
+                   F(data.val_path)),
+      double_field("data.val_fraction", "fraction of the tokens held out for evaluation when no data.val_path",
+                   F(data.val_fraction)),
       int_field("data.synthetic_bytes", "size in bytes of the generated default corpus", F(data.synthetic_bytes)),
       int_field("data.prefetch", "batches the loader thread prepares ahead", F(data.prefetch)),
 
@@ -193,23 +204,27 @@ const std::vector<Field>& fields() {
       int_field("train.seq_len", "tokens per sequence; 0 = model.max_seq_len", F(train.seq_len)),
       int_field("train.grad_accum", "micro-batches accumulated per optimizer step", F(train.grad_accum)),
       double_field("train.grad_clip", "global gradient-norm clip; 0 disables", F(train.grad_clip)),
-      enum_field("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling", kPrecisions, F(train.precision)),
+      enum_field("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling", kPrecisions,
+                 F(train.precision)),
       string_field("train.device", "auto | cpu | cuda | cuda:N", F(train.device)),
       uint_field("train.seed", "seed for initialisation and data order", F(train.seed)),
       int_field("train.eval_every", "evaluate on the held-out split every N steps; 0 disables", F(train.eval_every)),
       int_field("train.eval_batches", "micro-batches per evaluation", F(train.eval_batches)),
       int_field("train.log_every", "log line / metrics cadence in steps", F(train.log_every)),
       int_field("train.checkpoint_every", "checkpoint every N steps; 0 = only at the end", F(train.checkpoint_every)),
-      int_field("train.keep_checkpoints", "checkpoints kept in the run directory (older ones are removed)", F(train.keep_checkpoints)),
+      int_field("train.keep_checkpoints", "checkpoints kept in the run directory (older ones are removed)",
+                F(train.keep_checkpoints)),
       bool_field("train.save_final", "write a checkpoint when training ends", F(train.save_final)),
       bool_field("train.tf32", "allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA", F(train.tf32)),
       bool_field("train.cudnn_benchmark", "let cuDNN pick the fastest algorithms", F(train.cudnn_benchmark)),
       string_field("train.run_dir", "run directory; empty = runs/<date>-<time>-<preset>", F(train.run_dir)),
-      string_field("train.progress", "auto (bar on a terminal, lines otherwise) | bar | lines | off", F(train.progress)),
+      string_field("train.progress", "auto (bar on a terminal, lines otherwise) | bar | lines | off",
+                   F(train.progress)),
 
       string_field("optim.type", "adamw | adam", F(optim.type)),
       double_field("optim.lr", "peak learning rate", F(optim.lr)),
-      double_field("optim.min_lr_ratio", "final learning rate as a fraction of optim.lr (cosine, linear)", F(optim.min_lr_ratio)),
+      double_field("optim.min_lr_ratio", "final learning rate as a fraction of optim.lr (cosine, linear)",
+                   F(optim.min_lr_ratio)),
       int_field("optim.warmup_steps", "linear warmup steps", F(optim.warmup_steps)),
       int_field("optim.decay_steps", "step at which decay ends; 0 = train.steps", F(optim.decay_steps)),
       double_field("optim.warmup_min_lr", "learning rate at step 0 of warmup", F(optim.warmup_min_lr)),
@@ -217,7 +232,8 @@ const std::vector<Field>& fields() {
       double_field("optim.beta1", "Adam beta1", F(optim.beta1)),
       double_field("optim.beta2", "Adam beta2", F(optim.beta2)),
       double_field("optim.eps", "Adam epsilon", F(optim.eps)),
-      double_field("optim.weight_decay", "decoupled weight decay (matrices and embeddings; not norms)", F(optim.weight_decay)),
+      double_field("optim.weight_decay", "decoupled weight decay (matrices and embeddings; not norms)",
+                   F(optim.weight_decay)),
 
       double_field("scaler.init_scale", "fp16 initial loss scale", F(scaler.init_scale)),
       double_field("scaler.growth_factor", "fp16 loss-scale growth factor", F(scaler.growth_factor)),
@@ -226,7 +242,8 @@ const std::vector<Field>& fields() {
       double_field("scaler.min_scale", "fp16 smallest loss scale", F(scaler.min_scale)),
       bool_field("scaler.dynamic", "fp16 dynamic loss scaling (false: fixed at init_scale)", F(scaler.dynamic)),
 
-      enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets, F(offload.optimizer)),
+      enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets,
+                 F(offload.optimizer)),
       bool_field("offload.pin_memory", "use pinned host memory for offloaded buffers", F(offload.pin_memory)),
   };
   return kFields;
@@ -242,9 +259,7 @@ const Field& find_field(const std::string& key, const std::string& origin) {
 }
 
 void flatten_yaml(Config& cfg, const YAML::Node& node, const std::string& prefix, const std::string& origin) {
-  const auto where = [&](const YAML::Node& n) {
-    return origin + ":" + std::to_string(n.Mark().line + 1);
-  };
+  const auto where = [&](const YAML::Node& n) { return origin + ":" + std::to_string(n.Mark().line + 1); };
   switch (node.Type()) {
     case YAML::NodeType::Map:
       for (const auto& kv : node) {
@@ -367,15 +382,18 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
       for (const auto& [k, x] : o.items()) {
         if (k == "type") {
           const std::string t = to_lower(x.get<std::string>());
-          TANDEM_CHECK(t == "adam" || t == "adamw" || t == "cpuadam" || t == "fusedadam", origin,
-                       ": optimizer type '", x.get<std::string>(), "' is not supported; use Adam or AdamW");
+          TANDEM_CHECK(t == "adam" || t == "adamw" || t == "cpuadam" || t == "fusedadam", origin, ": optimizer type '",
+                       x.get<std::string>(), "' is not supported; use Adam or AdamW");
           cfg.optim.type = "adamw";  // DeepSpeed's Adam is AdamW unless adam_w_mode is false
         } else if (k == "params") {
           for (const auto& [p, y] : object(x, "optimizer.params").items()) {
             if (is_auto(y)) continue;
-            if (p == "lr") cfg.optim.lr = num(y, "optimizer.params.lr");
-            else if (p == "eps") cfg.optim.eps = num(y, "optimizer.params.eps");
-            else if (p == "weight_decay") cfg.optim.weight_decay = num(y, "optimizer.params.weight_decay");
+            if (p == "lr")
+              cfg.optim.lr = num(y, "optimizer.params.lr");
+            else if (p == "eps")
+              cfg.optim.eps = num(y, "optimizer.params.eps");
+            else if (p == "weight_decay")
+              cfg.optim.weight_decay = num(y, "optimizer.params.weight_decay");
             else if (p == "betas") {
               TANDEM_CHECK(y.is_array() && y.size() == 2, origin, ": 'optimizer.params.betas' must be [beta1, beta2]");
               cfg.optim.beta1 = num(y[0], "optimizer.params.betas[0]");
@@ -401,27 +419,38 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
         if (type == "WarmupDecayLR") cfg.optim.min_lr_ratio = 0.0;
         for (const auto& [p, y] : params.items()) {
           if (is_auto(y)) continue;
-          if (p == "warmup_max_lr") max_lr = cfg.optim.lr = num(y, "scheduler.params.warmup_max_lr");
-          else if (p == "warmup_min_lr") cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_lr");
-          else if (p == "warmup_num_steps") cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
+          if (p == "warmup_max_lr")
+            max_lr = cfg.optim.lr = num(y, "scheduler.params.warmup_max_lr");
+          else if (p == "warmup_min_lr")
+            cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_lr");
+          else if (p == "warmup_num_steps")
+            cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
           else if (p == "total_num_steps" && type == "WarmupDecayLR")
             cfg.optim.decay_steps = integer(y, "scheduler.params.total_num_steps");
-          else if (p == "warmup_type" && y.is_string() && y.get<std::string>() == "linear") continue;
-          else ignored.push_back("scheduler.params." + p + (p == "warmup_type" ? " (tandem warms up linearly)" : ""));
+          else if (p == "warmup_type" && y.is_string() && y.get<std::string>() == "linear")
+            continue;
+          else
+            ignored.push_back("scheduler.params." + p + (p == "warmup_type" ? " (tandem warms up linearly)" : ""));
         }
         (void)max_lr;
       } else if (type == "WarmupCosineLR") {
         cfg.optim.schedule = LrSchedule::kCosine;
         for (const auto& [p, y] : params.items()) {
           if (is_auto(y)) continue;
-          if (p == "warmup_num_steps") cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
-          else if (p == "total_num_steps") cfg.optim.decay_steps = integer(y, "scheduler.params.total_num_steps");
-          else if (p == "cos_min_ratio") cfg.optim.min_lr_ratio = num(y, "scheduler.params.cos_min_ratio");
-          else if (p == "warmup_min_ratio") cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_ratio") * cfg.optim.lr;
-          else ignored.push_back("scheduler.params." + p);
+          if (p == "warmup_num_steps")
+            cfg.optim.warmup_steps = integer(y, "scheduler.params.warmup_num_steps");
+          else if (p == "total_num_steps")
+            cfg.optim.decay_steps = integer(y, "scheduler.params.total_num_steps");
+          else if (p == "cos_min_ratio")
+            cfg.optim.min_lr_ratio = num(y, "scheduler.params.cos_min_ratio");
+          else if (p == "warmup_min_ratio")
+            cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_ratio") * cfg.optim.lr;
+          else
+            ignored.push_back("scheduler.params." + p);
         }
       } else {
-        TANDEM_FAIL(origin, ": scheduler type '", type, "' is not supported; use WarmupLR, WarmupDecayLR or WarmupCosineLR");
+        TANDEM_FAIL(origin, ": scheduler type '", type,
+                    "' is not supported; use WarmupLR, WarmupDecayLR or WarmupCosineLR");
       }
     } else if (key == "bf16" || key == "fp16") {
       const json& o = object(v, key);
@@ -469,8 +498,8 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
   // Batch arithmetic (one process: world size 1).
   if (global && micro && accum) {
     TANDEM_CHECK(*global == *micro * *accum, origin, ": train_batch_size (", *global,
-                 ") must equal train_micro_batch_size_per_gpu (", *micro, ") x gradient_accumulation_steps (",
-                 *accum, ") on one device");
+                 ") must equal train_micro_batch_size_per_gpu (", *micro, ") x gradient_accumulation_steps (", *accum,
+                 ") on one device");
   } else if (global && micro) {
     TANDEM_CHECK(*global % *micro == 0, origin, ": train_batch_size (", *global,
                  ") is not a multiple of train_micro_batch_size_per_gpu (", *micro, ")");
@@ -516,8 +545,10 @@ std::string config_to_yaml(const Config& cfg) {
     const auto dot = f.name.find('.');
     const std::string section = f.name.substr(0, dot), key = f.name.substr(dot + 1);
     const std::string value = f.get(cfg);
-    if (value == "null") root[section][key] = YAML::Node(YAML::NodeType::Null);
-    else root[section][key] = value;
+    if (value == "null")
+      root[section][key] = YAML::Node(YAML::NodeType::Null);
+    else
+      root[section][key] = value;
   }
   YAML::Emitter out;
   out << root;
@@ -545,16 +576,20 @@ void validate_config(const Config& c) {
   TANDEM_CHECK(c.train.checkpoint_every >= 0, "train.checkpoint_every must be >= 0, got ", c.train.checkpoint_every);
   TANDEM_CHECK(c.train.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1, got ", c.train.keep_checkpoints);
   const auto& p = c.train.progress;
-  TANDEM_CHECK(p == "auto" || p == "bar" || p == "lines" || p == "off", "train.progress must be auto, bar, lines or off; got '", p, "'");
-  TANDEM_CHECK(c.optim.type == "adamw" || c.optim.type == "adam", "optim.type must be adamw or adam; got '", c.optim.type, "'");
+  TANDEM_CHECK(p == "auto" || p == "bar" || p == "lines" || p == "off",
+               "train.progress must be auto, bar, lines or off; got '", p, "'");
+  TANDEM_CHECK(c.optim.type == "adamw" || c.optim.type == "adam", "optim.type must be adamw or adam; got '",
+               c.optim.type, "'");
   TANDEM_CHECK(c.optim.lr > 0, "optim.lr must be > 0, got ", c.optim.lr);
   TANDEM_CHECK(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1 must be in [0, 1), got ", c.optim.beta1);
   TANDEM_CHECK(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2 must be in [0, 1), got ", c.optim.beta2);
   TANDEM_CHECK(c.optim.eps > 0, "optim.eps must be > 0, got ", c.optim.eps);
   TANDEM_CHECK(c.optim.weight_decay >= 0, "optim.weight_decay must be >= 0, got ", c.optim.weight_decay);
   TANDEM_CHECK(c.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0, got ", c.optim.warmup_steps);
-  TANDEM_CHECK(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1], got ", c.optim.min_lr_ratio);
-  TANDEM_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1), got ", c.data.val_fraction);
+  TANDEM_CHECK(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1], got ",
+               c.optim.min_lr_ratio);
+  TANDEM_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1), got ",
+               c.data.val_fraction);
   TANDEM_CHECK(c.data.prefetch >= 1, "data.prefetch must be >= 1, got ", c.data.prefetch);
   TANDEM_CHECK(c.data.synthetic_bytes >= 4096, "data.synthetic_bytes must be >= 4096, got ", c.data.synthetic_bytes);
   TANDEM_CHECK(c.scaler.init_scale > 0, "scaler.init_scale must be > 0");
@@ -565,18 +600,24 @@ void validate_config(const Config& c) {
 
 const char* to_string(Precision p) {
   switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
   }
   return "?";
 }
 
 const char* to_string(LrSchedule s) {
   switch (s) {
-    case LrSchedule::kCosine: return "cosine";
-    case LrSchedule::kLinear: return "linear";
-    case LrSchedule::kConstant: return "constant";
+    case LrSchedule::kCosine:
+      return "cosine";
+    case LrSchedule::kLinear:
+      return "linear";
+    case LrSchedule::kConstant:
+      return "constant";
   }
   return "?";
 }

@@ -112,8 +112,7 @@ std::vector<std::string> config_key_names();
 
 /// Sets one key from text; throws UserError for an unknown key (naming the closest) or a bad value.
 /// `origin` prefixes the message (e.g. "run.yaml:4").
-void set_config_key(Config& cfg, const std::string& key, const std::string& value,
-                    const std::string& origin = "");
+void set_config_key(Config& cfg, const std::string& key, const std::string& value, const std::string& origin = "");
 
 /// Reads one key as text.
 std::string get_config_key(const Config& cfg, const std::string& key);

@@ -32,22 +32,20 @@ std::string concat(const Args&... args) {
 }
 
 [[noreturn]] void throw_user_error(const std::string& message);
-[[noreturn]] void throw_internal_error(const char* file, int line, const char* expr,
-                                       const std::string& message);
+[[noreturn]] void throw_internal_error(const char* file, int line, const char* expr, const std::string& message);
 
 }  // namespace detail
 }  // namespace tandem
 
-#define TANDEM_CHECK(cond, ...)                                                   \
-  do {                                                                            \
+#define TANDEM_CHECK(cond, ...)                                                             \
+  do {                                                                                      \
     if (!(cond)) ::tandem::detail::throw_user_error(::tandem::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 #define TANDEM_FAIL(...) ::tandem::detail::throw_user_error(::tandem::detail::concat(__VA_ARGS__))
 
-#define TANDEM_ASSERT(cond, ...)                                                   \
-  do {                                                                             \
-    if (!(cond))                                                                   \
-      ::tandem::detail::throw_internal_error(__FILE__, __LINE__, #cond,            \
-                                             ::tandem::detail::concat("", ##__VA_ARGS__)); \
+#define TANDEM_ASSERT(cond, ...)                                                                                      \
+  do {                                                                                                                \
+    if (!(cond))                                                                                                      \
+      ::tandem::detail::throw_internal_error(__FILE__, __LINE__, #cond, ::tandem::detail::concat("", ##__VA_ARGS__)); \
   } while (0)

@@ -61,10 +61,14 @@ std::string format_bytes(double bytes) {
 
 std::string format_count(double n) {
   char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1f K", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  if (n >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
+  else if (n >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);
+  else if (n >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1f K", n / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", n);
   return buf;
 }
 

@@ -11,9 +11,9 @@ DataSplits open_data(const DataConfig& cfg, uint64_t seed) {
   TokenBuffer all;
   if (cfg.path == "synthetic") {
     // The corpus does not depend on the run's seed, so every run sees the same text.
-    all = TokenBuffer::from_tokens(byte_tokenize(generate_corpus_text(cfg.synthetic_bytes, 20240520)),
-                                   "synthetic corpus (byte-level), " + format_count(double(cfg.synthetic_bytes)) +
-                                       " tokens");
+    all = TokenBuffer::from_tokens(
+        byte_tokenize(generate_corpus_text(cfg.synthetic_bytes, 20240520)),
+        "synthetic corpus (byte-level), " + format_count(double(cfg.synthetic_bytes)) + " tokens");
   } else {
     all = TokenBuffer::open(cfg.path, parse_token_format(cfg.format));
   }

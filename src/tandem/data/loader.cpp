@@ -18,7 +18,8 @@ std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch,
   const uint64_t range = static_cast<uint64_t>(n_tokens - seq_len);  // offsets 0 .. n - T - 1
   std::vector<int64_t> out(batch);
   for (int64_t r = 0; r < batch; ++r) {
-    const uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))) + static_cast<uint64_t>(r));
+    const uint64_t h =
+        splitmix64(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))) + static_cast<uint64_t>(r));
     out[r] = static_cast<int64_t>(h % range);
   }
   return out;
@@ -60,9 +61,9 @@ torch::Tensor BatchLoader::make_host_batch(int64_t index) const {
   for (int64_t r = 0; r < batch_; ++r) {
     tokens_.read(offsets[r], seq_len_ + 1, window.data());
     for (int64_t t = 0; t <= seq_len_; ++t) {
-      TANDEM_CHECK(window[t] >= 0 && window[t] < vocab_limit_, "token id ", window[t], " at position ",
-                   offsets[r] + t, " of the ", split_, " data (", tokens_.description(),
-                   ") is outside the model's vocabulary of ", vocab_limit_, "; set model.vocab_size above it");
+      TANDEM_CHECK(window[t] >= 0 && window[t] < vocab_limit_, "token id ", window[t], " at position ", offsets[r] + t,
+                   " of the ", split_, " data (", tokens_.description(), ") is outside the model's vocabulary of ",
+                   vocab_limit_, "; set model.vocab_size above it");
     }
     std::copy(window.begin(), window.end() - 1, in + r * seq_len_);
     std::copy(window.begin() + 1, window.end(), tg + r * seq_len_);
@@ -87,8 +88,10 @@ void BatchLoader::worker() {
     }
     lock.lock();
     if (gen != generation_) continue;  // a seek happened meanwhile: drop it
-    if (err) error_ = err;
-    else ready_.emplace_back(index, std::move(host));
+    if (err)
+      error_ = err;
+    else
+      ready_.emplace_back(index, std::move(host));
     cv_.notify_all();
   }
 }

@@ -29,8 +29,8 @@ std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch,
 class BatchLoader {
  public:
   /// `vocab_limit`: every token must be below it (the model's vocabulary); checked per batch.
-  BatchLoader(TokenBuffer tokens, int64_t batch, int64_t seq_len, uint64_t seed, torch::Device device,
-              int64_t prefetch, int64_t vocab_limit, std::string split_name);
+  BatchLoader(TokenBuffer tokens, int64_t batch, int64_t seq_len, uint64_t seed, torch::Device device, int64_t prefetch,
+              int64_t vocab_limit, std::string split_name);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;

@@ -7,17 +7,17 @@
 namespace tandem {
 
 std::string generate_corpus_text(int64_t bytes, uint64_t seed) {
-  static const std::vector<std::string> kSubjects = {
-      "the cat", "a small dog", "the old man", "my sister", "the robot", "a young bird", "the teacher",
-      "our neighbour", "the farmer", "a tired horse", "the engineer", "the little girl"};
-  static const std::vector<std::string> kVerbs = {"sees", "likes", "builds", "paints", "carries", "finds",
-                                                  "follows", "cleans", "opens", "watches"};
+  static const std::vector<std::string> kSubjects = {"the cat",    "a small dog",   "the old man",  "my sister",
+                                                     "the robot",  "a young bird",  "the teacher",  "our neighbour",
+                                                     "the farmer", "a tired horse", "the engineer", "the little girl"};
+  static const std::vector<std::string> kVerbs = {"sees",  "likes",   "builds", "paints", "carries",
+                                                  "finds", "follows", "cleans", "opens",  "watches"};
   static const std::vector<std::string> kObjects = {
-      "a red ball", "the blue house", "a long road", "the green door", "a wooden box", "the bright moon",
-      "a cold river", "the quiet garden", "a heavy stone", "the open window"};
-  static const std::vector<std::string> kPlaces = {"in the morning", "at night", "near the sea", "after school",
-                                                   "in the rain", "on sunday"};
-  static const std::array<const char*, 10> kDigits = {"zero", "one", "two", "three", "four",
+      "a red ball",      "the blue house", "a long road",      "the green door", "a wooden box",
+      "the bright moon", "a cold river",   "the quiet garden", "a heavy stone",  "the open window"};
+  static const std::vector<std::string> kPlaces = {"in the morning", "at night",    "near the sea",
+                                                   "after school",   "in the rain", "on sunday"};
+  static const std::array<const char*, 10> kDigits = {"zero", "one", "two",   "three", "four",
                                                       "five", "six", "seven", "eight", "nine"};
   std::mt19937_64 rng(seed);
   const auto pick = [&](const std::vector<std::string>& v) -> const std::string& {

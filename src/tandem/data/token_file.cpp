@@ -73,9 +73,12 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
   const bool has_first = file_bytes >= 4 && ::pread(fd, &first, 4, 0) == 4;
   if (format == TokenFormat::kAuto) {
     const std::string ext = extension(path);
-    if (has_first && file_bytes >= kLlmcHeaderBytes && looks_like_llmc_magic(first)) format = TokenFormat::kLlmc;
-    else if (ext == "bin" || ext == "u16" || ext == "tok") format = TokenFormat::kNanoGpt;
-    else format = TokenFormat::kText;
+    if (has_first && file_bytes >= kLlmcHeaderBytes && looks_like_llmc_magic(first))
+      format = TokenFormat::kLlmc;
+    else if (ext == "bin" || ext == "u16" || ext == "tok")
+      format = TokenFormat::kNanoGpt;
+    else
+      format = TokenFormat::kText;
   }
 
   if (format == TokenFormat::kText) {
@@ -85,8 +88,8 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
     ss << in.rdbuf();
     const std::string text = ss.str();
     TANDEM_CHECK(!text.empty(), "text file '", path, "' is empty; give a file with training text");
-    return from_tokens(byte_tokenize(text), "text (byte-level), " + format_count(double(text.size())) +
-                                                " tokens from " + path);
+    return from_tokens(byte_tokenize(text),
+                       "text (byte-level), " + format_count(double(text.size())) + " tokens from " + path);
   }
 
   int64_t header_bytes = 0, count = 0;
@@ -135,7 +138,8 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
   } else {
     if (file_bytes == 0 || file_bytes % 2 != 0) {
       ::close(fd);
-      TANDEM_FAIL("nanoGPT token file '", path, "' has ", file_bytes, " bytes; a raw uint16 file has a non-zero even size",
+      TANDEM_FAIL("nanoGPT token file '", path, "' has ", file_bytes,
+                  " bytes; a raw uint16 file has a non-zero even size",
                   file_bytes % 2 ? " (it is probably truncated)" : "");
     }
     count = file_bytes / 2;

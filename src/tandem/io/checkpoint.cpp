@@ -70,7 +70,8 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
       cpu_state = gen.get_state();
     }
     std::vector<NamedTensor> rng{{"cpu", cpu_state}};
-    if (device_index >= 0 && accelerator()) rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
+    if (device_index >= 0 && accelerator())
+      rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
     write_safetensors((tmp_dir / "rng.safetensors").string(), rng);
     write_file_synced((tmp_dir / "tandem.yaml").string(), config_to_yaml(config));
 
@@ -103,7 +104,8 @@ std::vector<std::string> list_checkpoints(const std::string& parent) {
   if (!fs::is_directory(parent, ec)) return out;
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / kStateFile)) out.push_back(e.path().string());
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / kStateFile))
+      out.push_back(e.path().string());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -117,15 +119,18 @@ void prune_checkpoints(const std::string& parent, int64_t keep) {
 
 std::string resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
-  TANDEM_CHECK(fs::is_directory(path, ec), "--resume: '", path, "' is not a directory; give a checkpoint or run directory");
+  TANDEM_CHECK(fs::is_directory(path, ec), "--resume: '", path,
+               "' is not a directory; give a checkpoint or run directory");
   if (fs::exists(fs::path(path) / kStateFile)) return path;
   for (const auto& sub : {fs::path(path) / "checkpoints", fs::path(path)}) {
     auto all = list_checkpoints(sub.string());
     if (!all.empty()) return all.back();
   }
   if (fs::path(path).filename().string().rfind("step_", 0) == 0)
-    TANDEM_FAIL("--resume: '", path, "' has no ", kStateFile, "; the checkpoint is incomplete (cut off while being written?)");
-  TANDEM_FAIL("--resume: no complete checkpoint in '", path, "'; give a step_* directory or a run directory with checkpoints/");
+    TANDEM_FAIL("--resume: '", path, "' has no ", kStateFile,
+                "; the checkpoint is incomplete (cut off while being written?)");
+  TANDEM_FAIL("--resume: no complete checkpoint in '", path,
+              "'; give a step_* directory or a run directory with checkpoints/");
 }
 
 void load_checkpoint_config(Config& cfg, const std::string& dir) {

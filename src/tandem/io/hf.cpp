@@ -79,7 +79,8 @@ ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& o
   if (s.arch == Arch::kLlama) {
     s.n_head = get_int("num_attention_heads");
     s.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                      ? get_int("num_key_value_heads") : s.n_head;
+                      ? get_int("num_key_value_heads")
+                      : s.n_head;
     s.rope_theta = j.value("rope_theta", 10000.0);
     const std::string act = j.value("hidden_act", std::string("silu"));
     TANDEM_CHECK(act == "silu", origin, ": hidden_act '", act, "' is not supported (LLaMA uses silu)");
@@ -114,7 +115,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
   const fs::path single = d / "model.safetensors";
   const fs::path index = d / "model.safetensors.index.json";
   std::map<std::string, std::shared_ptr<SafetensorsFile>> files;  // by file name
-  std::map<std::string, std::string> weight_map;                 // tensor -> file name
+  std::map<std::string, std::string> weight_map;                  // tensor -> file name
   if (fs::exists(single)) {
     auto f = std::make_shared<SafetensorsFile>(single.string());
     for (const auto& n : f->names()) weight_map[n] = "model.safetensors";

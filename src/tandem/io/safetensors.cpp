@@ -20,11 +20,14 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
 
 const std::vector<std::pair<std::string, torch::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<std::string, torch::ScalarType>> kTable = {
-      {"F64", torch::kFloat64},   {"F32", torch::kFloat32},          {"F16", torch::kFloat16},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},            {"I32", torch::kInt32},
-      {"I16", torch::kInt16},     {"I8", torch::kInt8},              {"U8", torch::kUInt8},
-      {"BOOL", torch::kBool},     {"U16", torch::kUInt16},           {"U32", torch::kUInt32},
-      {"U64", torch::kUInt64},    {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2}};
+      {"F64", torch::kFloat64},        {"F32", torch::kFloat32},
+      {"F16", torch::kFloat16},        {"BF16", torch::kBFloat16},
+      {"I64", torch::kInt64},          {"I32", torch::kInt32},
+      {"I16", torch::kInt16},          {"I8", torch::kInt8},
+      {"U8", torch::kUInt8},           {"BOOL", torch::kBool},
+      {"U16", torch::kUInt16},         {"U32", torch::kUInt32},
+      {"U64", torch::kUInt64},         {"F8_E4M3", torch::kFloat8_e4m3fn},
+      {"F8_E5M2", torch::kFloat8_e5m2}};
   return kTable;
 }
 
@@ -54,7 +57,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
     ::close(fd);
-    TANDEM_FAIL("safetensors file '", path, "' is truncated (", file_bytes, " bytes, shorter than its 8-byte header length)");
+    TANDEM_FAIL("safetensors file '", path, "' is truncated (", file_bytes,
+                " bytes, shorter than its 8-byte header length)");
   }
   map_ = mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -113,7 +117,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     e.end = off[1].get<uint64_t>();
     if (e.begin > e.end) fail("entry '", name, "' has begin ", e.begin, " after end ", e.end);
     if (e.end > data_bytes)
-      fail("entry '", name, "' ends at byte ", e.end, " but the data section has ", data_bytes, " bytes (truncated file)");
+      fail("entry '", name, "' ends at byte ", e.end, " but the data section has ", data_bytes,
+           " bytes (truncated file)");
     const uint64_t expect = numel * torch::elementSize(e.scalar_type);
     if (e.end - e.begin != expect)
       fail("entry '", name, "' holds ", e.end - e.begin, " bytes but dtype ", e.dtype, " and its shape need ", expect);

@@ -5,10 +5,10 @@
 
 #include "tandem/core/error.h"
 
-#define TANDEM_CUDA_CHECK(expr)                                                                   \
-  do {                                                                                            \
-    const cudaError_t tandem_err_ = (expr);                                                       \
-    if (tandem_err_ != cudaSuccess)                                                               \
+#define TANDEM_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                    \
+    const cudaError_t tandem_err_ = (expr);                                                               \
+    if (tandem_err_ != cudaSuccess)                                                                       \
       ::tandem::detail::throw_internal_error(__FILE__, __LINE__, #expr, cudaGetErrorString(tandem_err_)); \
   } while (0)
 

@@ -35,20 +35,21 @@ RopeTable::RopeTable(const ModelSpec& spec) {
     const double high_wavelen = rs.original_max_position / rs.high_freq_factor;
     auto wavelen = 2 * M_PI / inv_freq;
     auto scaled = torch::where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq);
-    auto smooth = (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+    auto smooth =
+        (rs.original_max_position / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
     auto blended = (1 - smooth) * scaled / rs.factor + smooth * scaled;
     auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
     inv_freq = torch::where(medium, blended, scaled);
   }
   auto t = torch::arange(spec.max_seq_len, torch::kFloat64);
-  auto freqs = torch::outer(t, inv_freq);      // (T, hd/2)
-  auto emb = torch::cat({freqs, freqs}, -1);   // (T, hd)
+  auto freqs = torch::outer(t, inv_freq);     // (T, hd/2)
+  auto emb = torch::cat({freqs, freqs}, -1);  // (T, hd)
   cos_ = emb.cos().to(torch::kFloat32);
   sin_ = emb.sin().to(torch::kFloat32);
 }
 
 std::pair<torch::Tensor, torch::Tensor> RopeTable::get(int64_t T, const torch::Device& device,
-                                                      torch::ScalarType dtype) {
+                                                       torch::ScalarType dtype) {
   TANDEM_CHECK(T <= cos_.size(0), "sequence length ", T, " exceeds model.max_seq_len ", cos_.size(0),
                "; lower train.seq_len or raise model.max_seq_len");
   std::lock_guard<std::mutex> lock(mutex_);
@@ -132,7 +133,8 @@ torch::Tensor MlpLayer::forward(const torch::Tensor& x) {
 HeadBlock::HeadBlock(const ModelSpec& spec, const torch::Tensor& tied_weight)
     : Block(BlockKind::kHead, "head", ""), tied_weight_(tied_weight) {
   norm_ = register_module("norm", RMSNorm(spec.d_model, spec.norm_eps));
-  if (!tied_weight_.defined()) lm_head_ = register_module("lm_head", linear(spec.d_model, spec.padded_vocab(), kInitStd));
+  if (!tied_weight_.defined())
+    lm_head_ = register_module("lm_head", linear(spec.d_model, spec.padded_vocab(), kInitStd));
 }
 
 torch::Tensor HeadBlock::forward(const torch::Tensor& x) {

@@ -15,8 +15,10 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
   auto rope = spec_.arch == Arch::kLlama ? std::make_shared<RopeTable>(spec_) : nullptr;
   for (int64_t i = 0; i < spec_.n_layer; ++i) {
     std::shared_ptr<Block> layer;
-    if (spec_.arch == Arch::kLlama) layer = std::make_shared<LlamaLayer>(spec_, i, rope);
-    else layer = std::make_shared<MlpLayer>(spec_, i);
+    if (spec_.arch == Arch::kLlama)
+      layer = std::make_shared<LlamaLayer>(spec_, i, rope);
+    else
+      layer = std::make_shared<MlpLayer>(spec_, i);
     blocks_.push_back(register_module("layer" + std::to_string(i), layer));
   }
   auto head = std::make_shared<HeadBlock>(spec_, spec_.tie_embeddings ? embed->embed_tokens->weight : torch::Tensor());
@@ -27,8 +29,10 @@ torch::Tensor Model::forward(const torch::Tensor& tokens) {
   const bool recompute = checkpointing_ && is_training() && torch::GradMode::is_enabled();
   torch::Tensor x = tokens;
   for (auto& block : blocks_) {
-    if (recompute && block->kind() == BlockKind::kLayer) x = checkpointed_forward(*block, x);
-    else x = block->forward(x);
+    if (recompute && block->kind() == BlockKind::kLayer)
+      x = checkpointed_forward(*block, x);
+    else
+      x = block->forward(x);
   }
   return x;
 }

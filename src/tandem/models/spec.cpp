@@ -90,13 +90,15 @@ void validate_spec(const ModelSpec& s) {
 
 ModelSpec resolve_model_spec(const ModelConfig& c) {
   ModelSpec s = preset_spec(c.preset);
-  const bool custom = c.n_layer || c.d_model || c.n_head || c.n_kv_head || c.d_ff || c.vocab_size ||
-                      c.max_seq_len || c.tie_embeddings || c.rope_theta || c.norm_eps;
+  const bool custom = c.n_layer || c.d_model || c.n_head || c.n_kv_head || c.d_ff || c.vocab_size || c.max_seq_len ||
+                      c.tie_embeddings || c.rope_theta || c.norm_eps;
   if (c.n_layer) s.n_layer = *c.n_layer;
   if (c.d_model) s.d_model = *c.d_model;
   if (c.n_head) s.n_head = *c.n_head;
-  if (c.n_kv_head) s.n_kv_head = *c.n_kv_head;
-  else if (c.n_head && s.arch == Arch::kLlama && s.n_kv_head > *c.n_head) s.n_kv_head = *c.n_head;
+  if (c.n_kv_head)
+    s.n_kv_head = *c.n_kv_head;
+  else if (c.n_head && s.arch == Arch::kLlama && s.n_kv_head > *c.n_head)
+    s.n_kv_head = *c.n_head;
   if (c.d_ff) s.d_ff = *c.d_ff;
   if (c.vocab_size) s.vocab_size = *c.vocab_size;
   if (c.max_seq_len) s.max_seq_len = *c.max_seq_len;

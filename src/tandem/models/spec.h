@@ -25,7 +25,7 @@ struct ModelSpec {
   std::string name;  ///< preset name, or "custom"
   Arch arch = Arch::kLlama;
   int64_t n_layer = 0, d_model = 0, n_head = 0, n_kv_head = 0, d_ff = 0;
-  int64_t vocab_size = 0;   ///< the real vocabulary (tokens the data may contain)
+  int64_t vocab_size = 0;  ///< the real vocabulary (tokens the data may contain)
   int64_t max_seq_len = 0;
   bool tie_embeddings = false;
   double rope_theta = 10000.0;

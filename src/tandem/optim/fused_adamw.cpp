@@ -33,13 +33,12 @@ void FusedAdamW::step(double lr, const std::optional<torch::Tensor>& found_inf) 
     // when it skips for found_inf, they are rolled back to keep bias correction exact.
     at::_foreach_add_(g.steps, 1);
     if (options_.decoupled) {
-      at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr,
-                        options_.beta1, options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
+      at::_fused_adamw_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr, options_.beta1,
+                        options_.beta2, g.weight_decay, options_.eps, /*amsgrad=*/false,
                         /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
     } else {
-      at::_fused_adam_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr,
-                       options_.beta1, options_.beta2, g.weight_decay, options_.eps, false, false, std::nullopt,
-                       found_inf);
+      at::_fused_adam_(g.params, grads, g.exp_avg, g.exp_avg_sq, /*max_exp_avg_sqs=*/{}, g.steps, lr, options_.beta1,
+                       options_.beta2, g.weight_decay, options_.eps, false, false, std::nullopt, found_inf);
     }
     if (found_inf) at::_foreach_sub_(g.steps, std::vector<torch::Tensor>(g.steps.size(), *found_inf));
   }
@@ -67,7 +66,8 @@ void FusedAdamW::load_state(const std::function<std::optional<torch::Tensor>(con
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : state()) {
     auto v = lookup(name);
-    TANDEM_CHECK(v.has_value(), source, ": optimizer state '", name, "' is missing; the checkpoint does not match this model");
+    TANDEM_CHECK(v.has_value(), source, ": optimizer state '", name,
+                 "' is missing; the checkpoint does not match this model");
     TANDEM_CHECK(v->sizes() == t.sizes(), source, ": optimizer state '", name, "' has shape ", v->sizes(),
                  " but the model needs ", t.sizes(), "; resume with the checkpoint's model settings");
     t.copy_(*v);

@@ -277,9 +277,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       scale.clamp_min_(cfg.scaler.min_scale);
     }
     // One host synchronisation per step.
-    auto host = torch::stack({loss_sum / double(cfg.train.grad_accum), norm.to(torch::kFloat32), found_inf,
-                              scale.squeeze()})
-                    .to(torch::kCPU, torch::kFloat64);
+    auto host =
+        torch::stack({loss_sum / double(cfg.train.grad_accum), norm.to(torch::kFloat32), found_inf, scale.squeeze()})
+            .to(torch::kCPU, torch::kFloat64);
     const double loss_v = host[0].item<double>(), norm_v = host[1].item<double>();
     const bool skipped = host[2].item<double>() != 0.0;
     const double scale_v = host[3].item<double>();
@@ -290,9 +290,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     summary.losses.push_back(loss_v);
     step_times.push_back(dt);
 
-    nlohmann::json m = {{"step", state.step},        {"loss", loss_v},     {"lr", lr},
-                        {"grad_norm", norm_v},       {"step_time_s", dt},  {"tokens_per_s", tokens_per_step / dt},
-                        {"tokens", state.tokens_seen}, {"mem_host_peak_bytes", host_peak_rss_bytes()}};
+    nlohmann::json m = {{"step", state.step},
+                        {"loss", loss_v},
+                        {"lr", lr},
+                        {"grad_norm", norm_v},
+                        {"step_time_s", dt},
+                        {"tokens_per_s", tokens_per_step / dt},
+                        {"tokens", state.tokens_seen},
+                        {"mem_host_peak_bytes", host_peak_rss_bytes()}};
     if (device_index >= 0 && accelerator()) {
       const auto ms = accelerator()->memory_stats(device_index);
       m["mem_device_bytes"] = ms.allocated;
@@ -305,17 +310,22 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
 
     ProgressSample ps;
     ps.step = state.step, ps.total = cfg.train.steps, ps.loss = loss_v, ps.lr = lr;
-    ps.tokens_per_s = tokens_per_step / median(std::vector<double>(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end()));
+    ps.tokens_per_s =
+        tokens_per_step /
+        median(std::vector<double>(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end()));
     ps.step_time_s = dt;
     ps.eta_s = double(cfg.train.steps - state.step) * tokens_per_step / ps.tokens_per_s;
-    if (skipped) ps.extra = fp16 ? strprintf("overflow, step skipped, scale %g", scale_v) : "non-finite gradients, step skipped";
-    else if (fp16) ps.extra = strprintf("scale %g", scale_v);
+    if (skipped)
+      ps.extra = fp16 ? strprintf("overflow, step skipped, scale %g", scale_v) : "non-finite gradients, step skipped";
+    else if (fp16)
+      ps.extra = strprintf("scale %g", scale_v);
     progress.update(ps);
 
     if (val_loader && state.step % cfg.train.eval_every == 0) {
       summary.last_eval_loss = evaluate();
       metrics.write({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
-      progress.message(strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
+      progress.message(
+          strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
     }
     if (cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 && state.step < cfg.train.steps)
       checkpoint();
@@ -336,7 +346,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   summary.median_step_time_s = median(steady);
   summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
   summary.peak_host_bytes = host_peak_rss_bytes();
-  if (device_index >= 0 && accelerator()) summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
+  if (device_index >= 0 && accelerator())
+    summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
 
   nlohmann::json s = {{"steps", summary.final_step - summary.first_step},
                       {"final_step", summary.final_step},
@@ -358,14 +369,16 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"checkpoint", summary.last_checkpoint}};
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
   if (!summary.losses.empty()) {
-    log::info(strprintf("done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
-                        static_cast<long long>(summary.final_step - summary.first_step), format_duration(wall).c_str(),
-                        summary.losses.front(), summary.losses.back(),
-                        summary.last_eval_loss >= 0 ? strprintf(" | eval %.4f", summary.last_eval_loss).c_str() : "",
-                        format_count(summary.median_tokens_per_s).c_str(),
-                        format_bytes(double(device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
+    log::info(strprintf(
+        "done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
+        static_cast<long long>(summary.final_step - summary.first_step), format_duration(wall).c_str(),
+        summary.losses.front(), summary.losses.back(),
+        summary.last_eval_loss >= 0 ? strprintf(" | eval %.4f", summary.last_eval_loss).c_str() : "",
+        format_count(summary.median_tokens_per_s).c_str(),
+        format_bytes(double(device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
   } else {
-    log::info(strprintf("nothing to do: already at step %lld of train.steps=%lld", static_cast<long long>(state.step), static_cast<long long>(cfg.train.steps)));
+    log::info(strprintf("nothing to do: already at step %lld of train.steps=%lld", static_cast<long long>(state.step),
+                        static_cast<long long>(cfg.train.steps)));
   }
   return summary;
 }
