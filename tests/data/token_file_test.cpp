@@ -145,7 +145,7 @@ TEST(Synthetic, CorpusIsDeterministicAndStructured) {
   EXPECT_NE(a.find("count:"), std::string::npos);
   DataConfig dc;
   dc.synthetic_bytes = 10000;
-  auto splits = open_data(dc, 0);
+  auto splits = open_data(dc);
   EXPECT_EQ(splits.train.size() + splits.val.size(), 10000);
   EXPECT_EQ(splits.val.size(), 500);
 }

@@ -413,14 +413,13 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
       TANDEM_CHECK(s.contains("type"), origin, ": 'scheduler' needs a 'type'");
       const std::string type = s["type"].get<std::string>();
       const json params = s.value("params", json::object());
-      double max_lr = cfg.optim.lr;
       if (type == "WarmupLR" || type == "WarmupDecayLR") {
         cfg.optim.schedule = type == "WarmupLR" ? LrSchedule::kConstant : LrSchedule::kLinear;
         if (type == "WarmupDecayLR") cfg.optim.min_lr_ratio = 0.0;
         for (const auto& [p, y] : params.items()) {
           if (is_auto(y)) continue;
           if (p == "warmup_max_lr")
-            max_lr = cfg.optim.lr = num(y, "scheduler.params.warmup_max_lr");
+            cfg.optim.lr = num(y, "scheduler.params.warmup_max_lr");
           else if (p == "warmup_min_lr")
             cfg.optim.warmup_min_lr = num(y, "scheduler.params.warmup_min_lr");
           else if (p == "warmup_num_steps")
@@ -432,7 +431,6 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
           else
             ignored.push_back("scheduler.params." + p + (p == "warmup_type" ? " (tandem warms up linearly)" : ""));
         }
-        (void)max_lr;
       } else if (type == "WarmupCosineLR") {
         cfg.optim.schedule = LrSchedule::kCosine;
         for (const auto& [p, y] : params.items()) {

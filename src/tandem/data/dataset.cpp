@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-DataSplits open_data(const DataConfig& cfg, uint64_t seed) {
+DataSplits open_data(const DataConfig& cfg) {
   DataSplits s;
   TokenBuffer all;
   if (cfg.path == "synthetic") {
@@ -26,7 +26,6 @@ DataSplits open_data(const DataConfig& cfg, uint64_t seed) {
     s.val = all.slice(all.size() - n_val, all.size());
   }
   s.description = all.description();
-  (void)seed;
   return s;
 }
 

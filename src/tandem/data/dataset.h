@@ -13,6 +13,6 @@ struct DataSplits {
 };
 
 /// Opens data.path ("synthetic", token file or text) and carves the held-out split.
-DataSplits open_data(const DataConfig& cfg, uint64_t seed);
+DataSplits open_data(const DataConfig& cfg);
 
 }  // namespace tandem

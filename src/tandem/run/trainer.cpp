@@ -140,7 +140,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   TANDEM_CHECK(seq_len <= spec.max_seq_len, "train.seq_len=", seq_len, " exceeds model.max_seq_len=", spec.max_seq_len,
                "; lower train.seq_len or raise model.max_seq_len");
 
-  DataSplits data = open_data(cfg.data, cfg.train.seed);
+  DataSplits data = open_data(cfg.data);
 
   // Run directory: explicit, the resumed run's, or a new one under runs/.
   std::string run_dir = cfg.train.run_dir;
