@@ -17,6 +17,17 @@ namespace {
 #define REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
+/// A short quiet run of the default model on the first GPU, writing into `dir`.
+Config cuda_run(const test::TempDir& dir, int64_t steps) {
+  Config c;
+  c.train.steps = steps;
+  c.train.device = "cuda";
+  c.train.progress = "off";
+  c.train.eval_every = 0;
+  c.train.run_dir = dir.path();
+  return c;
+}
+
 TEST(Gpu, BackendIsRegisteredAndReportsMemory) {
   REQUIRE_CUDA();
   ASSERT_NE(accelerator(), nullptr) << "CUDA visible but the CUDA backend was not linked";
@@ -50,12 +61,8 @@ TEST(Gpu, Fp32ForwardAndGradientsMatchTheCpu) {
 TEST(Gpu, Bf16TrainingRunLearnsAndReportsDeviceMemory) {
   REQUIRE_CUDA();
   test::TempDir dir;
-  Config c;
-  c.train.steps = 60;
-  c.train.device = "cuda";
+  Config c = cuda_run(dir, 60);
   c.train.precision = Precision::kBf16;
-  c.train.progress = "off";
-  c.train.run_dir = dir.path();
   c.train.eval_every = 30;
   c.model.checkpointing = true;
   const auto s = train(c, {});
@@ -70,14 +77,9 @@ TEST(Gpu, Bf16TrainingRunLearnsAndReportsDeviceMemory) {
 TEST(Gpu, Fp16ScalerOnCuda) {
   REQUIRE_CUDA();
   test::TempDir dir;
-  Config c;
-  c.train.steps = 20;
-  c.train.device = "cuda";
+  Config c = cuda_run(dir, 20);
   c.train.precision = Precision::kFp16;
   c.scaler.init_scale = 1e30;
-  c.train.progress = "off";
-  c.train.eval_every = 0;
-  c.train.run_dir = dir.path();
   const auto s = train(c, {});
   EXPECT_GE(s.skipped_steps, 1);
   EXPECT_LT(s.losses.back(), s.losses.front());
@@ -86,12 +88,7 @@ TEST(Gpu, Fp16ScalerOnCuda) {
 TEST(Gpu, ResumeOnCudaContinuesFromTheSavedState) {
   REQUIRE_CUDA();
   test::TempDir dir;
-  Config c;
-  c.train.steps = 4;
-  c.train.device = "cuda";
-  c.train.progress = "off";
-  c.train.eval_every = 0;
-  c.train.run_dir = dir.path();
+  Config c = cuda_run(dir, 4);
   const auto a = train(c, {});
   c.train.steps = 8;
   TrainOptions r;
