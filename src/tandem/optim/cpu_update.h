@@ -1,0 +1,159 @@
+#pragma once
+// Optimizer updates over flat buffers on the CPU: AdamW / Adam, SGD with momentum and Lion.
+// fp32 master weights updated in place; gradients and states in fp32 or bf16; an optional bf16
+// copy of the updated weights written in the same pass; non-finite gradients detected in the same
+// pass; an optional undo log for bit-exact rollback. No LibTorch here: the engine calls these on
+// raw (pinned) buffers, one Block or one shard at a time. See Note [CPU update kernels].
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+class CpuThreadPool;
+
+/// Element type of a gradient or state buffer.
+enum class Dtype : uint8_t { kF32, kBF16 };
+
+/// How fp32 values are rounded into bf16 states. Both flush fp32 subnormals to signed zero, as
+/// the AVX-512 BF16 conversion instruction does, so every kernel gives the same bits.
+enum class Rounding : uint8_t {
+  kNearestEven,  ///< round to nearest, ties to even
+  kStochastic,   ///< round up with probability equal to the discarded fraction; the random bits
+                 ///< are a hash of (seed, step, element index), so results do not depend on
+                 ///< threads or on how a buffer is cut into calls
+};
+
+/// Instruction-set level of the update kernels.
+enum class CpuIsa : uint8_t {
+  kScalar,      ///< portable C++; the reference every other kernel is tested against
+  kAvx2,        ///< AVX2 + FMA, 8 lanes
+  kAvx512,      ///< AVX-512 F/BW/VL, 16 lanes, bf16 conversion in integer arithmetic
+  kAvx512Bf16,  ///< as kAvx512, with the AVX-512 BF16 conversion instruction
+};
+
+/// The update rule.
+enum class UpdateRule : uint8_t {
+  kAdamW,  ///< Adam with decoupled weight decay (Loshchilov & Hutter)
+  kAdam,   ///< Adam with L2 weight decay added to the gradient
+  kSgd,    ///< SGD with optional momentum, dampening and Nesterov (torch.optim.SGD semantics)
+  kLion,   ///< Lion (Chen et al., 2023): sign of an interpolated momentum, decoupled decay
+};
+
+/// Hyper-parameters of one update.
+struct UpdateHyper {
+  UpdateRule rule = UpdateRule::kAdamW;
+  double lr = 1e-3;
+  double beta1 = 0.9;    ///< Adam: first-moment decay; Lion: interpolation; SGD: momentum (0 = none)
+  double beta2 = 0.999;  ///< Adam: second-moment decay; Lion: momentum decay
+  double eps = 1e-8;     ///< Adam only
+  double weight_decay = 0.0;
+  double dampening = 0.0;   ///< SGD only
+  bool nesterov = false;    ///< SGD only
+  int64_t step = 1;         ///< 1-based count including this update (bias correction, SGD's first step)
+  double grad_scale = 1.0;  ///< multiplies every gradient first: 1/loss-scale times the clip coefficient
+  Rounding rounding = Rounding::kNearestEven;  ///< for bf16 states
+  uint64_t seed = 0;                           ///< for stochastic rounding
+};
+
+/// One contiguous range of parameters and the buffers its update reads and writes. All pointers
+/// cover `n` elements; none needs any alignment.
+struct UpdateSpan {
+  float* master = nullptr;       ///< (n) fp32, updated in place
+  const void* grad = nullptr;    ///< (n) grad_dtype
+  void* m = nullptr;             ///< (n) state_dtype: Adam's first moment, Lion's and SGD's momentum
+  void* v = nullptr;             ///< (n) state_dtype: Adam's second moment (unused otherwise)
+  uint16_t* bf16_out = nullptr;  ///< optional (n) bf16 copy of the updated master, rounded to nearest even
+  int64_t n = 0;
+  int64_t index_base = 0;  ///< index of element 0 in the whole parameter space (stochastic rounding)
+  Dtype grad_dtype = Dtype::kF32;
+  Dtype state_dtype = Dtype::kF32;
+  float weight_decay_scale = 1.0f;  ///< multiplies weight_decay for this span (0 for norms and biases)
+};
+
+/// Where an update saves the values it overwrites, for cpu_rollback(). Same layout and dtypes as
+/// the span's master, m and v (null where the span has none).
+struct UndoLog {
+  float* master = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+};
+
+/// What an update found. Non-finite gradients are detected per tile of 2048 elements before the
+/// tile is written: a tile holding one is left untouched (master, states and bf16 copy), so NaN never
+/// reaches the state; the other tiles are updated. The caller skips the step by rolling back, or
+/// scales and retries.
+struct UpdateReport {
+  int64_t nonfinite = 0;         ///< gradient elements that were NaN or Inf after grad_scale
+  int64_t first_nonfinite = -1;  ///< smallest such element index (index_base-relative of its span), -1 if none
+  int64_t skipped_tiles = 0;     ///< tiles left untouched because they held one
+  bool ok() const { return nonfinite == 0; }
+};
+
+/// Bytes one element of `rule`'s update moves through memory for these dtypes (reads + writes),
+/// the figure the kernels are measured against.
+int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out);
+
+/// The best level this CPU and OS support.
+CpuIsa best_cpu_isa();
+/// The level in use: TANDEM_CPU_ISA (scalar|avx2|avx512|avx512bf16) when set, else set_cpu_isa()'s,
+/// else best_cpu_isa().
+CpuIsa active_cpu_isa();
+/// Forces a level (kScalar for the reference); UserError when this CPU lacks it.
+void set_cpu_isa(CpuIsa isa);
+/// "scalar", "avx2", "avx512", "avx512bf16".
+const char* to_string(CpuIsa isa);
+/// Parses a level name or "auto" (best_cpu_isa()); UserError naming the valid names.
+CpuIsa parse_cpu_isa(const std::string& name);
+
+/// Updates every span with one hyper-parameter set on `pool` (the global pool when null), using
+/// `isa` (active_cpu_isa() when omitted). `undo`, when given, has one entry per span; each receives
+/// the span's values from before this call, tiles with non-finite gradients included.
+UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
+                        const std::vector<UndoLog>* undo = nullptr, CpuThreadPool* pool = nullptr);
+UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
+                        const std::vector<UndoLog>* undo, CpuThreadPool* pool, CpuIsa isa);
+
+/// Restores master, m and v of every span from its undo log, bit for bit, and rewrites the span's
+/// bf16 copy (when it has one) from the restored master.
+void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLog>& undo,
+                  CpuThreadPool* pool = nullptr);
+
+/// dst[i] = bf16(src[i]) rounded to nearest even (subnormals to zero), in parallel.
+void cpu_to_bf16(const float* src, uint16_t* dst, int64_t n, CpuThreadPool* pool = nullptr);
+
+namespace detail {
+
+/// Coefficients of one update, rounded to fp32 once per call.
+struct UpdateCoeffs {
+  UpdateRule rule;
+  Rounding rounding;
+  bool nesterov, first_step;
+  float grad_scale;
+  float b1, omb1, b2, omb2;            // beta and 1 - beta
+  float eps, sqrt_bc2, neg_step_size;  // Adam: sqrt(1 - beta2^t), -lr / (1 - beta1^t)
+  float decay;                         // decoupled: 1 - lr * wd
+  float wd;                            // L2 (Adam, SGD)
+  float neg_lr;                        // SGD, Lion
+  float omdamp;                        // SGD: 1 - dampening
+  uint32_t seed;                       // stochastic rounding: hash of (seed, step)
+};
+
+/// One ISA's kernels. update() processes elements [begin, end) of one span and returns the number
+/// of non-finite gradients it found (their smallest index in *first_bad, if smaller).
+struct KernelTable {
+  int64_t (*update)(const UpdateCoeffs& c, const UpdateSpan& s, const UndoLog* undo, int64_t begin, int64_t end,
+                    int64_t* first_bad, int64_t* skipped_tiles);
+  void (*to_bf16)(const float* src, uint16_t* dst, int64_t n);
+};
+
+KernelTable scalar_kernels();
+KernelTable avx2_kernels();  // empty table where the compiler cannot target x86-64 SIMD
+KernelTable avx512_kernels(bool bf16_instructions);
+
+/// Per-span coefficients (weight decay scaled) from the hyper-parameters.
+UpdateCoeffs make_coeffs(const UpdateHyper& h, float weight_decay_scale);
+
+}  // namespace detail
+}  // namespace tandem

@@ -1,0 +1,94 @@
+// AVX2 + FMA kernels (8 lanes). Compiled with -mavx2 -mfma; called only when CPUID reports both.
+
+#include <cstdint>
+#include <cstring>
+
+#include "tandem/optim/cpu_update.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace tandem::detail {
+namespace {
+
+#include "tandem/optim/cpu_update_kernels.inc"
+
+struct Avx2Lanes {
+  static constexpr int W = 8;
+  using F = __m256;
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
+  static F load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // bf16 bits in the low half of each 32-bit lane; `bias` is added to finite normal values.
+  static __m256i bf16_lanes(F x, __m256i bias) {
+    const __m256i b = _mm256_castps_si256(x);
+    const __m256i hi = _mm256_srli_epi32(b, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, bias), 16);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x0040)), nan);
+    return _mm256_blendv_epi8(r, _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), tiny);
+  }
+  static __m256i rne_bias(F x) {
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
+  }
+  static __m128i pack(__m256i r) {
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8));
+  }
+  static void store_bf16(uint16_t* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, rne_bias(x))));
+  }
+  static void stream_bf16(uint16_t* p, F x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, rne_bias(x))));
+  }
+  static __m256i mul32(__m256i a, uint32_t k) { return _mm256_mullo_epi32(a, _mm256_set1_epi32(static_cast<int>(k))); }
+  static __m256i random(uint32_t idx, uint32_t seed) {
+    __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(idx)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    x = _mm256_xor_si256(mul32(x, 0x9E3779B1u), _mm256_set1_epi32(static_cast<int>(seed)));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = mul32(x, 0x7FEB352Du);
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = mul32(x, 0x846CA68Bu);
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  }
+  static void store_bf16_sr(uint16_t* p, F x, uint32_t idx, uint32_t seed) {
+    const __m256i bias = _mm256_and_si256(random(idx, seed), _mm256_set1_epi32(0xFFFF));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, bias)));
+  }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F sqrt(F a) { return _mm256_sqrt_ps(a); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F sign(F x) {
+    const F zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+    return _mm256_sub_ps(_mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GT_OQ), one),
+                         _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_LT_OQ), one));
+  }
+  static int nonfinite(F x) {
+    return __builtin_popcount(static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_setzero_ps(), _CMP_NEQ_UQ))));
+  }
+  static void sfence() { _mm_sfence(); }
+};
+
+}  // namespace
+
+KernelTable avx2_kernels() { return {&update_entry<Avx2Lanes>, &to_bf16_entry<Avx2Lanes>}; }
+
+}  // namespace tandem::detail
+
+#else
+
+namespace tandem::detail {
+KernelTable avx2_kernels() { return {nullptr, nullptr}; }
+}  // namespace tandem::detail
+
+#endif

@@ -1,0 +1,42 @@
+// The scalar reference of the CPU update kernels: one lane, the same operations in the same order
+// as the SIMD kernels (fused multiply-adds where they fuse), so every kernel must match it bit for
+// bit. Built with -ffp-contract=off so the compiler adds no fusion of its own.
+
+#include <cstdint>
+#include <cstring>
+
+#include "tandem/optim/cpu_update.h"
+
+namespace tandem::detail {
+namespace {
+
+#include "tandem/optim/cpu_update_kernels.inc"
+
+struct ScalarLanes {
+  static constexpr int W = 1;
+  using F = float;
+  static F load(const float* p) { return *p; }
+  static void store(float* p, F x) { *p = x; }
+  static F load_bf16(const uint16_t* p) { return bf16_bits_to_f32(*p); }
+  static void store_bf16(uint16_t* p, F x) { *p = f32_to_bf16_bits(x, 0, true); }
+  static void stream_bf16(uint16_t* p, F x) { store_bf16(p, x); }
+  static void store_bf16_sr(uint16_t* p, F x, uint32_t idx, uint32_t seed) {
+    *p = f32_to_bf16_bits(x, random_bits(idx, seed), false);
+  }
+  static F set1(float x) { return x; }
+  static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  static F mul(F a, F b) { return a * b; }
+  static F div(F a, F b) { return a / b; }
+  static F sqrt(F a) { return __builtin_sqrtf(a); }
+  static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
+  static F sign(F x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+  static int nonfinite(F x) { return x - x != 0.0f ? 1 : 0; }
+  static void sfence() {}
+};
+
+}  // namespace
+
+KernelTable scalar_kernels() { return {&update_entry<ScalarLanes>, &to_bf16_entry<ScalarLanes>}; }
+
+}  // namespace tandem::detail
