@@ -49,6 +49,8 @@ TEST(CpuThreadPool, PinnedPoolRuns) {
 }
 
 TEST(CpuThreads, ConfigThenTandemVariableThenOmpThenAffinity) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = omp ? omp : "";
   unsetenv("TANDEM_CPU_THREADS");
   unsetenv("OMP_NUM_THREADS");
   EXPECT_EQ(resolve_cpu_threads(0), static_cast<int>(allowed_cpus().size()));
@@ -60,7 +62,10 @@ TEST(CpuThreads, ConfigThenTandemVariableThenOmpThenAffinity) {
   setenv("TANDEM_CPU_THREADS", "many", 1);
   EXPECT_NE(test::error_of([] { resolve_cpu_threads(0); }).find("TANDEM_CPU_THREADS='many'"), std::string::npos);
   unsetenv("TANDEM_CPU_THREADS");
-  setenv("OMP_NUM_THREADS", "1", 1);  // as the test runner sets it
+  if (omp)
+    setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else
+    unsetenv("OMP_NUM_THREADS");
 }
 
 }  // namespace

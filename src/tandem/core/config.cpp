@@ -221,7 +221,21 @@ const std::vector<Field>& fields() {
       string_field("train.progress", "auto (bar on a terminal, lines otherwise) | bar | lines | off",
                    F(train.progress)),
 
-      string_field("optim.type", "adamw | adam", F(optim.type)),
+      string_field("optim.type", "adamw | adam | sgd | lion (sgd and lion: CPU kernels)", F(optim.type)),
+      string_field("optim.impl",
+                   "auto (CPU kernels for CPU parameters, fused otherwise) | fused (LibTorch multi-tensor) | cpu "
+                   "(tandem's CPU kernels; parameters on the CPU)",
+                   F(optim.impl)),
+      string_field("optim.state_dtype", "optimizer state precision: fp32 | bf16 (CPU kernels)", F(optim.state_dtype)),
+      string_field("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
+                   F(optim.state_rounding)),
+      double_field("optim.momentum", "SGD momentum (0 = plain SGD)", F(optim.momentum)),
+      double_field("optim.dampening", "SGD dampening", F(optim.dampening)),
+      bool_field("optim.nesterov", "SGD Nesterov momentum", F(optim.nesterov)),
+      int_field("optim.cpu_threads", "CPU kernel threads; 0 = TANDEM_CPU_THREADS, else OMP_NUM_THREADS, else all cores",
+                F(optim.cpu_threads)),
+      string_field("optim.cpu_isa", "CPU kernel level: auto | scalar | avx2 | avx512 | avx512bf16", F(optim.cpu_isa)),
+      bool_field("optim.cpu_pin", "pin CPU kernel threads to cores", F(optim.cpu_pin)),
       double_field("optim.lr", "peak learning rate", F(optim.lr)),
       double_field("optim.min_lr_ratio", "final learning rate as a fraction of optim.lr (cosine, linear)",
                    F(optim.min_lr_ratio)),
@@ -229,8 +243,8 @@ const std::vector<Field>& fields() {
       int_field("optim.decay_steps", "step at which decay ends; 0 = train.steps", F(optim.decay_steps)),
       double_field("optim.warmup_min_lr", "learning rate at step 0 of warmup", F(optim.warmup_min_lr)),
       enum_field("optim.schedule", "learning-rate shape after warmup", kSchedules, F(optim.schedule)),
-      double_field("optim.beta1", "Adam beta1", F(optim.beta1)),
-      double_field("optim.beta2", "Adam beta2", F(optim.beta2)),
+      double_field("optim.beta1", "Adam first-moment decay; Lion interpolation", F(optim.beta1)),
+      double_field("optim.beta2", "Adam second-moment decay; Lion momentum decay (0.99 is usual)", F(optim.beta2)),
       double_field("optim.eps", "Adam epsilon", F(optim.eps)),
       double_field("optim.weight_decay", "decoupled weight decay (matrices and embeddings; not norms)",
                    F(optim.weight_decay)),
@@ -576,8 +590,28 @@ void validate_config(const Config& c) {
   const auto& p = c.train.progress;
   TANDEM_CHECK(p == "auto" || p == "bar" || p == "lines" || p == "off",
                "train.progress must be auto, bar, lines or off; got '", p, "'");
-  TANDEM_CHECK(c.optim.type == "adamw" || c.optim.type == "adam", "optim.type must be adamw or adam; got '",
-               c.optim.type, "'");
+  const auto& ot = c.optim.type;
+  TANDEM_CHECK(ot == "adamw" || ot == "adam" || ot == "sgd" || ot == "lion",
+               "optim.type must be adamw, adam, sgd or lion; got '", ot, "'");
+  const auto& oi = c.optim.impl;
+  TANDEM_CHECK(oi == "auto" || oi == "fused" || oi == "cpu", "optim.impl must be auto, fused or cpu; got '", oi, "'");
+  TANDEM_CHECK(c.optim.state_dtype == "fp32" || c.optim.state_dtype == "bf16",
+               "optim.state_dtype must be fp32 or bf16; got '", c.optim.state_dtype, "'");
+  TANDEM_CHECK(c.optim.state_rounding == "nearest" || c.optim.state_rounding == "stochastic",
+               "optim.state_rounding must be nearest or stochastic; got '", c.optim.state_rounding, "'");
+  TANDEM_CHECK(oi != "fused" || (c.optim.state_dtype == "fp32" && (ot == "adamw" || ot == "adam")),
+               "optim.impl=fused runs adamw and adam with fp32 states only; use optim.impl=cpu for optim.type=", ot,
+               " and optim.state_dtype=", c.optim.state_dtype);
+  TANDEM_CHECK(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum must be in [0, 1), got ",
+               c.optim.momentum);
+  TANDEM_CHECK(c.optim.dampening >= 0 && c.optim.dampening <= 1, "optim.dampening must be in [0, 1], got ",
+               c.optim.dampening);
+  TANDEM_CHECK(!c.optim.nesterov || (c.optim.momentum > 0 && c.optim.dampening == 0),
+               "optim.nesterov needs optim.momentum > 0 and optim.dampening = 0");
+  TANDEM_CHECK(c.optim.cpu_threads >= 0, "optim.cpu_threads must be >= 0 (0 = automatic), got ", c.optim.cpu_threads);
+  const auto& isa = c.optim.cpu_isa;
+  TANDEM_CHECK(isa == "auto" || isa == "scalar" || isa == "avx2" || isa == "avx512" || isa == "avx512bf16",
+               "optim.cpu_isa must be auto, scalar, avx2, avx512 or avx512bf16; got '", isa, "'");
   TANDEM_CHECK(c.optim.lr > 0, "optim.lr must be > 0, got ", c.optim.lr);
   TANDEM_CHECK(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "optim.beta1 must be in [0, 1), got ", c.optim.beta1);
   TANDEM_CHECK(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.beta2 must be in [0, 1), got ", c.optim.beta2);

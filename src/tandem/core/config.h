@@ -63,7 +63,16 @@ struct TrainConfig {
 
 /// AdamW and the learning-rate schedule.
 struct OptimConfig {
-  std::string type = "adamw";  ///< adamw | adam
+  std::string type = "adamw";        ///< adamw | adam | sgd | lion
+  std::string impl = "auto";         ///< auto | fused (LibTorch's multi-tensor kernel) | cpu (tandem's CPU kernels)
+  std::string state_dtype = "fp32";  ///< fp32 | bf16 (CPU kernels)
+  std::string state_rounding = "nearest";  ///< nearest | stochastic (bf16 states)
+  double momentum = 0.9;                   ///< SGD momentum (0 = plain SGD)
+  double dampening = 0.0;                  ///< SGD dampening
+  bool nesterov = false;                   ///< SGD Nesterov momentum
+  int64_t cpu_threads = 0;                 ///< CPU kernel threads; 0 = TANDEM_CPU_THREADS, OMP_NUM_THREADS or all
+  std::string cpu_isa = "auto";            ///< auto | scalar | avx2 | avx512 | avx512bf16
+  bool cpu_pin = false;                    ///< pin CPU kernel threads to cores
   double lr = 3e-3;
   double min_lr_ratio = 0.1;  ///< cosine/linear decay floor as a fraction of lr
   int64_t warmup_steps = 20;

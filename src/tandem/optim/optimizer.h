@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/core/config.h"
 #include "tandem/models/block.h"
 
 namespace tandem {
@@ -56,5 +57,12 @@ class FusedAdamW : public Optimizer {
   AdamWOptions options_;
   std::vector<Group> groups_;
 };
+
+/// The optimizer a config asks for: LibTorch's fused AdamW for parameters on a GPU, tandem's CPU
+/// kernels (CpuOptimizer) for parameters on the CPU (optim.impl=auto), or the one optim.impl names.
+/// Configures the CPU kernel level and thread pool from optim.cpu_*. UserError for combinations
+/// that cannot run (SGD, Lion or bf16 states with GPU parameters).
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& o, std::vector<NamedTensor> params,
+                                          const torch::Device& device);
 
 }  // namespace tandem

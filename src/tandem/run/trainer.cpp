@@ -158,10 +158,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   model->to(device);
   model->train();
-  AdamWOptions adam;
-  adam.beta1 = cfg.optim.beta1, adam.beta2 = cfg.optim.beta2, adam.eps = cfg.optim.eps;
-  adam.weight_decay = cfg.optim.weight_decay, adam.decoupled = cfg.optim.type == "adamw";
-  FusedAdamW optimizer(model->hf_parameters(), adam);
+  std::unique_ptr<Optimizer> optimizer_ptr = make_optimizer(cfg.optim, model->hf_parameters(), device);
+  Optimizer& optimizer = *optimizer_ptr;
 
   TrainerState state;
   state.loss_scale = cfg.scaler.init_scale;

@@ -1,0 +1,46 @@
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/core/thread_pool.h"
+#include "tandem/optim/cpu_optimizer.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem {
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& o, std::vector<NamedTensor> params,
+                                          const torch::Device& device) {
+  const bool cpu = o.impl == "cpu" || (o.impl == "auto" && device.is_cpu());
+  if (!cpu) {
+    TANDEM_CHECK(o.type == "adamw" || o.type == "adam", "optim.type=", o.type,
+                 " runs on tandem's CPU kernels, and the parameters are on ", device.str(),
+                 "; train on the CPU (train.device=cpu) or use optim.type=adamw");
+    TANDEM_CHECK(o.state_dtype == "fp32", "optim.state_dtype=", o.state_dtype,
+                 " needs tandem's CPU kernels, and the parameters are on ", device.str(),
+                 "; train on the CPU (train.device=cpu) or keep optim.state_dtype=fp32");
+    AdamWOptions adam;
+    adam.beta1 = o.beta1, adam.beta2 = o.beta2, adam.eps = o.eps;
+    adam.weight_decay = o.weight_decay, adam.decoupled = o.type == "adamw";
+    return std::make_unique<FusedAdamW>(std::move(params), adam);
+  }
+  TANDEM_CHECK(device.is_cpu(), "optim.impl=cpu needs the parameters on the CPU, but train.device is ", device.str(),
+               "; use train.device=cpu, or optim.impl=auto (the offload engine moves the update to the CPU)");
+  set_cpu_isa(parse_cpu_isa(o.cpu_isa));
+  const int threads = resolve_cpu_threads(static_cast<int>(o.cpu_threads));
+  CpuThreadPool::configure_global(threads, o.cpu_pin);
+  CpuOptimizerOptions c;
+  UpdateHyper& h = c.hyper;
+  h.rule = o.type == "adamw"  ? UpdateRule::kAdamW
+           : o.type == "adam" ? UpdateRule::kAdam
+           : o.type == "sgd"  ? UpdateRule::kSgd
+                              : UpdateRule::kLion;
+  h.beta1 = o.type == "sgd" ? o.momentum : o.beta1;
+  h.beta2 = o.beta2, h.eps = o.eps, h.weight_decay = o.weight_decay;
+  h.dampening = o.dampening, h.nesterov = o.nesterov;
+  h.rounding = o.state_rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearestEven;
+  c.state_dtype = o.state_dtype == "bf16" ? Dtype::kBF16 : Dtype::kF32;
+  log::info(strprintf("optimizer: %s on tandem's CPU kernels (%s, %d threads%s), %s states", o.type.c_str(),
+                      to_string(active_cpu_isa()), threads, o.cpu_pin ? ", pinned" : "", o.state_dtype.c_str()));
+  return std::make_unique<CpuOptimizer>(std::move(params), c);
+}
+
+}  // namespace tandem
