@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # On the GPU machine: build against its PyTorch's LibTorch, run the test suite (GPU tests
-# included), then the single-GPU benchmark: tandem and PyTorch eager on the identical 1B
-# model (bf16, B=8, T=2048), alternating, two runs each. Prints a short table last.
-# Logs and JSON go to $OUT (or ./gpu-check-out).
+# included), then the benchmarks, each against its peer in the same run:
+#   optim  the CPU optimizer kernels (`tandem bench optim`) against torch's CPU AdamW and DeepSpeed
+#          CPUAdam (bench/optim_peers.py; DeepSpeed from the wheels in .whl when present),
+#          256M and 1B parameters, alternating;
+#   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating.
+# PARTS selects (default "tests optim train"). Prints short tables last. Logs and JSON go to $OUT
+# (or ./gpu-check-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
+PARTS=${PARTS:-tests optim train}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 
 prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
@@ -21,12 +27,33 @@ grep -E "^-- tandem:" "$OUT/cmake.log"
 ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
+test_rc=0
+if has tests; then
 echo "== tests"
 # Eight tests at a time with two intra-op threads each: no oversubscription of the 16 cores.
 (cd "$BUILD" && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 --timeout 600) >"$OUT/ctest.log" 2>&1
 test_rc=$?
 grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest.log" | tail -20
+fi
 
+if has optim; then
+echo "== optimizer benchmark: 256M and 1B params, $(nproc) threads, tandem and peers alternating"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+lscpu | grep -E "Model name|^CPU\(s\)" | tee "$OUT/cpu.txt"
+rm -f "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
+for i in 1 2; do
+  "$BUILD/tandem" bench optim --params 256M,1B --repeats 5 --warmup 2 --isa avx2,avx512,scalar \
+    --json "$OUT/optim-tandem.jsonl" >"$OUT/optim-tandem-$i.log" 2>&1 || tail -5 "$OUT/optim-tandem-$i.log"
+  python3 bench/optim_peers.py --params 256M,1B --repeats 5 --warmup 2 --threads "$(nproc)" \
+    --json "$OUT/optim-peers.jsonl" >"$OUT/optim-peers-$i.log" 2>&1 || tail -5 "$OUT/optim-peers-$i.log"
+done
+grep -iE "deepspeed|diff" "$OUT/optim-peers-1.log" | head -4
+fi
+
+if has train; then
 echo "== benchmark: 1B, bf16, B=8, T=2048, $STEPS steps per run"
 common=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --steps "$STEPS"
         --set train.eval_every=0 --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines
@@ -40,7 +67,10 @@ for i in 1 2; do
   pytorch_runs+=("$OUT/pytorch-1b-$i.json")
 done
 
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
-grep -E "tests passed" "$OUT/ctest.log"
-python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
+has tests && grep -E "tests passed" "$OUT/ctest.log"
+has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
+has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 exit $test_rc

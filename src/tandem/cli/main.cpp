@@ -1,4 +1,4 @@
-// The tandem command line: train, inspect, config.
+// The tandem command line: train, inspect, config, bench.
 
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "tandem/bench/optim_bench.h"
 #include "tandem/core/config.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -134,7 +135,8 @@ int main(int argc, char** argv) {
       "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
       "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
       "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
-      "  tandem config --keys              every configuration key with its meaning",
+      "  tandem config --keys              every configuration key with its meaning\n"
+      "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params",
       "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);
@@ -156,6 +158,23 @@ int main(int argc, char** argv) {
   auto* config_cmd = app.add_subcommand("config", "print the resolved configuration as YAML, or list every key");
   config_args.add_to(config_cmd, true);
   config_cmd->add_flag("--keys", list_keys, "list every key with its type and meaning");
+
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  OptimBenchOptions bench_opts;
+  std::vector<std::string> bench_sizes;
+  auto* bench_optim = bench_cmd->add_subcommand(
+      "optim", "CPU optimizer kernels vs LibTorch's CPU AdamW (fused, foreach) and copy bandwidth");
+  bench_optim->add_option("--params", bench_sizes, "parameter counts, e.g. --params 256M 1B (default 256M 1B)")
+      ->delimiter(',');
+  bench_optim->add_option("--repeats", bench_opts.repeats, "timed steps per variant (median reported)");
+  bench_optim->add_option("--warmup", bench_opts.warmup, "untimed steps first");
+  bench_optim->add_option("--threads", bench_opts.threads,
+                          "threads (default: TANDEM_CPU_THREADS, OMP_NUM_THREADS or all cores)");
+  bench_optim->add_flag("--pin", bench_opts.pin, "pin kernel threads to cores");
+  bench_optim->add_option("--isa", bench_opts.isas, "also time the fp32 variant at these levels: scalar avx2 avx512")
+      ->delimiter(',');
+  bench_optim->add_option("--json", bench_opts.json_path, "append one JSON object per measurement to this file");
 
   try {
     app.parse(argc, argv);
@@ -181,6 +200,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*inspect_cmd) return run_inspect(inspect_args.resolve(""));
+    if (*bench_optim) {
+      if (!bench_sizes.empty()) {
+        bench_opts.sizes.clear();
+        for (const auto& s : bench_sizes) bench_opts.sizes.push_back(parse_param_count(s));
+      }
+      return run_optim_bench(bench_opts);
+    }
     if (*config_cmd) {
       if (list_keys) {
         for (const auto& k : config_keys())
