@@ -9,7 +9,7 @@ Usage:
 1B = 1G = 2**30). --threads sets torch.set_num_threads and OMP_NUM_THREADS (read by the OpenMP
 runtime that DeepSpeed's cpu_adam op shares with torch; set before torch is imported).
 
-Implementations, each one JSON line in --json (written as soon as it finishes) and one printed line:
+Implementations, each one JSON line appended to --json (written as soon as it finishes) and one printed line:
   torch_fused                      torch.optim.AdamW(fused=True)
   torch_foreach                    torch.optim.AdamW(foreach=True)
   deepspeed_cpuadam                DeepSpeedCPUAdam(adamw_mode=True), fp32 params/grads/states
@@ -177,7 +177,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--json", default=None, help="JSON-lines output file (overwritten)")
+    ap.add_argument("--json", default=None, help="JSON-lines output file (appended)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -195,7 +195,7 @@ def main():
     if ds_cls is not None:
         impls += ["deepspeed_cpuadam", "deepspeed_cpuadam+cast", "deepspeed_cpuadam+gradcast+cast"]
 
-    out = open(args.json, "w") if args.json else None
+    out = open(args.json, "a") if args.json else None
     rows = []
     for n in args.params:
         check = None

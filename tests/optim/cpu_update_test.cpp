@@ -144,9 +144,10 @@ TEST(CpuUpdate, ResultsDoNotDependOnThreadsOrHowTheBufferIsCut) {
 }
 
 // torch::optim::AdamW / Adam / SGD on the same data for 100 steps. The kernels perform LibTorch's
-// operations in LibTorch's order, but LibTorch's vectorised CPU sqrt is not correctly rounded (about
-// one element in six differs from the IEEE square root by an ulp), so the two drift apart by a few
-// ulps of the update. Relative error is measured where it means something, on parameters that
+// operations in LibTorch's order except for the bias correction of the square root (a multiply by
+// the reciprocal, fused with + eps), and LibTorch's vectorised CPU sqrt is not correctly rounded
+// (about one element in six differs from the IEEE square root by an ulp), so the two drift apart by
+// a few ulps of the update. Relative error is measured where it means something, on parameters that
 // stay away from zero (|p| >= 0.5 at the start, and 100 steps of lr 1e-3 move them by at most 0.1);
 // near zero the absolute error is bounded instead: 1e-5 lr, a few ulps of an update of size lr
 // accumulated over 100 steps.

@@ -178,7 +178,7 @@ UpdateCoeffs make_coeffs(const UpdateHyper& h, float weight_decay_scale) {
   c.eps = static_cast<float>(h.eps);
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
-  c.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   c.neg_step_size = static_cast<float>(-h.lr / bc1);
   const bool decoupled = h.rule == UpdateRule::kAdamW || h.rule == UpdateRule::kLion;
   c.decay = static_cast<float>(decoupled ? 1.0 - h.lr * wd : 1.0);

@@ -132,7 +132,7 @@ struct UpdateCoeffs {
   bool nesterov, first_step;
   float grad_scale;
   float b1, omb1, b2, omb2;            // beta and 1 - beta
-  float eps, sqrt_bc2, neg_step_size;  // Adam: sqrt(1 - beta2^t), -lr / (1 - beta1^t)
+  float eps, inv_sqrt_bc2, neg_step_size;  // Adam: 1 / sqrt(1 - beta2^t), -lr / (1 - beta1^t)
   float decay;                         // decoupled: 1 - lr * wd
   float wd;                            // L2 (Adam, SGD)
   float neg_lr;                        // SGD, Lion
