@@ -42,7 +42,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
 fi
-lscpu | grep -E "Model name|^CPU\(s\)" | tee "$OUT/cpu.txt"
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|MHz" | tee "$OUT/cpu.txt"
 rm -f "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
 for i in 1 2; do
   "$BUILD/tandem" bench optim --params 256M,1B --repeats 5 --warmup 2 --isa avx2,avx512,scalar \
