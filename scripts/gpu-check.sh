@@ -45,9 +45,9 @@ fi
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|MHz" | tee "$OUT/cpu.txt"
 rm -f "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
 for i in 1 2; do
-  "$BUILD/tandem" bench optim --params 256M,1B --repeats 5 --warmup 2 --isa avx2,avx512,scalar \
+  "$BUILD/tandem" bench optim --params 256M,1B --repeats 7 --warmup 2 --isa avx2,avx512,scalar \
     --json "$OUT/optim-tandem.jsonl" >"$OUT/optim-tandem-$i.log" 2>&1 || tail -5 "$OUT/optim-tandem-$i.log"
-  python3 bench/optim_peers.py --params 256M,1B --repeats 5 --warmup 2 --threads "$(nproc)" \
+  python3 bench/optim_peers.py --params 256M,1B --repeats 7 --warmup 2 --threads "$(nproc)" \
     --json "$OUT/optim-peers.jsonl" >"$OUT/optim-peers-$i.log" 2>&1 || tail -5 "$OUT/optim-peers-$i.log"
 done
 grep -iE "deepspeed|diff" "$OUT/optim-peers-1.log" | head -4

@@ -170,6 +170,7 @@ UpdateCoeffs make_coeffs(const UpdateHyper& h, float weight_decay_scale) {
   c.rounding = h.rounding;
   c.nesterov = h.nesterov;
   c.first_step = h.step == 1;
+  c.check_finite = h.check_finite;
   c.grad_scale = static_cast<float>(h.grad_scale);
   c.b1 = static_cast<float>(h.beta1);
   c.omb1 = static_cast<float>(1.0 - h.beta1);

@@ -55,6 +55,10 @@ struct UpdateHyper {
   double grad_scale = 1.0;  ///< multiplies every gradient first: 1/loss-scale times the clip coefficient
   Rounding rounding = Rounding::kNearestEven;  ///< for bf16 states
   uint64_t seed = 0;                           ///< for stochastic rounding
+  /// Scan each tile's gradients for NaN/Inf before writing it (see UpdateReport). Off only where
+  /// the caller has already checked these gradients (e.g. the GPU's found_inf): the scan costs a
+  /// few percent of the update's time.
+  bool check_finite = true;
 };
 
 /// One contiguous range of parameters and the buffers its update reads and writes. All pointers
@@ -129,15 +133,15 @@ namespace detail {
 struct UpdateCoeffs {
   UpdateRule rule;
   Rounding rounding;
-  bool nesterov, first_step;
+  bool nesterov, first_step, check_finite;
   float grad_scale;
-  float b1, omb1, b2, omb2;            // beta and 1 - beta
+  float b1, omb1, b2, omb2;                // beta and 1 - beta
   float eps, inv_sqrt_bc2, neg_step_size;  // Adam: 1 / sqrt(1 - beta2^t), -lr / (1 - beta1^t)
-  float decay;                         // decoupled: 1 - lr * wd
-  float wd;                            // L2 (Adam, SGD)
-  float neg_lr;                        // SGD, Lion
-  float omdamp;                        // SGD: 1 - dampening
-  uint32_t seed;                       // stochastic rounding: hash of (seed, step)
+  float decay;                             // decoupled: 1 - lr * wd
+  float wd;                                // L2 (Adam, SGD)
+  float neg_lr;                            // SGD, Lion
+  float omdamp;                            // SGD: 1 - dampening
+  uint32_t seed;                           // stochastic rounding: hash of (seed, step)
 };
 
 /// One ISA's kernels. update() processes elements [begin, end) of one span and returns the number
