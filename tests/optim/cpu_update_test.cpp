@@ -268,24 +268,43 @@ TEST(CpuUpdate, StochasticRoundingIsUnbiased) {
 }
 
 TEST(CpuUpdate, NonFiniteGradientsAreReportedAndTheirTilesLeftUntouched) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, best_cpu_isa()})
+    for (Dtype gd : {Dtype::kF32, Dtype::kBF16}) {
+      if (!test::error_of([&] { set_cpu_isa(isa); }).empty()) continue;
+      set_cpu_isa(best_cpu_isa());
+      Buffers b(10000, gd, Dtype::kF32, true, 8);
+      auto g = b.grad.slice(0, 1);
+      g[5000] = std::numeric_limits<float>::quiet_NaN();
+      g[9999] = -std::numeric_limits<float>::infinity();
+      const Buffers before = b.clone();
+      const UpdateReport r =
+          cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1), nullptr, nullptr, isa);
+      SCOPED_TRACE(::testing::Message() << to_string(isa) << " grad dtype " << int(gd));
+      EXPECT_FALSE(r.ok());
+      EXPECT_EQ(r.nonfinite, 2);
+      EXPECT_EQ(r.first_nonfinite, 5000);
+      EXPECT_EQ(r.skipped_tiles, 2);  // tiles [4096, 6144) and [8192, 10000)
+      auto p = b.master.slice(0, 1), p0 = before.master.slice(0, 1);
+      EXPECT_TRUE(torch::equal(p.slice(0, 4096, 6144), p0.slice(0, 4096, 6144)));
+      EXPECT_TRUE(torch::equal(p.slice(0, 8192), p0.slice(0, 8192)));
+      EXPECT_TRUE(torch::isfinite(b.m).all().item<bool>() && torch::isfinite(b.v).all().item<bool>());
+      EXPECT_FALSE(torch::equal(p.slice(0, 0, 4096), p0.slice(0, 0, 4096)));
+    }
+}
+
+TEST(CpuUpdate, AScaleThatOverflowsAFiniteGradientIsCaught) {
   for (CpuIsa isa : {CpuIsa::kScalar, best_cpu_isa()}) {
-    Buffers b(10000, Dtype::kF32, Dtype::kF32, true, 8);
-    auto g = b.grad.slice(0, 1);
-    g[5000] = std::numeric_limits<float>::quiet_NaN();
-    g[9999] = -std::numeric_limits<float>::infinity();
-    const Buffers before = b.clone();
-    const UpdateReport r =
-        cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1), nullptr, nullptr, isa);
-    SCOPED_TRACE(to_string(isa));
-    EXPECT_FALSE(r.ok());
-    EXPECT_EQ(r.nonfinite, 2);
-    EXPECT_EQ(r.first_nonfinite, 5000);
-    EXPECT_EQ(r.skipped_tiles, 2);  // tiles [4096, 6144) and [8192, 10000)
-    auto p = b.master.slice(0, 1), p0 = before.master.slice(0, 1);
-    EXPECT_TRUE(torch::equal(p.slice(0, 4096, 6144), p0.slice(0, 4096, 6144)));
-    EXPECT_TRUE(torch::equal(p.slice(0, 8192), p0.slice(0, 8192)));
-    EXPECT_TRUE(torch::isfinite(b.m).all().item<bool>() && torch::isfinite(b.v).all().item<bool>());
-    EXPECT_FALSE(torch::equal(p.slice(0, 0, 4096), p0.slice(0, 0, 4096)));
+    Buffers b(5000, Dtype::kF32, Dtype::kF32, false, 9);
+    b.grad.slice(0, 1)[4321] = 3e38f;
+    UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1);
+    h.grad_scale = 4.0;  // 1.2e39 overflows fp32
+    const UpdateReport r = cpu_update({b.span()}, h, nullptr, nullptr, isa);
+    EXPECT_EQ(r.nonfinite, 1) << to_string(isa);
+    EXPECT_EQ(r.first_nonfinite, 4321) << to_string(isa);
+    // Unchecked, the caller vouches for the gradients and nothing is scanned.
+    h.check_finite = false;
+    EXPECT_TRUE(cpu_update({b.span()}, h, nullptr, nullptr, isa).ok());
+    EXPECT_FALSE(std::isfinite(b.master[4322].item<float>()));
   }
 }
 
