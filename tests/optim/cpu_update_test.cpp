@@ -318,9 +318,11 @@ TEST(CpuUpdate, RollbackRestoresTheStateBitForBit) {
     torch::Tensor um = torch::empty_like(b.master), mm = torch::empty_like(b.m), vv = torch::empty_like(b.v);
     std::vector<UndoLog> undo = {{um.data_ptr<float>() + 1, static_cast<char*>(mm.data_ptr()) + mm.element_size(),
                                   static_cast<char*>(vv.data_ptr()) + vv.element_size()}};
-    b.grad.slice(0, 1)[150000] = std::numeric_limits<float>::infinity();
+    b.grad.slice(0, 1)[150000] = std::numeric_limits<float>::infinity();  // inside a chunk (look-ahead scan)
+    b.grad.slice(0, 1)[65537] = std::numeric_limits<float>::quiet_NaN();  // a chunk's first tile
     const UpdateReport r = cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 2), &undo);
-    EXPECT_EQ(r.nonfinite, 1);
+    EXPECT_EQ(r.nonfinite, 2);
+    EXPECT_EQ(r.first_nonfinite, 65537);
     EXPECT_NE(first_difference(b, before), "");  // the other tiles were updated
     cpu_rollback({b.span()}, undo);
     EXPECT_EQ(first_difference(b, before), "") << "state dtype " << int(sd);

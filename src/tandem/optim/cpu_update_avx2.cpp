@@ -76,27 +76,19 @@ struct Avx2Lanes {
     return __builtin_popcount(static_cast<unsigned>(
         _mm256_movemask_ps(_mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_setzero_ps(), _CMP_NEQ_UQ))));
   }
-  static bool any_nonfinite_f32(const float* g, int64_t n) {
+  using B = __m256i;
+  static B bad_init() { return _mm256_setzero_si256(); }
+  static B bad_acc(B a, const float* g) {
     const __m256i exp = _mm256_set1_epi32(0x7F800000);
-    __m256i acc = _mm256_setzero_si256();
-    for (int64_t i = 0; i < n; i += 8) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-      acc = _mm256_or_si256(acc, _mm256_cmpeq_epi32(_mm256_and_si256(b, exp), exp));
-    }
-    return !_mm256_testz_si256(acc, acc);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    return _mm256_or_si256(a, _mm256_cmpeq_epi32(_mm256_and_si256(b, exp), exp));
   }
-  static bool any_nonfinite_bf16(const uint16_t* g, int64_t n) {
-    const __m256i exp = _mm256_set1_epi16(0x7F80);
-    __m256i acc = _mm256_setzero_si256();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-      acc = _mm256_or_si256(acc, _mm256_cmpeq_epi16(_mm256_and_si256(b, exp), exp));
-    }
-    bool bad = !_mm256_testz_si256(acc, acc);
-    for (; i < n; ++i) bad |= (g[i] & 0x7F80u) == 0x7F80u;
-    return bad;
+  static B bad_acc(B a, const uint16_t* g) {
+    const __m128i exp = _mm_set1_epi16(0x7F80);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g));
+    return _mm256_or_si256(a, _mm256_zextsi128_si256(_mm_cmpeq_epi16(_mm_and_si128(b, exp), exp)));
   }
+  static bool bad_any(B a) { return !_mm256_testz_si256(a, a); }
   static void sfence() { _mm_sfence(); }
 };
 

@@ -76,27 +76,18 @@ struct Avx512Lanes {
   static int nonfinite(F x) {
     return __builtin_popcount(_mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_NEQ_UQ));
   }
-  static bool any_nonfinite_f32(const float* g, int64_t n) {
+  using B = uint32_t;
+  static B bad_init() { return 0; }
+  static B bad_acc(B a, const float* g) {
     const __m512i exp = _mm512_set1_epi32(0x7F800000);
-    __mmask16 acc = 0;
-    for (int64_t i = 0; i < n; i += 16) {
-      const __m512i b = _mm512_loadu_si512(g + i);
-      acc |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp), exp);
-    }
-    return acc != 0;
+    return a | _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(g), exp), exp);
   }
-  static bool any_nonfinite_bf16(const uint16_t* g, int64_t n) {
-    const __m512i exp = _mm512_set1_epi16(0x7F80);
-    __mmask32 acc = 0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      const __m512i b = _mm512_loadu_si512(g + i);
-      acc |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(b, exp), exp);
-    }
-    bool bad = acc != 0;
-    for (; i < n; ++i) bad |= (g[i] & 0x7F80u) == 0x7F80u;
-    return bad;
+  static B bad_acc(B a, const uint16_t* g) {
+    const __m256i exp = _mm256_set1_epi16(0x7F80);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g));
+    return a | _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, exp), exp);
   }
+  static bool bad_any(B a) { return a != 0; }
   static void sfence() { _mm_sfence(); }
 };
 

@@ -32,16 +32,11 @@ struct ScalarLanes {
   static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
   static F sign(F x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
   static int nonfinite(F x) { return x - x != 0.0f ? 1 : 0; }
-  static bool any_nonfinite_f32(const float* g, int64_t n) {
-    uint32_t acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc |= (f32_bits(g[i]) & 0x7F800000u) == 0x7F800000u;
-    return acc != 0;
-  }
-  static bool any_nonfinite_bf16(const uint16_t* g, int64_t n) {
-    uint32_t acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc |= (g[i] & 0x7F80u) == 0x7F80u;
-    return acc != 0;
-  }
+  using B = uint32_t;
+  static B bad_init() { return 0; }
+  static B bad_acc(B a, const float* g) { return a | ((f32_bits(*g) & 0x7F800000u) == 0x7F800000u); }
+  static B bad_acc(B a, const uint16_t* g) { return a | ((*g & 0x7F80u) == 0x7F80u); }
+  static bool bad_any(B a) { return a != 0; }
   static void sfence() {}
 };
 
