@@ -150,7 +150,11 @@ CpuIsa active_cpu_isa() {
     const char* env = std::getenv("TANDEM_CPU_ISA");
     CpuIsa isa = best_cpu_isa();
     if (env != nullptr && *env != '\0') {
-      isa = parse_cpu_isa(env);
+      const std::string e(env);
+      TANDEM_CHECK(e == "auto" || e == "scalar" || e == "avx2" || e == "avx512" || e == "avx512bf16",
+                   "TANDEM_CPU_ISA='", e,
+                   "' is not a kernel level; use auto, scalar, avx2, avx512 or avx512bf16, or unset it");
+      isa = parse_cpu_isa(e);
       TANDEM_CHECK(supported(isa), "TANDEM_CPU_ISA=", env,
                    ": this CPU cannot run those kernels (best available: ", to_string(best_cpu_isa()), ")");
     }

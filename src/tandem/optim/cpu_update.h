@@ -101,8 +101,8 @@ int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out);
 
 /// The best level this CPU and OS support.
 CpuIsa best_cpu_isa();
-/// The level in use: TANDEM_CPU_ISA (scalar|avx2|avx512|avx512bf16) when set, else set_cpu_isa()'s,
-/// else best_cpu_isa().
+/// The level in use: set_cpu_isa()'s when it was called, else TANDEM_CPU_ISA
+/// (scalar|avx2|avx512|avx512bf16) when set, else best_cpu_isa().
 CpuIsa active_cpu_isa();
 /// Forces a level (kScalar for the reference); UserError when this CPU lacks it.
 void set_cpu_isa(CpuIsa isa);

@@ -24,7 +24,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& o, std::vector<Name
   }
   TANDEM_CHECK(device.is_cpu(), "optim.impl=cpu needs the parameters on the CPU, but train.device is ", device.str(),
                "; use train.device=cpu, or optim.impl=auto (the offload engine moves the update to the CPU)");
-  set_cpu_isa(parse_cpu_isa(o.cpu_isa));
+  if (o.cpu_isa != "auto") set_cpu_isa(parse_cpu_isa(o.cpu_isa));  // else TANDEM_CPU_ISA, else the best
+  active_cpu_isa();  // a bad TANDEM_CPU_ISA fails here, before training starts
   const int threads = resolve_cpu_threads(static_cast<int>(o.cpu_threads));
   CpuThreadPool::configure_global(threads, o.cpu_pin);
   CpuOptimizerOptions c;
