@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 
+#include "tandem/core/config.h"
 #include "tandem/core/error.h"
 
 namespace tandem::test {
@@ -61,6 +62,22 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+/// A short CPU run of the tiny preset on a small generated corpus, writing to `dir`.
+inline Config tiny_cpu_config(const std::string& dir, int64_t steps) {
+  Config c;
+  c.model.preset = "tiny";
+  c.train.steps = steps;
+  c.train.micro_batch = 8;
+  c.train.seq_len = 64;
+  c.train.device = "cpu";
+  c.train.eval_every = 0;
+  c.train.progress = "off";
+  c.train.run_dir = dir;
+  c.optim.warmup_steps = 10;
+  c.data.synthetic_bytes = 200000;
+  return c;
 }
 
 /// Path of the tandem CLI next to the test binary.

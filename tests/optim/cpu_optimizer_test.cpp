@@ -11,18 +11,8 @@ namespace tandem {
 namespace {
 
 Config tiny_cpu_run(const std::string& dir, int64_t steps) {
-  Config c;
-  c.model.preset = "tiny";
-  c.train.steps = steps;
-  c.train.micro_batch = 8;
-  c.train.seq_len = 64;
-  c.train.device = "cpu";
-  c.train.eval_every = 0;
-  c.train.progress = "off";
+  Config c = test::tiny_cpu_config(dir, steps);
   c.train.save_final = false;
-  c.train.run_dir = dir;
-  c.optim.warmup_steps = 10;
-  c.data.synthetic_bytes = 200000;
   return c;
 }
 

@@ -16,20 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Config small_run(const std::string& dir, int64_t steps) {
-  Config c;
-  c.model.preset = "tiny";
-  c.train.steps = steps;
-  c.train.micro_batch = 8;
-  c.train.seq_len = 64;
-  c.train.device = "cpu";
-  c.train.eval_every = 0;
-  c.train.progress = "off";
-  c.train.run_dir = dir;
-  c.optim.warmup_steps = 10;
-  c.data.synthetic_bytes = 200000;
-  return c;
-}
+Config small_run(const std::string& dir, int64_t steps) { return test::tiny_cpu_config(dir, steps); }
 
 double mean(const std::vector<double>& v, size_t from, size_t to) {
   double s = 0;

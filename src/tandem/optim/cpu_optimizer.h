@@ -26,8 +26,6 @@ class CpuOptimizer : public Optimizer {
   void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
   void zero_grad() override;
   std::vector<NamedTensor> state() override;
-  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
-                  const std::string& source) override;
   /// What the last step's kernels reported.
   const UpdateReport& last_report() const { return report_; }
   int64_t steps_taken() const { return static_cast<int64_t>(step_.item<float>()); }

@@ -61,17 +61,4 @@ std::vector<NamedTensor> FusedAdamW::state() {
   return out;
 }
 
-void FusedAdamW::load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
-                            const std::string& source) {
-  torch::NoGradGuard no_grad;
-  for (auto& [name, t] : state()) {
-    auto v = lookup(name);
-    TANDEM_CHECK(v.has_value(), source, ": optimizer state '", name,
-                 "' is missing; the checkpoint does not match this model");
-    TANDEM_CHECK(v->sizes() == t.sizes(), source, ": optimizer state '", name, "' has shape ", v->sizes(),
-                 " but the model needs ", t.sizes(), "; resume with the checkpoint's model settings");
-    t.copy_(*v);
-  }
-}
-
 }  // namespace tandem

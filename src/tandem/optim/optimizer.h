@@ -31,9 +31,11 @@ class Optimizer {
   virtual void zero_grad() = 0;
   /// State tensors by name ("<param>.exp_avg", ...), for checkpoints.
   virtual std::vector<NamedTensor> state() = 0;
-  /// Restores state written by state(); UserError naming the first missing or mismatched tensor.
+  /// Restores state written by state() by copying into the tensors state() returns (converting
+  /// dtypes, so fp32 and bf16 states interchange); UserError naming the first missing or
+  /// mismatched tensor.
   virtual void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
-                          const std::string& source) = 0;
+                          const std::string& source);
 };
 
 /// AdamW through ATen's fused multi-tensor kernel (CPU and CUDA). Matrices and embeddings get
@@ -44,8 +46,6 @@ class FusedAdamW : public Optimizer {
   void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
   void zero_grad() override;
   std::vector<NamedTensor> state() override;
-  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
-                  const std::string& source) override;
   const AdamWOptions& options() const { return options_; }
 
  private:
