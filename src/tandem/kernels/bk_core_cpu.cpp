@@ -1,0 +1,223 @@
+// BK-core on the CPU: Note [BK-core ratio form] as batch-parallel sweeps (one batch row per task),
+// complex64 for float inputs and complex128 for double inputs; and the autograd Function.
+
+#include <ATen/Parallel.h>
+
+#include <complex>
+
+#include "tandem/core/error.h"
+#include "tandem/kernels/bk_core.h"
+
+namespace tandem {
+namespace {
+
+// Plain complex arithmetic: std::complex's operators guard against intermediate overflow (and
+// call into libgcc), which the ratio form does not need: its values stay of the order of H's entries.
+template <class T>
+struct Cx {
+  T re, im;
+};
+template <class T>
+inline Cx<T> operator+(Cx<T> x, Cx<T> y) {
+  return {x.re + y.re, x.im + y.im};
+}
+template <class T>
+inline Cx<T> operator-(Cx<T> x, Cx<T> y) {
+  return {x.re - y.re, x.im - y.im};
+}
+template <class T>
+inline Cx<T> operator*(Cx<T> x, Cx<T> y) {
+  return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
+}
+template <class T>
+inline Cx<T> operator/(Cx<T> x, Cx<T> y) {
+  const T den = y.re * y.re + y.im * y.im;
+  return {(x.re * y.re + x.im * y.im) / den, (x.im * y.re - x.re * y.im) / den};
+}
+template <class T>
+inline Cx<T> conj(Cx<T> x) {
+  return {x.re, -x.im};
+}
+
+void validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z) {
+  TANDEM_CHECK(a.dim() == 2 && a.size(1) >= 1, "bk_core: a must be (B, N) with N >= 1, got ", a.sizes());
+  const int64_t B = a.size(0), N = a.size(1);
+  TANDEM_CHECK(b.dim() == 2 && b.size(0) == B && b.size(1) == N - 1 && c.sizes() == b.sizes(),
+               "bk_core: b and c must be (B, N-1) = (", B, ", ", N - 1, "), got ", b.sizes(), " and ", c.sizes());
+  TANDEM_CHECK(a.scalar_type() == torch::kFloat32 || a.scalar_type() == torch::kFloat64,
+               "bk_core: a, b, c must be float32 or float64, got ", a.scalar_type());
+  TANDEM_CHECK(b.scalar_type() == a.scalar_type() && c.scalar_type() == a.scalar_type(),
+               "bk_core: a, b and c must share one dtype");
+  TANDEM_CHECK(z.is_complex() && (z.dim() == 0 || (z.dim() == 1 && z.size(0) == B)),
+               "bk_core: z must be a complex scalar tensor or (B) = (", B, "), got ", z.sizes(), " ", z.scalar_type());
+}
+
+template <class T>
+void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& zb,
+                  torch::Tensor& g, torch::Tensor& r, torch::Tensor& s) {
+  using C = Cx<T>;
+  const int64_t B = a.size(0), N = a.size(1);
+  const T* pa = a.data_ptr<T>();
+  const T* pb = b.data_ptr<T>();
+  const T* pc = c.data_ptr<T>();
+  const C* pz = reinterpret_cast<const C*>(zb.data_ptr());
+  C* pg = reinterpret_cast<C*>(g.data_ptr());
+  C* pr = reinterpret_cast<C*>(r.data_ptr());
+  C* ps = reinterpret_cast<C*>(s.data_ptr());
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* ar = pa + row * N;
+      const T* br = pb + row * (N - 1);
+      const T* cr = pc + row * (N - 1);
+      C* rr = pr + row * N;
+      C* sr = ps + row * N;
+      C* gr = pg + row * N;
+      const C z = pz[row];
+      rr[0] = C{ar[0], T(0)} - z;
+      for (int64_t i = 1; i < N; ++i) rr[i] = (C{ar[i], T(0)} - z) - C{br[i - 1] * cr[i - 1], T(0)} / rr[i - 1];
+      sr[N - 1] = C{ar[N - 1], T(0)} - z;
+      for (int64_t i = N - 2; i >= 0; --i) sr[i] = (C{ar[i], T(0)} - z) - C{br[i] * cr[i], T(0)} / sr[i + 1];
+      for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
+    }
+  });
+}
+
+// Reverse-mode derivative of forward_rows, with PyTorch's convention for complex gradients
+// (for holomorphic w = f(u): grad_u += grad_w * conj(f'(u)); a real input takes the real part).
+template <class T>
+void backward_rows(const torch::Tensor& gg, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
+                   const torch::Tensor& r, const torch::Tensor& s, torch::Tensor& ga, torch::Tensor& gb,
+                   torch::Tensor& gc, torch::Tensor& gz) {
+  using C = Cx<T>;
+  const int64_t B = g.size(0), N = g.size(1);
+  const C* pgg = reinterpret_cast<const C*>(gg.data_ptr());
+  const C* pg = reinterpret_cast<const C*>(g.data_ptr());
+  const C* pr = reinterpret_cast<const C*>(r.data_ptr());
+  const C* ps = reinterpret_cast<const C*>(s.data_ptr());
+  const T* pb = b.data_ptr<T>();
+  const T* pc = c.data_ptr<T>();
+  T* pga = ga.data_ptr<T>();
+  T* pgb = gb.data_ptr<T>();
+  T* pgc = gc.data_ptr<T>();
+  C* pgz = reinterpret_cast<C*>(gz.data_ptr());
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<C> rbar(N), sbar(N), dbar(N), pbar(N > 1 ? N - 1 : 1);
+    for (int64_t row = begin; row < end; ++row) {
+      const C* gr = pg + row * N;
+      const C* ggr = pgg + row * N;
+      const C* rr = pr + row * N;
+      const C* sr = ps + row * N;
+      const T* br = pb + row * (N - 1);
+      const T* cr = pc + row * (N - 1);
+      // G_i = 1 / q_i, q_i = r_i + s_i - d_i
+      for (int64_t i = 0; i < N; ++i) {
+        const C qbar = C{T(0), T(0)} - ggr[i] * conj(gr[i] * gr[i]);
+        rbar[i] = qbar;
+        sbar[i] = qbar;
+        dbar[i] = C{T(0), T(0)} - qbar;
+      }
+      for (int64_t i = 0; i + 1 < N; ++i) pbar[i] = C{T(0), T(0)};
+      // s_i = d_i - p_i / s_{i+1}, computed downwards: its adjoint runs upwards.
+      for (int64_t i = 0; i + 1 < N; ++i) {
+        const C p{br[i] * cr[i], T(0)};
+        const C inv = C{T(1), T(0)} / sr[i + 1];
+        dbar[i] = dbar[i] + sbar[i];
+        pbar[i] = pbar[i] - sbar[i] * conj(inv);
+        sbar[i + 1] = sbar[i + 1] + sbar[i] * conj(p * inv * inv);
+      }
+      dbar[N - 1] = dbar[N - 1] + sbar[N - 1];
+      // r_i = d_i - p_{i-1} / r_{i-1}, computed upwards: its adjoint runs downwards.
+      for (int64_t i = N - 1; i >= 1; --i) {
+        const C p{br[i - 1] * cr[i - 1], T(0)};
+        const C inv = C{T(1), T(0)} / rr[i - 1];
+        dbar[i] = dbar[i] + rbar[i];
+        pbar[i - 1] = pbar[i - 1] - rbar[i] * conj(inv);
+        rbar[i - 1] = rbar[i - 1] + rbar[i] * conj(p * inv * inv);
+      }
+      dbar[0] = dbar[0] + rbar[0];
+      C zsum{T(0), T(0)};
+      for (int64_t i = 0; i < N; ++i) {
+        pga[row * N + i] = dbar[i].re;  // d_i = a_i - z
+        zsum = zsum - dbar[i];
+      }
+      for (int64_t i = 0; i + 1 < N; ++i) {  // p_i = b_i c_i
+        pgb[row * (N - 1) + i] = pbar[i].re * cr[i];
+        pgc[row * (N - 1) + i] = pbar[i].re * br[i];
+      }
+      pgz[row] = zsum;
+    }
+  });
+}
+
+torch::ScalarType complex_of(torch::ScalarType t) {
+  return t == torch::kFloat64 ? torch::kComplexDouble : torch::kComplexFloat;
+}
+
+class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
+                               const torch::Tensor& c, const torch::Tensor& z) {
+    TANDEM_CHECK(a.device().is_cpu(), "bk_core on ", a.device(),
+                 " tensors needs the CUDA kernels, which this build does not have yet; run it on CPU tensors");
+    auto [g, r, s] = detail::bk_core_forward_cpu(a, b, c, z);
+    ctx->save_for_backward({b, c, z, g, r, s});
+    ctx->saved_data["z_scalar"] = z.dim() == 0;
+    return g;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [ga, gb, gc, gz] =
+        detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5]);
+    if (ctx->saved_data["z_scalar"].toBool()) gz = gz.sum();
+    return {ga, gb, gc, gz.to(saved[2].scalar_type())};
+  }
+};
+
+}  // namespace
+
+namespace detail {
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(const torch::Tensor& a_in,
+                                                                            const torch::Tensor& b_in,
+                                                                            const torch::Tensor& c_in,
+                                                                            const torch::Tensor& z_in) {
+  validate(a_in, b_in, c_in, z_in);
+  torch::NoGradGuard no_grad;
+  const auto a = a_in.contiguous(), b = b_in.contiguous(), c = c_in.contiguous();
+  const int64_t B = a.size(0), N = a.size(1);
+  const auto ct = complex_of(a.scalar_type());
+  const auto zb = z_in.detach().to(ct).expand({B}).contiguous();
+  auto g = torch::empty({B, N}, ct), r = torch::empty({B, N}, ct), s = torch::empty({B, N}, ct);
+  if (a.scalar_type() == torch::kFloat64)
+    forward_rows<double>(a, b, c, zb, g, r, s);
+  else
+    forward_rows<float>(a, b, c, zb, g, r, s);
+  return {g, r, s};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
+    const torch::Tensor& grad_g, const torch::Tensor& b_in, const torch::Tensor& c_in, const torch::Tensor& z,
+    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s) {
+  torch::NoGradGuard no_grad;
+  const auto b = b_in.contiguous(), c = c_in.contiguous();
+  const auto gg = grad_g.to(g.scalar_type()).contiguous();
+  const int64_t B = g.size(0), N = g.size(1);
+  const auto rt = b.scalar_type();
+  auto ga = torch::empty({B, N}, rt), gb = torch::empty({B, N - 1}, rt), gc = torch::empty({B, N - 1}, rt);
+  auto gz = torch::empty({B}, g.scalar_type());
+  if (rt == torch::kFloat64)
+    backward_rows<double>(gg, b, c, g, r, s, ga, gb, gc, gz);
+  else
+    backward_rows<float>(gg, b, c, g, r, s, ga, gb, gc, gz);
+  (void)z;
+  return {ga, gb, gc, gz};
+}
+
+}  // namespace detail
+
+torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z) {
+  return BkCoreFunction::apply(a, b, c, z);
+}
+
+}  // namespace tandem
