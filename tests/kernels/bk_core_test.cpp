@@ -123,6 +123,57 @@ TEST(BkCore, BackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(BkCore, MixedModeOnTheCpuStaysWithinTheComplex64Bound) {
+  const auto in = random_inputs(2, 100000, torch::kFloat64, 5);
+  const auto ref = detail::bk_core_reference(in.a, in.b, in.c, in.z);
+  const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat32); };
+  const auto mixed = bk_core(f(in.a), f(in.b), f(in.c), in.z, BkCoreMode::kMixed);
+  EXPECT_EQ(mixed.scalar_type(), torch::kComplexFloat);
+  EXPECT_LT(max_rel_error(mixed, ref), 1e-4);
+  EXPECT_NE(
+      test::error_of([&] { bk_core(in.a, in.b, in.c, in.z, BkCoreMode::kMixed); }).find("mixed mode takes float32"),
+      std::string::npos);
+}
+
+// The CUDA kernels against the long-double reference and against the CPU backward.
+TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (int64_t N : {1, 17, 4096, 1000000}) {
+    const int64_t B = N == 1000000 ? 2 : 33;
+    const auto in = random_inputs(B, N, torch::kFloat64, 21 + N, /*z_per_row=*/true);
+    const auto ref = detail::bk_core_reference(in.a, in.b, in.c, in.z);
+    const auto g128 = bk_core(in.a.to(cuda), in.b.to(cuda), in.c.to(cuda), in.z.to(cuda));
+    ASSERT_TRUE(g128.is_cuda());
+    const auto f = [&](const torch::Tensor& t) { return t.to(cuda, torch::kFloat32); };
+    const auto g64 = bk_core(f(in.a), f(in.b), f(in.c), in.z.to(cuda));
+    const auto gmix = bk_core(f(in.a), f(in.b), f(in.c), in.z.to(cuda), BkCoreMode::kMixed);
+    const double e128 = max_rel_error(g128.cpu(), ref), e64 = max_rel_error(g64.cpu(), ref),
+                 emix = max_rel_error(gmix.cpu(), ref);
+    std::printf("bk_core CUDA N=%-8lld max relative error: complex128 %.2e, complex64 %.2e, mixed %.2e\n",
+                static_cast<long long>(N), e128, e64, emix);
+    EXPECT_LT(e128, 1e-10) << N;
+    EXPECT_LT(e64, 1e-4) << N;
+    EXPECT_LT(emix, 1e-4) << N;
+  }
+  // Backward: the same gradients as the CPU sweeps, in double.
+  auto in = random_inputs(3, 500, torch::kFloat64, 4, true);
+  const auto W = torch::randn({3, 500}, torch::kComplexDouble);
+  std::vector<torch::Tensor> cpu_grads, gpu_grads;
+  for (const bool on_gpu : {false, true}) {
+    auto a = in.a.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto b = in.b.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto c = in.c.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto z = in.z.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    torch::real(bk_core(a, b, c, z) * W.to(a.device()).conj()).sum().backward();
+    auto& out = on_gpu ? gpu_grads : cpu_grads;
+    for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
+    out.push_back(torch::view_as_real(z.grad().cpu()));
+  }
+  for (size_t i = 0; i < cpu_grads.size(); ++i)
+    EXPECT_TRUE(test::AllClose(gpu_grads[i], cpu_grads[i], 1e-9, 1e-12)) << "gradient " << i;
+}
+
 TEST(BkCore, BadShapesAreRefused) {
   const auto in = random_inputs(2, 8, torch::kFloat64, 1);
   EXPECT_NE(test::error_of([&] { bk_core(in.a, in.b.slice(1, 0, 6), in.c, in.z); }).find("b and c must be (B, N-1)"),

@@ -21,23 +21,45 @@
 
 namespace tandem {
 
+/// Arithmetic of the sweeps.
+enum class BkCoreMode {
+  kNative,  ///< complex128 for double inputs, complex64 for float inputs
+  kMixed,   ///< float inputs: complex64 sweeps, the final r + s - d and its reciprocal in complex128
+};
+
 /// diag(G) as complex (B, N): complex128 for double inputs, complex64 for float inputs, computed
 /// by the batch-parallel CPU kernel or, for CUDA tensors, the CUDA kernels. z: a complex 0-d
 /// tensor or (B). Differentiable in a, b, c and z (torch::autograd::Function).
-torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z);
+torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
+                      BkCoreMode mode = BkCoreMode::kNative);
 
 namespace detail {
+
+/// Checks shapes, dtypes and devices; UserError naming the mismatch.
+void bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z);
 
 /// Forward on the CPU: G (B, N) and the ratios r, s (B, N) the backward pass reuses.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(const torch::Tensor& a,
                                                                             const torch::Tensor& b,
                                                                             const torch::Tensor& c,
-                                                                            const torch::Tensor& z);
+                                                                            const torch::Tensor& z,
+                                                                            BkCoreMode mode = BkCoreMode::kNative);
 /// Backward on the CPU from grad_G (B, N complex): grads of a, b, c (real, their shapes) and z
 /// (complex, (B)).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
     const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
     const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s);
+
+/// The CUDA implementation, registered by the CUDA build (kernels/bk_core_cuda.cpp); null without it.
+struct BkCoreCudaOps {
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> (*forward)(const torch::Tensor& a, const torch::Tensor& b,
+                                                                     const torch::Tensor& c, const torch::Tensor& z,
+                                                                     BkCoreMode mode);
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> (*backward)(
+      const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
+      const torch::Tensor& r, const torch::Tensor& s);
+};
+const BkCoreCudaOps*& bk_core_cuda_ops();
 
 /// The reference: the same recursion in long double (64-bit mantissa), one row at a time, no
 /// threads; the oracle the fast paths are measured against. Returns complex128 (B, N).

@@ -39,7 +39,10 @@ inline Cx<T> conj(Cx<T> x) {
   return {x.re, -x.im};
 }
 
-void validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z) {
+}  // namespace
+
+void detail::bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
+                              const torch::Tensor& z) {
   TANDEM_CHECK(a.dim() == 2 && a.size(1) >= 1, "bk_core: a must be (B, N) with N >= 1, got ", a.sizes());
   const int64_t B = a.size(0), N = a.size(1);
   TANDEM_CHECK(b.dim() == 2 && b.size(0) == B && b.size(1) == N - 1 && c.sizes() == b.sizes(),
@@ -50,11 +53,14 @@ void validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tenso
                "bk_core: a, b and c must share one dtype");
   TANDEM_CHECK(z.is_complex() && (z.dim() == 0 || (z.dim() == 1 && z.size(0) == B)),
                "bk_core: z must be a complex scalar tensor or (B) = (", B, "), got ", z.sizes(), " ", z.scalar_type());
+  TANDEM_CHECK(b.device() == a.device() && c.device() == a.device(), "bk_core: a, b and c must be on one device");
 }
+
+namespace {
 
 template <class T>
 void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& zb,
-                  torch::Tensor& g, torch::Tensor& r, torch::Tensor& s) {
+                  torch::Tensor& g, torch::Tensor& r, torch::Tensor& s, bool mixed) {
   using C = Cx<T>;
   const int64_t B = a.size(0), N = a.size(1);
   const T* pa = a.data_ptr<T>();
@@ -77,7 +83,16 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
       for (int64_t i = 1; i < N; ++i) rr[i] = (C{ar[i], T(0)} - z) - C{br[i - 1] * cr[i - 1], T(0)} / rr[i - 1];
       sr[N - 1] = C{ar[N - 1], T(0)} - z;
       for (int64_t i = N - 2; i >= 0; --i) sr[i] = (C{ar[i], T(0)} - z) - C{br[i] * cr[i], T(0)} / sr[i + 1];
-      for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
+      if (mixed) {
+        for (int64_t i = 0; i < N; ++i) {
+          const Cx<double> q{double(rr[i].re) + double(sr[i].re) - (double(ar[i]) - double(z.re)),
+                             double(rr[i].im) + double(sr[i].im) + double(z.im)};
+          const Cx<double> gi = Cx<double>{1.0, 0.0} / q;
+          gr[i] = C{T(gi.re), T(gi.im)};
+        }
+      } else {
+        for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
+      }
     }
   });
 }
@@ -156,10 +171,16 @@ torch::ScalarType complex_of(torch::ScalarType t) {
 class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
-                               const torch::Tensor& c, const torch::Tensor& z) {
-    TANDEM_CHECK(a.device().is_cpu(), "bk_core on ", a.device(),
-                 " tensors needs the CUDA kernels, which this build does not have yet; run it on CPU tensors");
-    auto [g, r, s] = detail::bk_core_forward_cpu(a, b, c, z);
+                               const torch::Tensor& c, const torch::Tensor& z, int64_t mode) {
+    torch::Tensor g, r, s;
+    if (a.is_cuda()) {
+      const auto* ops = detail::bk_core_cuda_ops();
+      TANDEM_CHECK(ops != nullptr, "bk_core on ", a.device(),
+                   " tensors needs the CUDA kernels, and this build has none; run it on CPU tensors");
+      std::tie(g, r, s) = ops->forward(a, b, c, z, static_cast<BkCoreMode>(mode));
+    } else {
+      std::tie(g, r, s) = detail::bk_core_forward_cpu(a, b, c, z, static_cast<BkCoreMode>(mode));
+    }
     ctx->save_for_backward({b, c, z, g, r, s});
     ctx->saved_data["z_scalar"] = z.dim() == 0;
     return g;
@@ -167,10 +188,15 @@ class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto [ga, gb, gc, gz] =
-        detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5]);
+    torch::Tensor ga, gb, gc, gz;
+    if (saved[3].is_cuda())
+      std::tie(ga, gb, gc, gz) =
+          detail::bk_core_cuda_ops()->backward(grads[0], saved[0], saved[1], saved[3], saved[4], saved[5]);
+    else
+      std::tie(ga, gb, gc, gz) =
+          detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5]);
     if (ctx->saved_data["z_scalar"].toBool()) gz = gz.sum();
-    return {ga, gb, gc, gz.to(saved[2].scalar_type())};
+    return {ga, gb, gc, gz.to(saved[2].scalar_type()), torch::Tensor()};
   }
 };
 
@@ -178,11 +204,19 @@ class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
 
 namespace detail {
 
+const BkCoreCudaOps*& bk_core_cuda_ops() {
+  static const BkCoreCudaOps* ops = nullptr;
+  return ops;
+}
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(const torch::Tensor& a_in,
                                                                             const torch::Tensor& b_in,
                                                                             const torch::Tensor& c_in,
-                                                                            const torch::Tensor& z_in) {
-  validate(a_in, b_in, c_in, z_in);
+                                                                            const torch::Tensor& z_in,
+                                                                            BkCoreMode mode) {
+  bk_core_validate(a_in, b_in, c_in, z_in);
+  TANDEM_CHECK(mode == BkCoreMode::kNative || a_in.scalar_type() == torch::kFloat32,
+               "bk_core: the mixed mode takes float32 inputs, got ", a_in.scalar_type());
   torch::NoGradGuard no_grad;
   const auto a = a_in.contiguous(), b = b_in.contiguous(), c = c_in.contiguous();
   const int64_t B = a.size(0), N = a.size(1);
@@ -190,9 +224,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(cons
   const auto zb = z_in.detach().to(ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, ct), r = torch::empty({B, N}, ct), s = torch::empty({B, N}, ct);
   if (a.scalar_type() == torch::kFloat64)
-    forward_rows<double>(a, b, c, zb, g, r, s);
+    forward_rows<double>(a, b, c, zb, g, r, s, false);
   else
-    forward_rows<float>(a, b, c, zb, g, r, s);
+    forward_rows<float>(a, b, c, zb, g, r, s, mode == BkCoreMode::kMixed);
   return {g, r, s};
 }
 
@@ -216,8 +250,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_b
 
 }  // namespace detail
 
-torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z) {
-  return BkCoreFunction::apply(a, b, c, z);
+torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
+                      BkCoreMode mode) {
+  return BkCoreFunction::apply(a, b, c, z, static_cast<int64_t>(mode));
 }
 
 }  // namespace tandem
