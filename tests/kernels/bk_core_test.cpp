@@ -161,10 +161,10 @@ TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
   const auto W = torch::randn({3, 500}, torch::kComplexDouble);
   std::vector<torch::Tensor> cpu_grads, gpu_grads;
   for (const bool on_gpu : {false, true}) {
-    auto a = in.a.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto b = in.b.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto c = in.c.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto z = in.z.to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto a = in.a.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto b = in.b.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto c = in.c.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+    auto z = in.z.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
     torch::real(bk_core(a, b, c, z) * W.to(a.device()).conj()).sum().backward();
     auto& out = on_gpu ? gpu_grads : cpu_grads;
     for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
