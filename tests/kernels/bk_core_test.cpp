@@ -47,6 +47,27 @@ TEST(BkCore, RatioFormEqualsTheDiagonalOfTheDenseInverse) {
   }
 }
 
+TEST(BkCore, CausalDiagonalIsTheLastEntryOfEachLeadingBlocksResolvent) {
+  const int64_t N = 9;
+  const auto in = random_inputs(2, N, torch::kFloat64, 12, /*z_per_row=*/true);
+  const auto g = bk_core(in.a, in.b, in.c, in.z, BkCoreMode::kNative, BkCoreDiagonal::kCausal);
+  for (int64_t row = 0; row < 2; ++row) {
+    auto H = torch::diag(in.a[row]).to(torch::kComplexDouble) + torch::diag(in.b[row], 1) + torch::diag(in.c[row], -1);
+    for (int64_t i = 0; i < N; ++i) {
+      const auto lead = H.slice(0, 0, i + 1).slice(1, 0, i + 1) - in.z[row] * torch::eye(i + 1, torch::kComplexDouble);
+      const auto want = torch::linalg_inv(lead)[i][i];
+      EXPECT_LT(std::abs((g[row][i] - want).abs().item<double>() / want.abs().item<double>()), 1e-12)
+          << row << " " << i;
+    }
+  }
+  // A change at position j moves no causal entry before j.
+  auto a2 = in.a.clone();
+  a2[0][6] += 0.5;
+  const auto g2 = bk_core(a2, in.b, in.c, in.z, BkCoreMode::kNative, BkCoreDiagonal::kCausal);
+  EXPECT_TRUE(torch::equal(g2[0].slice(0, 0, 6), g[0].slice(0, 0, 6)));
+  EXPECT_FALSE(torch::equal(g2[0][6], g[0][6]));
+}
+
 TEST(BkCore, Complex128AndComplex64StayAccurateUpToAMillion) {
   for (int64_t N : {100, 1000, 10000, 100000, 1000000}) {
     const auto in = random_inputs(1, N, torch::kFloat64, 7);
@@ -73,13 +94,15 @@ TEST(BkCore, BatchRowsAndPerRowShiftsAreIndependent) {
 
 // L = sum Re(G conj(W)): autograd's gradients against central differences, in double.
 TEST(BkCore, BackwardMatchesFiniteDifferences) {
-  for (bool z_per_row : {false, true}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool z_per_row = variant >= 1;
+    const BkCoreDiagonal diagonal = variant == 2 ? BkCoreDiagonal::kCausal : BkCoreDiagonal::kFull;
     const int64_t B = 2, N = 40;
     auto in = random_inputs(B, N, torch::kFloat64, 11, z_per_row);
     in.a.requires_grad_(true), in.b.requires_grad_(true), in.c.requires_grad_(true), in.z.requires_grad_(true);
     const auto W = torch::randn({B, N}, torch::kComplexDouble);
     auto loss_of = [&](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z) {
-      return torch::real(bk_core(a, b, c, z) * W.conj()).sum();
+      return torch::real(bk_core(a, b, c, z, BkCoreMode::kNative, diagonal) * W.conj()).sum();
     };
     loss_of(in.a, in.b, in.c, in.z).backward();
     torch::NoGradGuard no_grad;
@@ -156,22 +179,25 @@ TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
     EXPECT_LT(e64, 1e-4) << N;
     EXPECT_LT(emix, 1e-4) << N;
   }
-  // Backward: the same gradients as the CPU sweeps, in double.
-  auto in = random_inputs(3, 500, torch::kFloat64, 4, true);
-  const auto W = torch::randn({3, 500}, torch::kComplexDouble);
-  std::vector<torch::Tensor> cpu_grads, gpu_grads;
-  for (const bool on_gpu : {false, true}) {
-    auto a = in.a.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto b = in.b.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto c = in.c.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    auto z = in.z.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-    torch::real(bk_core(a, b, c, z) * W.to(a.device()).conj()).sum().backward();
-    auto& out = on_gpu ? gpu_grads : cpu_grads;
-    for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
-    out.push_back(torch::view_as_real(z.grad().cpu()));
+  // Backward: the same gradients as the CPU sweeps, in double, for both diagonals.
+  for (const BkCoreDiagonal diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
+    auto in = random_inputs(3, 500, torch::kFloat64, 4, true);
+    const auto W = torch::randn({3, 500}, torch::kComplexDouble);
+    std::vector<torch::Tensor> cpu_grads, gpu_grads;
+    for (const bool on_gpu : {false, true}) {
+      auto a = in.a.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+      auto b = in.b.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+      auto c = in.c.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+      auto z = in.z.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+      torch::real(bk_core(a, b, c, z, BkCoreMode::kNative, diagonal) * W.to(a.device()).conj()).sum().backward();
+      auto& out = on_gpu ? gpu_grads : cpu_grads;
+      for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
+      out.push_back(torch::view_as_real(z.grad().cpu()));
+    }
+    for (size_t i = 0; i < cpu_grads.size(); ++i)
+      EXPECT_TRUE(test::AllClose(gpu_grads[i], cpu_grads[i], 1e-9, 1e-12))
+          << "gradient " << i << " causal " << (diagonal == BkCoreDiagonal::kCausal);
   }
-  for (size_t i = 0; i < cpu_grads.size(); ++i)
-    EXPECT_TRUE(test::AllClose(gpu_grads[i], cpu_grads[i], 1e-9, 1e-12)) << "gradient " << i;
 }
 
 TEST(BkCore, BadShapesAreRefused) {

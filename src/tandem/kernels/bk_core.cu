@@ -38,7 +38,7 @@ __device__ __forceinline__ Cx<T> conj(Cx<T> x) {
 
 template <class T>
 __global__ void forward_kernel(const T* a, const T* b, const T* c, const Cx<T>* z, Cx<T>* g, Cx<T>* r, Cx<T>* s,
-                               int64_t B, int64_t N, bool mixed) {
+                               int64_t B, int64_t N, bool mixed, bool causal) {
   const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (row >= B) return;
   const T* ar = a + row * N;
@@ -57,7 +57,8 @@ __global__ void forward_kernel(const T* a, const T* b, const T* c, const Cx<T>* 
   prev = sub(Cx<T>{ar[N - 1], T(0)}, zz);
   sr[N - 1] = prev;
   for (int64_t i = N - 2; i >= 0; --i) {
-    prev = sub(sub(Cx<T>{ar[i], T(0)}, zz), div(Cx<T>{br[i] * cr[i], T(0)}, prev));
+    prev =
+        causal ? sub(Cx<T>{ar[i], T(0)}, zz) : sub(sub(Cx<T>{ar[i], T(0)}, zz), div(Cx<T>{br[i] * cr[i], T(0)}, prev));
     sr[i] = prev;
   }
   for (int64_t i = 0; i < N; ++i) {
@@ -76,7 +77,7 @@ __global__ void forward_kernel(const T* a, const T* b, const T* c, const Cx<T>* 
 // The reverse-mode derivative of forward_kernel (see bk_core_cpu.cpp for the same sweeps).
 template <class T>
 __global__ void backward_kernel(const Cx<T>* gg, const T* b, const T* c, const Cx<T>* g, const Cx<T>* r, const Cx<T>* s,
-                                T* ga, T* gb, T* gc, Cx<T>* gz, Cx<T>* work, int64_t B, int64_t N) {
+                                T* ga, T* gb, T* gc, Cx<T>* gz, Cx<T>* work, int64_t B, int64_t N, bool causal) {
   const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (row >= B) return;
   const Cx<T> zero{T(0), T(0)}, one{T(1), T(0)};
@@ -99,9 +100,13 @@ __global__ void backward_kernel(const Cx<T>* gg, const T* b, const T* c, const C
   }
   // pbar accumulates in two passes; the s sweep writes it, the r sweep adds to it.
   for (int64_t i = 0; i + 1 < N; ++i) {
+    dbar[i] = add(dbar[i], sbar[i]);
+    if (causal) {  // s_i = d_i
+      pb_out[i] = T(0);
+      continue;
+    }
     const Cx<T> p{br[i] * cr[i], T(0)};
     const Cx<T> inv = div(one, sr[i + 1]);
-    dbar[i] = add(dbar[i], sbar[i]);
     const T pbar_re = -mul(sbar[i], conj(inv)).re;
     pb_out[i] = pbar_re;  // Re(pbar_i) so far
     sbar[i + 1] = add(sbar[i + 1], mul(sbar[i], conj(mul(p, mul(inv, inv)))));
@@ -134,34 +139,34 @@ constexpr int kThreads = 128;
 
 template <class T>
 void launch_bk_core_forward(const T* a, const T* b, const T* c, const T* z, T* g, T* r, T* s, int64_t B, int64_t N,
-                            bool mixed, cudaStream_t stream) {
+                            bool mixed, bool causal, cudaStream_t stream) {
   const int blocks = static_cast<int>((B + kThreads - 1) / kThreads);
   forward_kernel<T><<<blocks, kThreads, 0, stream>>>(a, b, c, reinterpret_cast<const Cx<T>*>(z),
                                                      reinterpret_cast<Cx<T>*>(g), reinterpret_cast<Cx<T>*>(r),
-                                                     reinterpret_cast<Cx<T>*>(s), B, N, mixed);
+                                                     reinterpret_cast<Cx<T>*>(s), B, N, mixed, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 template <class T>
 void launch_bk_core_backward(const T* grad_g, const T* b, const T* c, const T* g, const T* r, const T* s, T* ga, T* gb,
-                             T* gc, T* gz, T* work, int64_t B, int64_t N, cudaStream_t stream) {
+                             T* gc, T* gz, T* work, int64_t B, int64_t N, bool causal, cudaStream_t stream) {
   const int blocks = static_cast<int>((B + kThreads - 1) / kThreads);
   backward_kernel<T>
       <<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const Cx<T>*>(grad_g), b, c, reinterpret_cast<const Cx<T>*>(g),
                                         reinterpret_cast<const Cx<T>*>(r), reinterpret_cast<const Cx<T>*>(s), ga, gb,
-                                        gc, reinterpret_cast<Cx<T>*>(gz), reinterpret_cast<Cx<T>*>(work), B, N);
+                                        gc, reinterpret_cast<Cx<T>*>(gz), reinterpret_cast<Cx<T>*>(work), B, N, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 template void launch_bk_core_forward<float>(const float*, const float*, const float*, const float*, float*, float*,
-                                            float*, int64_t, int64_t, bool, cudaStream_t);
+                                            float*, int64_t, int64_t, bool, bool, cudaStream_t);
 template void launch_bk_core_forward<double>(const double*, const double*, const double*, const double*, double*,
-                                             double*, double*, int64_t, int64_t, bool, cudaStream_t);
+                                             double*, double*, int64_t, int64_t, bool, bool, cudaStream_t);
 template void launch_bk_core_backward<float>(const float*, const float*, const float*, const float*, const float*,
                                              const float*, float*, float*, float*, float*, float*, int64_t, int64_t,
-                                             cudaStream_t);
+                                             bool, cudaStream_t);
 template void launch_bk_core_backward<double>(const double*, const double*, const double*, const double*, const double*,
                                               const double*, double*, double*, double*, double*, double*, int64_t,
-                                              int64_t, cudaStream_t);
+                                              int64_t, bool, cudaStream_t);
 
 }  // namespace tandem::detail

@@ -27,11 +27,16 @@ enum class BkCoreMode {
   kMixed,   ///< float inputs: complex64 sweeps, the final r + s - d and its reciprocal in complex128
 };
 
+/// Which diagonal: of G itself, or the causal one, where entry i is the last diagonal entry of the
+/// resolvent of H's leading (i+1) x (i+1) block, 1 / r_i, so it depends on positions <= i only
+/// (what a decoder may use).
+enum class BkCoreDiagonal { kFull, kCausal };
+
 /// diag(G) as complex (B, N): complex128 for double inputs, complex64 for float inputs, computed
 /// by the batch-parallel CPU kernel or, for CUDA tensors, the CUDA kernels. z: a complex 0-d
 /// tensor or (B). Differentiable in a, b, c and z (torch::autograd::Function).
 torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
-                      BkCoreMode mode = BkCoreMode::kNative);
+                      BkCoreMode mode = BkCoreMode::kNative, BkCoreDiagonal diagonal = BkCoreDiagonal::kFull);
 
 namespace detail {
 
@@ -39,25 +44,23 @@ namespace detail {
 void bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z);
 
 /// Forward on the CPU: G (B, N) and the ratios r, s (B, N) the backward pass reuses.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(const torch::Tensor& a,
-                                                                            const torch::Tensor& b,
-                                                                            const torch::Tensor& c,
-                                                                            const torch::Tensor& z,
-                                                                            BkCoreMode mode = BkCoreMode::kNative);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(
+    const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
+    BkCoreMode mode = BkCoreMode::kNative, bool causal = false);
 /// Backward on the CPU from grad_G (B, N complex): grads of a, b, c (real, their shapes) and z
 /// (complex, (B)).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
     const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
-    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s);
+    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s, bool causal = false);
 
 /// The CUDA implementation, registered by the CUDA build (kernels/bk_core_cuda.cpp); null without it.
 struct BkCoreCudaOps {
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> (*forward)(const torch::Tensor& a, const torch::Tensor& b,
                                                                      const torch::Tensor& c, const torch::Tensor& z,
-                                                                     BkCoreMode mode);
+                                                                     BkCoreMode mode, bool causal);
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> (*backward)(
       const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
-      const torch::Tensor& r, const torch::Tensor& s);
+      const torch::Tensor& r, const torch::Tensor& s, bool causal);
 };
 const BkCoreCudaOps*& bk_core_cuda_ops();
 

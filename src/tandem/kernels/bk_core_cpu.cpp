@@ -60,7 +60,7 @@ namespace {
 
 template <class T>
 void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& zb,
-                  torch::Tensor& g, torch::Tensor& r, torch::Tensor& s, bool mixed) {
+                  torch::Tensor& g, torch::Tensor& r, torch::Tensor& s, bool mixed, bool causal) {
   using C = Cx<T>;
   const int64_t B = a.size(0), N = a.size(1);
   const T* pa = a.data_ptr<T>();
@@ -82,7 +82,10 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
       rr[0] = C{ar[0], T(0)} - z;
       for (int64_t i = 1; i < N; ++i) rr[i] = (C{ar[i], T(0)} - z) - C{br[i - 1] * cr[i - 1], T(0)} / rr[i - 1];
       sr[N - 1] = C{ar[N - 1], T(0)} - z;
-      for (int64_t i = N - 2; i >= 0; --i) sr[i] = (C{ar[i], T(0)} - z) - C{br[i] * cr[i], T(0)} / sr[i + 1];
+      if (causal)  // s_i = d_i: G_ii = 1 / r_i
+        for (int64_t i = N - 2; i >= 0; --i) sr[i] = C{ar[i], T(0)} - z;
+      else
+        for (int64_t i = N - 2; i >= 0; --i) sr[i] = (C{ar[i], T(0)} - z) - C{br[i] * cr[i], T(0)} / sr[i + 1];
       if (mixed) {
         for (int64_t i = 0; i < N; ++i) {
           const Cx<double> q{double(rr[i].re) + double(sr[i].re) - (double(ar[i]) - double(z.re)),
@@ -102,7 +105,7 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
 template <class T>
 void backward_rows(const torch::Tensor& gg, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
                    const torch::Tensor& r, const torch::Tensor& s, torch::Tensor& ga, torch::Tensor& gb,
-                   torch::Tensor& gc, torch::Tensor& gz) {
+                   torch::Tensor& gc, torch::Tensor& gz, bool causal) {
   using C = Cx<T>;
   const int64_t B = g.size(0), N = g.size(1);
   const C* pgg = reinterpret_cast<const C*>(gg.data_ptr());
@@ -134,9 +137,10 @@ void backward_rows(const torch::Tensor& gg, const torch::Tensor& b, const torch:
       for (int64_t i = 0; i + 1 < N; ++i) pbar[i] = C{T(0), T(0)};
       // s_i = d_i - p_i / s_{i+1}, computed downwards: its adjoint runs upwards.
       for (int64_t i = 0; i + 1 < N; ++i) {
+        dbar[i] = dbar[i] + sbar[i];
+        if (causal) continue;  // s_i = d_i
         const C p{br[i] * cr[i], T(0)};
         const C inv = C{T(1), T(0)} / sr[i + 1];
-        dbar[i] = dbar[i] + sbar[i];
         pbar[i] = pbar[i] - sbar[i] * conj(inv);
         sbar[i + 1] = sbar[i + 1] + sbar[i] * conj(p * inv * inv);
       }
@@ -171,32 +175,34 @@ torch::ScalarType complex_of(torch::ScalarType t) {
 class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
-                               const torch::Tensor& c, const torch::Tensor& z, int64_t mode) {
+                               const torch::Tensor& c, const torch::Tensor& z, int64_t mode, bool causal) {
     torch::Tensor g, r, s;
     if (a.is_cuda()) {
       const auto* ops = detail::bk_core_cuda_ops();
       TANDEM_CHECK(ops != nullptr, "bk_core on ", a.device(),
                    " tensors needs the CUDA kernels, and this build has none; run it on CPU tensors");
-      std::tie(g, r, s) = ops->forward(a, b, c, z, static_cast<BkCoreMode>(mode));
+      std::tie(g, r, s) = ops->forward(a, b, c, z, static_cast<BkCoreMode>(mode), causal);
     } else {
-      std::tie(g, r, s) = detail::bk_core_forward_cpu(a, b, c, z, static_cast<BkCoreMode>(mode));
+      std::tie(g, r, s) = detail::bk_core_forward_cpu(a, b, c, z, static_cast<BkCoreMode>(mode), causal);
     }
     ctx->save_for_backward({b, c, z, g, r, s});
     ctx->saved_data["z_scalar"] = z.dim() == 0;
+    ctx->saved_data["causal"] = causal;
     return g;
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
+    const bool causal = ctx->saved_data["causal"].toBool();
     torch::Tensor ga, gb, gc, gz;
     if (saved[3].is_cuda())
       std::tie(ga, gb, gc, gz) =
-          detail::bk_core_cuda_ops()->backward(grads[0], saved[0], saved[1], saved[3], saved[4], saved[5]);
+          detail::bk_core_cuda_ops()->backward(grads[0], saved[0], saved[1], saved[3], saved[4], saved[5], causal);
     else
       std::tie(ga, gb, gc, gz) =
-          detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5]);
+          detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], causal);
     if (ctx->saved_data["z_scalar"].toBool()) gz = gz.sum();
-    return {ga, gb, gc, gz.to(saved[2].scalar_type()), torch::Tensor()};
+    return {ga, gb, gc, gz.to(saved[2].scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -212,8 +218,8 @@ const BkCoreCudaOps*& bk_core_cuda_ops() {
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(const torch::Tensor& a_in,
                                                                             const torch::Tensor& b_in,
                                                                             const torch::Tensor& c_in,
-                                                                            const torch::Tensor& z_in,
-                                                                            BkCoreMode mode) {
+                                                                            const torch::Tensor& z_in, BkCoreMode mode,
+                                                                            bool causal) {
   bk_core_validate(a_in, b_in, c_in, z_in);
   TANDEM_CHECK(mode == BkCoreMode::kNative || a_in.scalar_type() == torch::kFloat32,
                "bk_core: the mixed mode takes float32 inputs, got ", a_in.scalar_type());
@@ -224,15 +230,15 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(cons
   const auto zb = z_in.detach().to(ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, ct), r = torch::empty({B, N}, ct), s = torch::empty({B, N}, ct);
   if (a.scalar_type() == torch::kFloat64)
-    forward_rows<double>(a, b, c, zb, g, r, s, false);
+    forward_rows<double>(a, b, c, zb, g, r, s, false, causal);
   else
-    forward_rows<float>(a, b, c, zb, g, r, s, mode == BkCoreMode::kMixed);
+    forward_rows<float>(a, b, c, zb, g, r, s, mode == BkCoreMode::kMixed, causal);
   return {g, r, s};
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
     const torch::Tensor& grad_g, const torch::Tensor& b_in, const torch::Tensor& c_in, const torch::Tensor& z,
-    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s) {
+    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s, bool causal) {
   torch::NoGradGuard no_grad;
   const auto b = b_in.contiguous(), c = c_in.contiguous();
   const auto gg = grad_g.to(g.scalar_type()).contiguous();
@@ -241,9 +247,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_b
   auto ga = torch::empty({B, N}, rt), gb = torch::empty({B, N - 1}, rt), gc = torch::empty({B, N - 1}, rt);
   auto gz = torch::empty({B}, g.scalar_type());
   if (rt == torch::kFloat64)
-    backward_rows<double>(gg, b, c, g, r, s, ga, gb, gc, gz);
+    backward_rows<double>(gg, b, c, g, r, s, ga, gb, gc, gz, causal);
   else
-    backward_rows<float>(gg, b, c, g, r, s, ga, gb, gc, gz);
+    backward_rows<float>(gg, b, c, g, r, s, ga, gb, gc, gz, causal);
   (void)z;
   return {ga, gb, gc, gz};
 }
@@ -251,8 +257,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_b
 }  // namespace detail
 
 torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
-                      BkCoreMode mode) {
-  return BkCoreFunction::apply(a, b, c, z, static_cast<int64_t>(mode));
+                      BkCoreMode mode, BkCoreDiagonal diagonal) {
+  return BkCoreFunction::apply(a, b, c, z, static_cast<int64_t>(mode), diagonal == BkCoreDiagonal::kCausal);
 }
 
 }  // namespace tandem

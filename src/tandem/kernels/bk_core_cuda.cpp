@@ -18,7 +18,8 @@ torch::ScalarType complex_of(torch::ScalarType t) {
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch::Tensor& a_in,
                                                                      const torch::Tensor& b_in,
                                                                      const torch::Tensor& c_in,
-                                                                     const torch::Tensor& z_in, BkCoreMode mode) {
+                                                                     const torch::Tensor& z_in, BkCoreMode mode,
+                                                                     bool causal) {
   bk_core_validate(a_in, b_in, c_in, z_in);
   TANDEM_CHECK(mode == BkCoreMode::kNative || a_in.scalar_type() == torch::kFloat32,
                "bk_core: the mixed mode takes float32 inputs, got ", a_in.scalar_type());
@@ -35,28 +36,28 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch
     launch_bk_core_forward<double>(a.data_ptr<double>(), b.data_ptr<double>(), c.data_ptr<double>(),
                                    reinterpret_cast<const double*>(zb.data_ptr()),
                                    reinterpret_cast<double*>(g.data_ptr()), reinterpret_cast<double*>(r.data_ptr()),
-                                   reinterpret_cast<double*>(s.data_ptr()), B, N, false, stream);
+                                   reinterpret_cast<double*>(s.data_ptr()), B, N, false, causal, stream);
   else
     launch_bk_core_forward<float>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(),
                                   reinterpret_cast<const float*>(zb.data_ptr()), reinterpret_cast<float*>(g.data_ptr()),
                                   reinterpret_cast<float*>(r.data_ptr()), reinterpret_cast<float*>(s.data_ptr()), B, N,
-                                  mode == BkCoreMode::kMixed, stream);
+                                  mode == BkCoreMode::kMixed, causal, stream);
   return {g, r, s};
 }
 
 template <class T>
 void backward_typed(const torch::Tensor& gg, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
                     const torch::Tensor& r, const torch::Tensor& s, torch::Tensor& ga, torch::Tensor& gb,
-                    torch::Tensor& gc, torch::Tensor& gz, torch::Tensor& work) {
+                    torch::Tensor& gc, torch::Tensor& gz, torch::Tensor& work, bool causal) {
   auto cp = [](const torch::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); };
   auto mp = [](torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
   launch_bk_core_backward<T>(cp(gg), cp(b), cp(c), cp(g), cp(r), cp(s), mp(ga), mp(gb), mp(gc), mp(gz), mp(work),
-                             g.size(0), g.size(1), c10::cuda::getCurrentCUDAStream());
+                             g.size(0), g.size(1), causal, c10::cuda::getCurrentCUDAStream());
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> backward_cuda(
     const torch::Tensor& grad_g, const torch::Tensor& b_in, const torch::Tensor& c_in, const torch::Tensor& g,
-    const torch::Tensor& r, const torch::Tensor& s) {
+    const torch::Tensor& r, const torch::Tensor& s, bool causal) {
   torch::NoGradGuard no_grad;
   const c10::cuda::CUDAGuard guard(g.device());
   const auto b = b_in.contiguous(), c = c_in.contiguous();
@@ -67,9 +68,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> backward_
   auto gz = torch::empty({B}, g.options());
   auto work = torch::empty({B, 3 * N}, g.options());
   if (b.scalar_type() == torch::kFloat64)
-    backward_typed<double>(gg, b, c, g, r, s, ga, gb, gc, gz, work);
+    backward_typed<double>(gg, b, c, g, r, s, ga, gb, gc, gz, work, causal);
   else
-    backward_typed<float>(gg, b, c, g, r, s, ga, gb, gc, gz, work);
+    backward_typed<float>(gg, b, c, g, r, s, ga, gb, gc, gz, work, causal);
   return {ga, gb, gc, gz};
 }
 
