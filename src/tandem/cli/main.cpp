@@ -83,6 +83,11 @@ int run_inspect(const Config& cfg) {
     std::printf("attention: %lld heads, %lld key/value heads, head_dim %lld, RoPE theta %g, max_seq_len %lld\n",
                 (long long)s.n_head, (long long)s.n_kv_head, (long long)s.head_dim(), s.rope_theta,
                 (long long)s.max_seq_len);
+  if (s.arch == Arch::kResNetBk)
+    std::printf(
+        "ResNet-BK: %lld BK heads (causal BK-core mixing), MoE of %lld experts (d_ff %lld), top-%lld, "
+        "capacity factor %g\n",
+        (long long)s.n_head, (long long)s.n_experts, (long long)s.d_ff, (long long)s.top_k, s.capacity_factor);
   const int64_t emb = s.padded_vocab() * s.d_model;
   std::printf("\nparameters: %s (%lld; %lld as stored with vocabulary padding)\n",
               format_count(double(s.num_params_unpadded())).c_str(), (long long)s.num_params_unpadded(),

@@ -34,6 +34,15 @@ std::string hf_config_json(const ModelSpec& s, const std::string& torch_dtype) {
     }
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
+  } else if (s.arch == Arch::kResNetBk) {
+    j["architectures"] = {"TandemResNetBkForCausalLM"};
+    j["model_type"] = "tandem_resnet_bk";
+    j["num_attention_heads"] = s.n_head;  // BK heads
+    j["num_local_experts"] = s.n_experts;
+    j["num_experts_per_tok"] = s.top_k;
+    j["capacity_factor"] = s.capacity_factor;
+    j["router_aux_loss_coef"] = s.moe_aux_weight;
+    j["hidden_act"] = "silu";
   } else {
     j["architectures"] = {"TandemMlpForCausalLM"};
     j["model_type"] = "tandem_mlp";
@@ -60,7 +69,7 @@ ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& o
   }
   TANDEM_CHECK(j.is_object(), origin, ": expected a JSON object");
   const std::string type = j.value("model_type", std::string());
-  TANDEM_CHECK(type == "llama" || type == "tandem_mlp", origin, ": model_type '", type,
+  TANDEM_CHECK(type == "llama" || type == "tandem_mlp" || type == "tandem_resnet_bk", origin, ": model_type '", type,
                "' is not supported; --init-from reads LLaMA checkpoints (model_type llama)");
   const auto get_int = [&](const char* key) -> int64_t {
     TANDEM_CHECK(j.contains(key) && j[key].is_number_integer(), origin, ": '", key, "' is missing or not an integer");
@@ -68,7 +77,7 @@ ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& o
   };
   ModelSpec s;
   s.name = "hf";
-  s.arch = type == "llama" ? Arch::kLlama : Arch::kMlp;
+  s.arch = type == "llama" ? Arch::kLlama : (type == "tandem_resnet_bk" ? Arch::kResNetBk : Arch::kMlp);
   s.d_model = get_int("hidden_size");
   s.d_ff = get_int("intermediate_size");
   s.n_layer = get_int("num_hidden_layers");
@@ -76,6 +85,14 @@ ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& o
   s.max_seq_len = j.contains("max_position_embeddings") ? get_int("max_position_embeddings") : 2048;
   s.norm_eps = j.value("rms_norm_eps", 1e-6);
   s.tie_embeddings = j.value("tie_word_embeddings", false);
+  if (s.arch == Arch::kResNetBk) {
+    s.n_head = get_int("num_attention_heads");
+    s.n_kv_head = s.n_head;
+    s.n_experts = get_int("num_local_experts");
+    s.top_k = get_int("num_experts_per_tok");
+    s.capacity_factor = j.value("capacity_factor", 1.25);
+    s.moe_aux_weight = j.value("router_aux_loss_coef", 0.01);
+  }
   if (s.arch == Arch::kLlama) {
     s.n_head = get_int("num_attention_heads");
     s.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()

@@ -5,11 +5,15 @@
 #include "tandem/core/error.h"
 #include "tandem/models/checkpointing.h"
 #include "tandem/models/llama.h"
+#include "tandem/models/resnet_bk.h"
 
 namespace tandem {
 
 Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpointing_(checkpointing) {
   validate_spec(spec_);
+  TANDEM_CHECK(!(checkpointing && spec_.arch == Arch::kResNetBk),
+               "model.checkpointing is not supported for ResNet-BK models yet (its load-balance loss is taken in the "
+               "forward pass); set model.checkpointing=false");
   auto embed = std::make_shared<EmbeddingBlock>(spec_);
   blocks_.push_back(register_module("embed", embed));
   auto rope = spec_.arch == Arch::kLlama ? std::make_shared<RopeTable>(spec_) : nullptr;
@@ -17,6 +21,8 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
     std::shared_ptr<Block> layer;
     if (spec_.arch == Arch::kLlama)
       layer = std::make_shared<LlamaLayer>(spec_, i, rope);
+    else if (spec_.arch == Arch::kResNetBk)
+      layer = std::make_shared<ResNetBkLayer>(spec_, i);
     else
       layer = std::make_shared<MlpLayer>(spec_, i);
     blocks_.push_back(register_module("layer" + std::to_string(i), layer));
@@ -40,8 +46,17 @@ torch::Tensor Model::forward(const torch::Tensor& tokens) {
 torch::Tensor Model::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {
   auto l = logits;
   if (spec_.padded_vocab() != spec_.vocab_size) l = l.narrow(-1, 0, spec_.vocab_size);
-  return torch::nn::functional::cross_entropy(l.reshape({-1, spec_.vocab_size}).to(torch::kFloat32),
-                                              targets.reshape({-1}));
+  auto ce = torch::nn::functional::cross_entropy(l.reshape({-1, spec_.vocab_size}).to(torch::kFloat32),
+                                                 targets.reshape({-1}));
+  if (spec_.arch == Arch::kResNetBk && spec_.moe_aux_weight > 0) {
+    // The load-balance losses of the forward pass that produced these logits, averaged over layers.
+    torch::Tensor aux;
+    for (const auto& b : blocks_)
+      if (const auto* layer = dynamic_cast<const ResNetBkLayer*>(b.get()))
+        aux = aux.defined() ? aux + layer->aux_loss() : layer->aux_loss();
+    if (aux.defined()) ce = ce + spec_.moe_aux_weight * aux / double(spec_.n_layer);
+  }
+  return ce;
 }
 
 std::vector<NamedTensor> Model::hf_parameters() {

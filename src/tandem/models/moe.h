@@ -22,7 +22,9 @@ struct MoeOptions {
 /// only its residual path and its other choices). Tokens are gathered into an (E, capacity, C)
 /// buffer with one index_copy, every expert runs at once through bmm, and the outputs return to
 /// their tokens with one index_add weighted by the gates. Shapes depend on the capacity only, so
-/// the layer has no data-dependent shapes beyond the kept-pair count.
+/// the layer has no data-dependent shapes beyond the kept-pair count. Slots go first-come in the
+/// order of the flattened leading dimensions: a decoder passes its tokens position-major, so a
+/// token's slot never depends on a later position (ResNetBkLayer does).
 class MoeLayerImpl : public torch::nn::Module {
  public:
   explicit MoeLayerImpl(const MoeOptions& options);

@@ -1,5 +1,7 @@
 #include "tandem/models/spec.h"
 
+#include <tuple>
+
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 
@@ -30,6 +32,16 @@ const std::vector<ModelSpec>& presets() {
     p.push_back(llama("3B", 28, 3072, 24, 8, 8192, 32000, 2048, false));
     p.push_back(llama("7B", 32, 4096, 32, 32, 11008, 32000, 4096, false));
     p.push_back(llama("13B", 40, 5120, 40, 40, 13824, 32000, 4096, false));
+    // ResNet-BK (Note [ResNet-BK mixing]): n_head = BK heads, d_ff = per-expert hidden size.
+    for (auto [name, layers, d, heads, ff, experts, vocab, seq] :
+         {std::tuple<const char*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{"bk-tiny", 4, 128, 8,
+                                                                                                 256, 4, 256, 128},
+          {"bk-125M", 12, 768, 16, 448, 8, 32000, 2048}}) {
+      ModelSpec bk = llama(name, layers, d, heads, heads, ff, vocab, seq, true);
+      bk.arch = Arch::kResNetBk;
+      bk.n_experts = experts, bk.top_k = 2;
+      p.push_back(bk);
+    }
     ModelSpec mlp = llama("mlp", 4, 256, 1, 1, 1024, 256, 128, true);
     mlp.arch = Arch::kMlp;
     p.push_back(mlp);
@@ -42,6 +54,9 @@ const std::vector<ModelSpec>& presets() {
 
 int64_t ModelSpec::params_per_layer() const {
   if (arch == Arch::kMlp) return 2 * d_model * d_ff + d_model;
+  if (arch == Arch::kResNetBk)
+    return d_model * 3 * n_head + 3 * n_head + 2 * n_head * d_model + 2 * n_head + 2 * d_model + d_model * n_experts +
+           3 * n_experts * d_model * d_ff;
   const int64_t kv_dim = n_kv_head * head_dim();
   const int64_t attn = d_model * d_model * 2 + d_model * kv_dim * 2;
   const int64_t mlp = 3 * d_model * d_ff;
@@ -86,6 +101,11 @@ void validate_spec(const ModelSpec& s) {
                  ") must be divisible by model.n_kv_head (", s.n_kv_head, ")");
     TANDEM_CHECK(s.rope_theta > 0, "model.rope_theta must be > 0, got ", s.rope_theta);
   }
+  if (s.arch == Arch::kResNetBk) {
+    TANDEM_CHECK(s.n_head > 0, "model.n_head (BK heads) must be > 0, got ", s.n_head);
+    TANDEM_CHECK(s.n_experts >= 1 && s.top_k >= 1 && s.top_k <= s.n_experts,
+                 "a ResNet-BK model needs 1 <= top_k <= n_experts, got ", s.top_k, " of ", s.n_experts);
+  }
 }
 
 ModelSpec resolve_model_spec(const ModelConfig& c) {
@@ -110,6 +130,16 @@ ModelSpec resolve_model_spec(const ModelConfig& c) {
   return s;
 }
 
-const char* to_string(Arch a) { return a == Arch::kLlama ? "llama" : "mlp"; }
+const char* to_string(Arch a) {
+  switch (a) {
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kMlp:
+      return "mlp";
+    case Arch::kResNetBk:
+      return "resnet_bk";
+  }
+  return "?";
+}
 
 }  // namespace tandem

@@ -10,7 +10,7 @@
 namespace tandem {
 
 /// Which family a model belongs to.
-enum class Arch { kLlama, kMlp };
+enum class Arch { kLlama, kMlp, kResNetBk };
 
 /// RoPE frequency scaling as in HF's rope_scaling {"rope_type": "llama3", ...}; factor 0 = none.
 struct RopeScaling {
@@ -31,6 +31,11 @@ struct ModelSpec {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   RopeScaling rope_scaling;
+  // ResNet-BK: n_head is the number of BK heads; the feed-forward is a Mixture of Experts of
+  // n_experts SwiGLU experts of size d_ff, top_k per token.
+  int64_t n_experts = 0, top_k = 0;
+  double capacity_factor = 1.25;
+  double moe_aux_weight = 0.01;  ///< weight of the load-balance loss in the training loss
 
   int64_t head_dim() const { return d_model / n_head; }
   /// Vocabulary rounded up to a multiple of 64 (tensor-core friendly); extra rows never win the loss.
