@@ -100,6 +100,21 @@ int run_inspect(const Config& cfg) {
   std::printf("  %-24s %12s\n", s.tie_embeddings ? "head (norm; tied lm_head)" : "head (norm + lm_head)",
               format_count(double(s.d_model + (s.tie_embeddings ? 0 : emb))).c_str());
 
+  // Tensor-core alignment of every matrix as stored (vocabulary and feed-forward padded).
+  const auto bad8 = misaligned_dims(s, 8), bad16 = misaligned_dims(s, 16);
+  std::printf(
+      "\ntensor-core shapes: vocab %lld -> %lld, d_ff %lld -> %lld as stored (padding is zero and never "
+      "changes the model)\n",
+      (long long)s.vocab_size, (long long)s.padded_vocab(), (long long)s.d_ff, (long long)s.padded_d_ff());
+  if (bad8.empty())
+    std::printf("  every matrix dimension is a multiple of 8 (bf16/fp16)%s\n", bad16.empty() ? " and of 16 (fp8)" : "");
+  for (const auto& m : bad8) std::printf("  not a multiple of 8 (bf16/fp16 tensor cores): %s\n", m.c_str());
+  if (!bad8.empty())
+    std::printf(
+        "  d_model and head_dim cannot be padded without changing the model: choose multiples of 8 (64 is "
+        "best)\n");
+  if (bad8.empty())
+    for (const auto& m : bad16) std::printf("  not a multiple of 16 (fp8): %s\n", m.c_str());
   const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
   const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
   std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",

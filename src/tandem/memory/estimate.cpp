@@ -26,10 +26,10 @@ MemoryEstimate estimate_training_memory(const ModelSpec& s, int64_t B, int64_t T
   // top_k expert inputs and SwiGLU intermediates per token (capacity slack not counted).
   const int64_t per_token_layer =
       s.arch == Arch::kLlama
-          ? 2 * 4 * s.d_model + act * (2 * s.d_model + 3 * (s.d_model + 2 * kv) + s.d_model) + act * 4 * s.d_ff
+          ? 2 * 4 * s.d_model + act * (2 * s.d_model + 3 * (s.d_model + 2 * kv) + s.d_model) + act * 4 * s.padded_d_ff()
       : s.arch == Arch::kResNetBk ? 2 * 4 * s.d_model + act * 2 * s.d_model + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) +
                                         s.top_k * act * (s.d_model + 4 * s.d_ff)
-                                  : 4 * s.d_model + act * (s.d_model + 2 * s.d_ff);
+                                  : 4 * s.d_model + act * (s.d_model + 2 * s.padded_d_ff());
   const int64_t per_layer = tokens * per_token_layer;
   const int64_t layer_input = tokens * s.d_model * 4;
   e.activations = checkpointing ? s.n_layer * layer_input + per_layer : s.n_layer * per_layer;

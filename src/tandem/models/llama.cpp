@@ -60,6 +60,22 @@ std::pair<torch::Tensor, torch::Tensor> RopeTable::get(int64_t T, const torch::D
   return {it->second.first.narrow(0, 0, T), it->second.second.narrow(0, 0, T)};
 }
 
+// Note [Zero padding keeps the function]
+// Feed-forward units beyond spec.d_ff (padding to a multiple of 64) start with zero input rows
+// (gate, up) and zero output columns (down). Their activation is silu(0) * 0 = 0 (gelu(0) = 0), and
+// every gradient that reaches them is a product with one of those zeros, so they stay exactly zero
+// under any optimizer whose update of a zero parameter with a zero gradient is zero (AdamW, Adam,
+// SGD, Lion: decay of 0 is 0). Checkpoints in HF form drop them (Model::hf_shape).
+void zero_ff_padding(const ModelSpec& spec, const torch::Tensor& in1, const torch::Tensor& in2,
+                     const torch::Tensor& out) {
+  const int64_t pad = spec.padded_d_ff() - spec.d_ff;
+  if (pad == 0) return;
+  torch::NoGradGuard g;
+  for (const auto& w : {in1, in2})
+    if (w.defined()) w.narrow(0, spec.d_ff, pad).zero_();
+  out.narrow(1, spec.d_ff, pad).zero_();
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half);
@@ -93,9 +109,11 @@ LlamaLayer::LlamaLayer(const ModelSpec& spec, int64_t index, std::shared_ptr<Rop
   attn_->o_proj = attn_->register_module("o_proj", linear(d_model_, d_model_, out_std));
   post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(spec.d_model, spec.norm_eps));
   mlp_ = register_module("mlp", std::make_shared<SwiGlu>());
-  mlp_->gate_proj = mlp_->register_module("gate_proj", linear(d_model_, spec.d_ff, kInitStd));
-  mlp_->up_proj = mlp_->register_module("up_proj", linear(d_model_, spec.d_ff, kInitStd));
-  mlp_->down_proj = mlp_->register_module("down_proj", linear(spec.d_ff, d_model_, out_std));
+  const int64_t ff = spec.padded_d_ff();
+  mlp_->gate_proj = mlp_->register_module("gate_proj", linear(d_model_, ff, kInitStd));
+  mlp_->up_proj = mlp_->register_module("up_proj", linear(d_model_, ff, kInitStd));
+  mlp_->down_proj = mlp_->register_module("down_proj", linear(ff, d_model_, out_std));
+  zero_ff_padding(spec, mlp_->gate_proj->weight, mlp_->up_proj->weight, mlp_->down_proj->weight);
 }
 
 torch::Tensor LlamaLayer::forward(const torch::Tensor& x) {
@@ -122,8 +140,10 @@ MlpLayer::MlpLayer(const ModelSpec& spec, int64_t index)
     : Block(BlockKind::kLayer, "layer." + std::to_string(index), "model.layers." + std::to_string(index) + ".") {
   norm_ = register_module("input_layernorm", RMSNorm(spec.d_model, spec.norm_eps));
   auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  up_ = mlp->register_module("up_proj", linear(spec.d_model, spec.d_ff, kInitStd));
-  down_ = mlp->register_module("down_proj", linear(spec.d_ff, spec.d_model, kInitStd / std::sqrt(2.0 * spec.n_layer)));
+  const int64_t ff = spec.padded_d_ff();
+  up_ = mlp->register_module("up_proj", linear(spec.d_model, ff, kInitStd));
+  down_ = mlp->register_module("down_proj", linear(ff, spec.d_model, kInitStd / std::sqrt(2.0 * spec.n_layer)));
+  zero_ff_padding(spec, up_->weight, torch::Tensor(), down_->weight);
 }
 
 torch::Tensor MlpLayer::forward(const torch::Tensor& x) {

@@ -26,6 +26,11 @@ class RopeTable {
   std::map<std::pair<std::string, int>, std::pair<torch::Tensor, torch::Tensor>> cache_;
 };
 
+/// Zeroes the feed-forward padding beyond spec.d_ff: rows of the input projections, columns of the
+/// output projection (Note [Zero padding keeps the function]).
+void zero_ff_padding(const ModelSpec& spec, const torch::Tensor& in1, const torch::Tensor& in2,
+                     const torch::Tensor& out);
+
 /// The token embedding: (B, T) int64 -> (B, T, C).
 class EmbeddingBlock : public Block {
  public:

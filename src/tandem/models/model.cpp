@@ -68,7 +68,15 @@ std::vector<NamedTensor> Model::hf_parameters() {
 
 std::vector<int64_t> Model::hf_shape(const std::string& name, const torch::Tensor& param) const {
   auto shape = param.sizes().vec();
+  const auto ends_with = [&](const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") shape[0] = spec_.vocab_size;
+  if (spec_.arch != Arch::kResNetBk) {  // Note [Zero padding keeps the function]
+    if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight")) shape[0] = spec_.d_ff;
+    if (ends_with("mlp.down_proj.weight")) shape[1] = spec_.d_ff;
+  }
   return shape;
 }
 
@@ -76,7 +84,10 @@ std::vector<NamedTensor> Model::hf_state_dict() {
   std::vector<NamedTensor> out;
   for (auto& [name, p] : hf_parameters()) {
     const auto shape = hf_shape(name, p);
-    out.emplace_back(name, shape[0] == p.size(0) ? p.detach() : p.detach().narrow(0, 0, shape[0]));
+    auto t = p.detach();
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (shape[d] != t.size(d)) t = t.narrow(d, 0, shape[d]);
+    out.emplace_back(name, t);
   }
   return out;
 }
@@ -94,7 +105,12 @@ void Model::load_hf_state_dict(const std::function<std::optional<torch::Tensor>(
                  "; the checkpoint was made for a different architecture (check model.* settings)");
     TANDEM_CHECK(t->is_floating_point(), source, ": tensor '", name, "' has dtype ", t->scalar_type(),
                  "; expected a floating-point tensor");
-    p.narrow(0, 0, expected[0]).copy_(*t);
+    const bool vocab = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    if (!vocab && expected != p.sizes().vec()) p.zero_();  // feed-forward padding stays zero
+    auto dst = p;
+    for (size_t d = 0; d < expected.size(); ++d)
+      if (expected[d] != dst.size(d)) dst = dst.narrow(d, 0, expected[d]);
+    dst.copy_(*t);
   }
 }
 

@@ -33,10 +33,9 @@ const std::vector<ModelSpec>& presets() {
     p.push_back(llama("7B", 32, 4096, 32, 32, 11008, 32000, 4096, false));
     p.push_back(llama("13B", 40, 5120, 40, 40, 13824, 32000, 4096, false));
     // ResNet-BK (Note [ResNet-BK mixing]): n_head = BK heads, d_ff = per-expert hidden size.
+    using BkPreset = std::tuple<const char*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
     for (auto [name, layers, d, heads, ff, experts, vocab, seq] :
-         {std::tuple<const char*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{"bk-tiny", 4, 128, 8,
-                                                                                                 256, 4, 256, 128},
-          {"bk-125M", 12, 768, 16, 448, 8, 32000, 2048}}) {
+         {BkPreset{"bk-tiny", 4, 128, 8, 128, 8, 256, 128}, BkPreset{"bk-125M", 12, 768, 16, 448, 8, 32000, 2048}}) {
       ModelSpec bk = llama(name, layers, d, heads, heads, ff, vocab, seq, true);
       bk.arch = Arch::kResNetBk;
       bk.n_experts = experts, bk.top_k = 2;
@@ -52,14 +51,15 @@ const std::vector<ModelSpec>& presets() {
 
 }  // namespace
 
-int64_t ModelSpec::params_per_layer() const {
-  if (arch == Arch::kMlp) return 2 * d_model * d_ff + d_model;
+int64_t ModelSpec::params_per_layer(bool padded) const {
+  const int64_t ff = padded ? padded_d_ff() : d_ff;
+  if (arch == Arch::kMlp) return 2 * d_model * ff + d_model;
   if (arch == Arch::kResNetBk)
     return d_model * 3 * n_head + 3 * n_head + 2 * n_head * d_model + 2 * n_head + 2 * d_model + d_model * n_experts +
            3 * n_experts * d_model * d_ff;
   const int64_t kv_dim = n_kv_head * head_dim();
   const int64_t attn = d_model * d_model * 2 + d_model * kv_dim * 2;
-  const int64_t mlp = 3 * d_model * d_ff;
+  const int64_t mlp = 3 * d_model * ff;
   return attn + mlp + 2 * d_model;
 }
 
@@ -70,7 +70,7 @@ int64_t ModelSpec::num_params() const {
 
 int64_t ModelSpec::num_params_unpadded() const {
   const int64_t emb = vocab_size * d_model;
-  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer() + d_model;
+  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer(false) + d_model;
 }
 
 std::vector<std::string> preset_names() {
@@ -128,6 +128,39 @@ ModelSpec resolve_model_spec(const ModelConfig& c) {
   if (custom) s.name += "+custom";
   validate_spec(s);
   return s;
+}
+
+std::vector<MatrixShape> matrix_shapes(const ModelSpec& s) {
+  std::vector<MatrixShape> m = {{"embed_tokens", s.padded_vocab(), s.d_model}};
+  if (!s.tie_embeddings) m.push_back({"lm_head", s.padded_vocab(), s.d_model});
+  const int64_t ff = s.padded_d_ff();
+  if (s.arch == Arch::kLlama) {
+    const int64_t kv = s.n_kv_head * s.head_dim();
+    m.push_back({"q_proj, o_proj", s.d_model, s.d_model});
+    m.push_back({"k_proj, v_proj", kv, s.d_model});
+    m.push_back({"gate_proj, up_proj", ff, s.d_model});
+    m.push_back({"down_proj", s.d_model, ff});
+    m.push_back({"attention head_dim", s.head_dim(), s.head_dim()});
+  } else if (s.arch == Arch::kResNetBk) {
+    m.push_back({"bk.in_proj", 3 * s.n_head, s.d_model});
+    m.push_back({"bk.out_proj", s.d_model, 2 * s.n_head});
+    m.push_back({"mlp.router", s.n_experts, s.d_model});
+    m.push_back({"mlp.experts gate, up", s.d_model, ff});
+    m.push_back({"mlp.experts down", ff, s.d_model});
+  } else {
+    m.push_back({"up_proj", ff, s.d_model});
+    m.push_back({"down_proj", s.d_model, ff});
+  }
+  return m;
+}
+
+std::vector<std::string> misaligned_dims(const ModelSpec& s, int64_t multiple) {
+  std::vector<std::string> out;
+  for (const auto& m : matrix_shapes(s))
+    if (m.rows % multiple != 0 || m.cols % multiple != 0)
+      out.push_back(strprintf("%s (%lld x %lld)", m.name.c_str(), static_cast<long long>(m.rows),
+                              static_cast<long long>(m.cols)));
+  return out;
 }
 
 const char* to_string(Arch a) {

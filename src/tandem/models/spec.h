@@ -40,12 +40,15 @@ struct ModelSpec {
   int64_t head_dim() const { return d_model / n_head; }
   /// Vocabulary rounded up to a multiple of 64 (tensor-core friendly); extra rows never win the loss.
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
+  /// Feed-forward size as stored, rounded up to a multiple of 64: the extra units start at zero
+  /// and stay zero (Note [Zero padding keeps the function]), so the model is unchanged.
+  int64_t padded_d_ff() const { return arch == Arch::kResNetBk ? d_ff : (d_ff + 63) / 64 * 64; }
   /// Parameters as stored (padded vocabulary rows included).
   int64_t num_params() const;
   /// Parameters of the real model (as an HF checkpoint counts them).
   int64_t num_params_unpadded() const;
-  /// Parameters of one decoder block.
-  int64_t params_per_layer() const;
+  /// Parameters of one decoder block (as stored, or as in an HF checkpoint).
+  int64_t params_per_layer(bool padded = true) const;
 };
 
 /// Names of the built-in presets.
@@ -61,5 +64,16 @@ ModelSpec resolve_model_spec(const ModelConfig& cfg);
 void validate_spec(const ModelSpec& spec);
 
 const char* to_string(Arch a);
+
+/// One weight matrix of the model as stored: name pattern and (rows, cols).
+struct MatrixShape {
+  std::string name;
+  int64_t rows, cols;
+};
+/// Every distinct weight matrix shape of `spec` as stored (one entry per role, not per layer).
+std::vector<MatrixShape> matrix_shapes(const ModelSpec& spec);
+/// Lines naming each matrix dimension that is not a multiple of `multiple` (8 for bf16/fp16
+/// tensor cores, 16 for fp8); empty when all are aligned.
+std::vector<std::string> misaligned_dims(const ModelSpec& spec, int64_t multiple);
 
 }  // namespace tandem
