@@ -64,6 +64,12 @@ struct BkCoreCudaOps {
 };
 const BkCoreCudaOps*& bk_core_cuda_ops();
 
+/// The same sweeps written with LibTorch tensor ops, one op per position over the (B) batch column:
+/// differentiable by autograd, device-agnostic, and slow (O(N) kernel launches). The fallback and
+/// benchmark baseline, and an independent check of the analytic backward.
+torch::Tensor bk_core_ops(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
+                          const torch::Tensor& z, bool causal = false);
+
 /// The reference: the same recursion in long double (64-bit mantissa), one row at a time, no
 /// threads; the oracle the fast paths are measured against. Returns complex128 (B, N).
 torch::Tensor bk_core_reference(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
