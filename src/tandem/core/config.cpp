@@ -182,6 +182,12 @@ const std::vector<Field>& fields() {
                      F(model.tie_embeddings)),
       opt_double_field("model.rope_theta", "RoPE base frequency (null = preset)", F(model.rope_theta)),
       opt_double_field("model.norm_eps", "RMSNorm epsilon (null = preset)", F(model.norm_eps)),
+      opt_int_field("model.n_experts", "ResNet-BK: experts per MoE layer (null = preset)", F(model.n_experts)),
+      opt_int_field("model.top_k", "ResNet-BK: experts per token (null = preset)", F(model.top_k)),
+      opt_double_field("model.capacity_factor", "ResNet-BK: expert capacity factor (null = preset)",
+                       F(model.capacity_factor)),
+      opt_double_field("model.moe_aux_weight", "ResNet-BK: load-balance loss weight (null = preset)",
+                       F(model.moe_aux_weight)),
       bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward",
                  F(model.checkpointing)),
 

@@ -25,6 +25,8 @@ struct ModelConfig {
   std::optional<int64_t> n_layer, d_model, n_head, n_kv_head, d_ff, vocab_size, max_seq_len;
   std::optional<bool> tie_embeddings;
   std::optional<double> rope_theta, norm_eps;
+  std::optional<int64_t> n_experts, top_k;                ///< ResNet-BK MoE (null = preset)
+  std::optional<double> capacity_factor, moe_aux_weight;  ///< ResNet-BK MoE (null = preset)
   bool checkpointing = false;  ///< recompute each decoder block in backward (activation checkpointing)
   std::string init_from;       ///< HF LLaMA directory: architecture from its config.json, weights from its safetensors
 };

@@ -104,14 +104,21 @@ void validate_spec(const ModelSpec& s) {
   if (s.arch == Arch::kResNetBk) {
     TANDEM_CHECK(s.n_head > 0, "model.n_head (BK heads) must be > 0, got ", s.n_head);
     TANDEM_CHECK(s.n_experts >= 1 && s.top_k >= 1 && s.top_k <= s.n_experts,
-                 "a ResNet-BK model needs 1 <= top_k <= n_experts, got ", s.top_k, " of ", s.n_experts);
+                 "a ResNet-BK model needs 1 <= model.top_k <= model.n_experts, got ", s.top_k, " of ", s.n_experts);
+    TANDEM_CHECK(s.capacity_factor > 0, "model.capacity_factor must be > 0, got ", s.capacity_factor);
+    TANDEM_CHECK(s.moe_aux_weight >= 0, "model.moe_aux_weight must be >= 0, got ", s.moe_aux_weight);
   }
 }
 
 ModelSpec resolve_model_spec(const ModelConfig& c) {
   ModelSpec s = preset_spec(c.preset);
   const bool custom = c.n_layer || c.d_model || c.n_head || c.n_kv_head || c.d_ff || c.vocab_size || c.max_seq_len ||
-                      c.tie_embeddings || c.rope_theta || c.norm_eps;
+                      c.tie_embeddings || c.rope_theta || c.norm_eps || c.n_experts || c.top_k || c.capacity_factor ||
+                      c.moe_aux_weight;
+  TANDEM_CHECK(s.arch == Arch::kResNetBk || !(c.n_experts || c.top_k || c.capacity_factor || c.moe_aux_weight),
+               "model.n_experts, model.top_k, model.capacity_factor and model.moe_aux_weight apply to ResNet-BK "
+               "presets (bk-tiny, bk-125M); model.preset is ",
+               s.name);
   if (c.n_layer) s.n_layer = *c.n_layer;
   if (c.d_model) s.d_model = *c.d_model;
   if (c.n_head) s.n_head = *c.n_head;
@@ -125,6 +132,10 @@ ModelSpec resolve_model_spec(const ModelConfig& c) {
   if (c.tie_embeddings) s.tie_embeddings = *c.tie_embeddings;
   if (c.rope_theta) s.rope_theta = *c.rope_theta;
   if (c.norm_eps) s.norm_eps = *c.norm_eps;
+  if (c.n_experts) s.n_experts = *c.n_experts;
+  if (c.top_k) s.top_k = *c.top_k;
+  if (c.capacity_factor) s.capacity_factor = *c.capacity_factor;
+  if (c.moe_aux_weight) s.moe_aux_weight = *c.moe_aux_weight;
   if (custom) s.name += "+custom";
   validate_spec(s);
   return s;
