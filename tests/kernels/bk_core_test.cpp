@@ -82,6 +82,27 @@ TEST(BkCore, Complex128AndComplex64StayAccurateUpToAMillion) {
   }
 }
 
+// Few long rows run chunked over several threads (Note [Chunked ratio sweep]); the result must stay
+// within the same bounds against the reference as the plain sweep, for both diagonals.
+TEST(BkCore, ChunkedSweepsOfLongRowsStayAccurate) {
+  const int saved = at::get_num_threads();
+  at::set_num_threads(4);
+  for (const auto diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
+    const auto in = random_inputs(2, 200003, torch::kFloat64, 13, /*z_per_row=*/true);
+    const auto ref = diagonal == BkCoreDiagonal::kFull
+                         ? detail::bk_core_reference(in.a, in.b, in.c, in.z)
+                         : detail::bk_core_ops(in.a.slice(1, 0, 3000), in.b.slice(1, 0, 2999), in.c.slice(1, 0, 2999),
+                                               in.z, /*causal=*/true);
+    const auto g = bk_core(in.a, in.b, in.c, in.z, BkCoreMode::kNative, diagonal);
+    const auto f = [](const torch::Tensor& t) { return t.to(torch::kFloat32); };
+    const auto g64 = bk_core(f(in.a), f(in.b), f(in.c), in.z, BkCoreMode::kNative, diagonal);
+    const int64_t n = ref.size(1);
+    EXPECT_LT(max_rel_error(g.slice(1, 0, n), ref), 1e-10);
+    EXPECT_LT(max_rel_error(g64.slice(1, 0, n), ref), 1e-4);
+  }
+  at::set_num_threads(saved);
+}
+
 TEST(BkCore, BatchRowsAndPerRowShiftsAreIndependent) {
   const auto in = random_inputs(5, 300, torch::kFloat64, 3, /*z_per_row=*/true);
   const auto all = bk_core(in.a, in.b, in.c, in.z);

@@ -3,7 +3,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <complex>
+#include <vector>
 
 #include "tandem/core/error.h"
 #include "tandem/kernels/bk_core.h"
@@ -59,6 +62,71 @@ void detail::bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, co
 namespace {
 
 template <class T>
+inline T mag(Cx<T> x) {
+  return std::max(std::abs(x.re), std::abs(x.im));
+}
+
+// Note [Chunked ratio sweep]
+// u_0 = d(0), u_j = d(j) - q(j) / u_{j-1} is the ratio x_j / y_j of (x_j, y_j) = S_j (x_{j-1}, y_{j-1})
+// with S_j = [[d(j), -q(j)], [1, 0]]: a product of 2x2 transfer matrices, so a long row is cut into
+// chunks whose products are formed in parallel (rescaled as they grow: only ratios matter), then
+// the states at chunk boundaries follow in one short sequential pass, then every chunk re-runs
+// the plain recurrence from its boundary value in parallel. About three times the arithmetic of
+// the plain sweep, spread over all cores: it serves rows too few to keep the cores busy.
+template <class T, class D, class Q, class Out>
+void ratio_sweep(int64_t N, const D& d, const Q& q, const Out& out, int64_t chunks) {
+  using C = Cx<T>;
+  if (chunks <= 1 || N < 2 * chunks) {
+    C u = d(0);
+    out(0, u);
+    for (int64_t j = 1; j < N; ++j) {
+      u = d(j) - q(j) / u;
+      out(j, u);
+    }
+    return;
+  }
+  // Chunk k covers [lo(k), lo(k+1)) of j = 1 .. N-1.
+  const auto lo = [&](int64_t k) { return 1 + (N - 1) * k / chunks; };
+  struct Mat {
+    C m00, m01, m10, m11;
+  };
+  std::vector<Mat> prod(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      Mat M{C{T(1), T(0)}, C{T(0), T(0)}, C{T(0), T(0)}, C{T(1), T(0)}};
+      for (int64_t j = lo(k); j < lo(k + 1); ++j) {
+        const C dj = d(j), qj = q(j);
+        const Mat Nm{dj * M.m00 - qj * M.m10, dj * M.m01 - qj * M.m11, M.m00, M.m01};
+        const T s = std::max(std::max(mag(Nm.m00), mag(Nm.m01)), std::max(mag(Nm.m10), mag(Nm.m11)));
+        const C inv{T(1) / s, T(0)};
+        M = {Nm.m00 * inv, Nm.m01 * inv, Nm.m10 * inv, Nm.m11 * inv};
+      }
+      prod[k] = M;
+    }
+  });
+  std::vector<C> start(chunks);  // u at lo(k) - 1
+  C x = d(0), y{T(1), T(0)};
+  out(0, x);
+  for (int64_t k = 0; k < chunks; ++k) {
+    start[k] = x / y;
+    const Mat& M = prod[k];
+    const C nx = M.m00 * x + M.m01 * y, ny = M.m10 * x + M.m11 * y;
+    const T s = std::max(mag(nx), mag(ny));
+    const C inv{T(1) / s, T(0)};
+    x = nx * inv, y = ny * inv;
+  }
+  at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      C u = start[k];
+      for (int64_t j = lo(k); j < lo(k + 1); ++j) {
+        u = d(j) - q(j) / u;
+        out(j, u);
+      }
+    }
+  });
+}
+
+template <class T>
 void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& zb,
                   torch::Tensor& g, torch::Tensor& r, torch::Tensor& s, bool mixed, bool causal) {
   using C = Cx<T>;
@@ -70,8 +138,12 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
   C* pg = reinterpret_cast<C*>(g.data_ptr());
   C* pr = reinterpret_cast<C*>(r.data_ptr());
   C* ps = reinterpret_cast<C*>(s.data_ptr());
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
+  // Rows in parallel when there are enough of them; otherwise each row's sweeps in chunks
+  // (Note [Chunked ratio sweep]).
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks = B >= threads || N < (int64_t(1) << 14) ? 1 : threads * 4;
+  const auto row_fn = [&](int64_t row) {
+    {
       const T* ar = pa + row * N;
       const T* br = pb + row * (N - 1);
       const T* cr = pc + row * (N - 1);
@@ -79,13 +151,23 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
       C* sr = ps + row * N;
       C* gr = pg + row * N;
       const C z = pz[row];
-      rr[0] = C{ar[0], T(0)} - z;
-      for (int64_t i = 1; i < N; ++i) rr[i] = (C{ar[i], T(0)} - z) - C{br[i - 1] * cr[i - 1], T(0)} / rr[i - 1];
-      sr[N - 1] = C{ar[N - 1], T(0)} - z;
-      if (causal)  // s_i = d_i: G_ii = 1 / r_i
-        for (int64_t i = N - 2; i >= 0; --i) sr[i] = C{ar[i], T(0)} - z;
-      else
-        for (int64_t i = N - 2; i >= 0; --i) sr[i] = (C{ar[i], T(0)} - z) - C{br[i] * cr[i], T(0)} / sr[i + 1];
+      const auto d = [&](int64_t i) { return C{ar[i], T(0)} - z; };
+      ratio_sweep<T>(
+          N, d,
+          [&](int64_t j) {
+            return C{br[j - 1] * cr[j - 1], T(0)};
+          },
+          [&](int64_t j, C u) { rr[j] = u; }, chunks);
+      if (causal) {  // s_i = d_i: G_ii = 1 / r_i
+        for (int64_t i = 0; i < N; ++i) sr[i] = d(i);
+      } else {  // the same sweep from the far end: j = N-1-i
+        ratio_sweep<T>(
+            N, [&](int64_t j) { return d(N - 1 - j); },
+            [&](int64_t j) {
+              return C{br[N - 1 - j] * cr[N - 1 - j], T(0)};
+            },
+            [&](int64_t j, C u) { sr[N - 1 - j] = u; }, chunks);
+      }
       if (mixed) {
         for (int64_t i = 0; i < N; ++i) {
           const Cx<double> q{double(rr[i].re) + double(sr[i].re) - (double(ar[i]) - double(z.re)),
@@ -97,7 +179,13 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
         for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
       }
     }
-  });
+  };
+  if (chunks == 1)
+    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) row_fn(row);
+    });
+  else
+    for (int64_t row = 0; row < B; ++row) row_fn(row);
 }
 
 // Reverse-mode derivative of forward_rows, with PyTorch's convention for complex gradients
