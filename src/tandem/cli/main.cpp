@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "tandem/bench/bk_core_bench.h"
 #include "tandem/bench/optim_bench.h"
 #include "tandem/core/config.h"
 #include "tandem/core/device.h"
@@ -196,6 +197,16 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   bench_optim->add_option("--json", bench_opts.json_path, "append one JSON object per measurement to this file");
 
+  BkCoreBenchOptions bk_opts;
+  auto* bench_bk = bench_cmd->add_subcommand(
+      "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops and the bandwidth floor (fwd, fwd+bwd)");
+  bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")->delimiter(',');
+  bench_bk->add_option("--n", bk_opts.lengths, "sequence lengths (default 1024,4096,65536,1000000)")->delimiter(',');
+  bench_bk->add_option("--device", bk_opts.device, "auto | cpu | cuda");
+  bench_bk->add_option("--repeats", bk_opts.repeats, "timed calls per measurement (median reported)");
+  bench_bk->add_option("--ops-max", bk_opts.ops_max_elements, "run the LibTorch-ops baseline where B*N <= this");
+  bench_bk->add_option("--json", bk_opts.json_path, "append one JSON object per measurement to this file");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -220,6 +231,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*inspect_cmd) return run_inspect(inspect_args.resolve(""));
+    if (*bench_bk) return run_bk_core_bench(bk_opts);
     if (*bench_optim) {
       if (!bench_sizes.empty()) {
         bench_opts.sizes.clear();

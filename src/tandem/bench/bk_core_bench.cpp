@@ -1,0 +1,119 @@
+#include "tandem/bench/bk_core_bench.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/error.h"
+#include "tandem/kernels/bk_core.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sync(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+// Median seconds of `repeats` calls after one warm-up call.
+double time_median(const torch::Device& dev, int repeats, const std::function<void()>& f) {
+  f();
+  sync(dev);
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    sync(dev);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Bytes read + written per second by a large device-to-device copy.
+double copy_bandwidth(const torch::Device& dev) {
+  auto src = torch::empty({int64_t(1) << 28}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+  auto dst = torch::empty_like(src);
+  const double t = time_median(dev, 5, [&] { dst.copy_(src); });
+  return 2.0 * double(src.numel()) * 4.0 / t;
+}
+
+}  // namespace
+
+int run_bk_core_bench(const BkCoreBenchOptions& o) {
+  TANDEM_CHECK(o.repeats >= 1, "--repeats must be >= 1");
+  torch::Device dev(torch::kCPU);
+  if (o.device == "cuda" || (o.device == "auto" && torch::cuda::is_available())) {
+    TANDEM_CHECK(torch::cuda::is_available(), "--device cuda but no CUDA device is visible; use --device cpu");
+    dev = torch::Device(torch::kCUDA, 0);
+  } else {
+    TANDEM_CHECK(o.device == "auto" || o.device == "cpu", "--device must be auto, cpu or cuda; got '", o.device, "'");
+  }
+  std::unique_ptr<std::ofstream> json;
+  if (!o.json_path.empty()) {
+    json = std::make_unique<std::ofstream>(o.json_path, std::ios::app);
+    TANDEM_CHECK(json->good(), "cannot open '", o.json_path, "' for writing; check the directory");
+  }
+  const double bw = copy_bandwidth(dev);
+  std::printf("tandem bench bk_core on %s: copy bandwidth %.0f GB/s (read + write)\n", dev.str().c_str(), bw / 1e9);
+  std::printf("%6s %8s  %-26s %12s %12s %10s\n", "B", "N", "implementation", "fwd ms", "fwd+bwd ms", "floor %");
+  for (const int64_t B : o.batches)
+    for (const int64_t N : o.lengths) {
+      torch::manual_seed(0);
+      const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(dev);
+      const auto a = torch::rand({B, N}, f64) * 2 - 1, b = 0.2 + 0.8 * torch::rand({B, N - 1}, f64),
+                 c = 0.2 + 0.8 * torch::rand({B, N - 1}, f64);
+      const auto z = torch::complex(torch::tensor(0.1, f64), torch::tensor(0.5, f64));
+      struct Impl {
+        std::string name;
+        torch::ScalarType real;
+        BkCoreMode mode;
+        bool ops;
+      };
+      std::vector<Impl> impls = {{"kernel complex128", torch::kFloat64, BkCoreMode::kNative, false},
+                                 {"kernel complex64", torch::kFloat32, BkCoreMode::kNative, false},
+                                 {"kernel mixed", torch::kFloat32, BkCoreMode::kMixed, false}};
+      if (B * N <= o.ops_max_elements)
+        impls.push_back({"LibTorch ops complex128", torch::kFloat64, BkCoreMode::kNative, true});
+      for (const auto& im : impls) {
+        const auto ar = a.to(im.real), br = b.to(im.real), cr = c.to(im.real);
+        const auto run = [&](bool backward) {
+          auto aa = ar.detach().requires_grad_(backward), bb = br.detach().requires_grad_(backward),
+               cc = cr.detach().requires_grad_(backward);
+          auto g = im.ops ? detail::bk_core_ops(aa, bb, cc, z) : bk_core(aa, bb, cc, z, im.mode);
+          if (backward) torch::real(g).sum().backward();
+        };
+        const int reps = im.ops ? 1 : o.repeats;
+        const double tf = time_median(dev, reps, [&] {
+          torch::NoGradGuard ng;
+          run(false);
+        });
+        const double tb = time_median(dev, reps, [&] { run(true); });
+        const double esz = im.real == torch::kFloat64 ? 8 : 4;
+        const double floor_s = double(B) * double(N) * (3 * esz + 2 * esz) / bw;  // a, b, c in; G out
+        std::printf("%6lld %8lld  %-26s %12.3f %12.3f %9.1f%%\n", static_cast<long long>(B), static_cast<long long>(N),
+                    im.name.c_str(), tf * 1e3, tb * 1e3, 100.0 * floor_s / tf);
+        std::fflush(stdout);
+        if (json)
+          *json << nlohmann::json{{"B", B},
+                                  {"N", N},
+                                  {"impl", im.name},
+                                  {"fwd_s", tf},
+                                  {"fwd_bwd_s", tb},
+                                  {"floor_s", floor_s},
+                                  {"device", dev.str()},
+                                  {"copy_bytes_per_s", bw}}
+                       .dump()
+                << '\n';
+      }
+    }
+  return 0;
+}
+
+}  // namespace tandem
