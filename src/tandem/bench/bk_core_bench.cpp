@@ -79,7 +79,7 @@ int run_bk_core_bench(const BkCoreBenchOptions& o) {
       std::vector<Impl> impls = {{"kernel complex128", torch::kFloat64, BkCoreMode::kNative, false},
                                  {"kernel complex64", torch::kFloat32, BkCoreMode::kNative, false},
                                  {"kernel mixed", torch::kFloat32, BkCoreMode::kMixed, false}};
-      if (B * N <= o.ops_max_elements)
+      if (B * N <= o.ops_max_elements && N <= 8192)
         impls.push_back({"LibTorch ops complex128", torch::kFloat64, BkCoreMode::kNative, true});
       for (const auto& im : impls) {
         const auto ar = a.to(im.real), br = b.to(im.real), cr = c.to(im.real);
