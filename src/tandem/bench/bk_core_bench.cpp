@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
+#include "tandem/core/stats.h"
 #include "tandem/kernels/bk_core.h"
 
 namespace tandem {
@@ -32,8 +33,7 @@ double time_median(const torch::Device& dev, int repeats, const std::function<vo
     sync(dev);
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(t);
 }
 
 // Bytes read + written per second by a large device-to-device copy.

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
+#include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/optim/cpu_update.h"
@@ -26,11 +27,7 @@ struct Result {
   int64_t params;
   int bytes_per_param;
   std::vector<double> times;
-  double median() const {
-    std::vector<double> t = times;
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
+  double median() const { return tandem::median(times); }
 };
 
 // Hyper-parameters shared by every implementation (those of the peers' runs in PERF.md).

@@ -40,8 +40,12 @@ torch::Tensor bk_core(const torch::Tensor& a, const torch::Tensor& b, const torc
 
 namespace detail {
 
-/// Checks shapes, dtypes and devices; UserError naming the mismatch.
-void bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z);
+/// Checks shapes, dtypes, devices and the mode; UserError naming the mismatch.
+void bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
+                      BkCoreMode mode = BkCoreMode::kNative);
+
+/// The complex dtype of the sweeps for real inputs of dtype `real` (complex128 for double).
+torch::ScalarType bk_core_complex_type(torch::ScalarType real);
 
 /// Forward on the CPU: G (B, N) and the ratios r, s (B, N) the backward pass reuses.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(
@@ -50,8 +54,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(
 /// Backward on the CPU from grad_G (B, N complex): grads of a, b, c (real, their shapes) and z
 /// (complex, (B)).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
-    const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& z,
-    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s, bool causal = false);
+    const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
+    const torch::Tensor& r, const torch::Tensor& s, bool causal = false);
 
 /// The CUDA implementation, registered by the CUDA build (kernels/bk_core_cuda.cpp); null without it.
 struct BkCoreCudaOps {

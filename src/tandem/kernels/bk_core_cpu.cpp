@@ -44,8 +44,12 @@ inline Cx<T> conj(Cx<T> x) {
 
 }  // namespace
 
+torch::ScalarType detail::bk_core_complex_type(torch::ScalarType real) {
+  return real == torch::kFloat64 ? torch::kComplexDouble : torch::kComplexFloat;
+}
+
 void detail::bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
-                              const torch::Tensor& z) {
+                              const torch::Tensor& z, BkCoreMode mode) {
   TANDEM_CHECK(a.dim() == 2 && a.size(1) >= 1, "bk_core: a must be (B, N) with N >= 1, got ", a.sizes());
   const int64_t B = a.size(0), N = a.size(1);
   TANDEM_CHECK(b.dim() == 2 && b.size(0) == B && b.size(1) == N - 1 && c.sizes() == b.sizes(),
@@ -57,6 +61,8 @@ void detail::bk_core_validate(const torch::Tensor& a, const torch::Tensor& b, co
   TANDEM_CHECK(z.is_complex() && (z.dim() == 0 || (z.dim() == 1 && z.size(0) == B)),
                "bk_core: z must be a complex scalar tensor or (B) = (", B, "), got ", z.sizes(), " ", z.scalar_type());
   TANDEM_CHECK(b.device() == a.device() && c.device() == a.device(), "bk_core: a, b and c must be on one device");
+  TANDEM_CHECK(mode == BkCoreMode::kNative || a.scalar_type() == torch::kFloat32,
+               "bk_core: the mixed mode takes float32 inputs, got ", a.scalar_type());
 }
 
 namespace {
@@ -143,41 +149,39 @@ void forward_rows(const torch::Tensor& a, const torch::Tensor& b, const torch::T
   const int64_t threads = at::get_num_threads();
   const int64_t chunks = B >= threads || N < (int64_t(1) << 14) ? 1 : threads * 4;
   const auto row_fn = [&](int64_t row) {
-    {
-      const T* ar = pa + row * N;
-      const T* br = pb + row * (N - 1);
-      const T* cr = pc + row * (N - 1);
-      C* rr = pr + row * N;
-      C* sr = ps + row * N;
-      C* gr = pg + row * N;
-      const C z = pz[row];
-      const auto d = [&](int64_t i) { return C{ar[i], T(0)} - z; };
+    const T* ar = pa + row * N;
+    const T* br = pb + row * (N - 1);
+    const T* cr = pc + row * (N - 1);
+    C* rr = pr + row * N;
+    C* sr = ps + row * N;
+    C* gr = pg + row * N;
+    const C z = pz[row];
+    const auto d = [&](int64_t i) { return C{ar[i], T(0)} - z; };
+    ratio_sweep<T>(
+        N, d,
+        [&](int64_t j) {
+          return C{br[j - 1] * cr[j - 1], T(0)};
+        },
+        [&](int64_t j, C u) { rr[j] = u; }, chunks);
+    if (causal) {  // s_i = d_i: G_ii = 1 / r_i
+      for (int64_t i = 0; i < N; ++i) sr[i] = d(i);
+    } else {  // the same sweep from the far end: j = N-1-i
       ratio_sweep<T>(
-          N, d,
+          N, [&](int64_t j) { return d(N - 1 - j); },
           [&](int64_t j) {
-            return C{br[j - 1] * cr[j - 1], T(0)};
+            return C{br[N - 1 - j] * cr[N - 1 - j], T(0)};
           },
-          [&](int64_t j, C u) { rr[j] = u; }, chunks);
-      if (causal) {  // s_i = d_i: G_ii = 1 / r_i
-        for (int64_t i = 0; i < N; ++i) sr[i] = d(i);
-      } else {  // the same sweep from the far end: j = N-1-i
-        ratio_sweep<T>(
-            N, [&](int64_t j) { return d(N - 1 - j); },
-            [&](int64_t j) {
-              return C{br[N - 1 - j] * cr[N - 1 - j], T(0)};
-            },
-            [&](int64_t j, C u) { sr[N - 1 - j] = u; }, chunks);
+          [&](int64_t j, C u) { sr[N - 1 - j] = u; }, chunks);
+    }
+    if (mixed) {
+      for (int64_t i = 0; i < N; ++i) {
+        const Cx<double> q{double(rr[i].re) + double(sr[i].re) - (double(ar[i]) - double(z.re)),
+                           double(rr[i].im) + double(sr[i].im) + double(z.im)};
+        const Cx<double> gi = Cx<double>{1.0, 0.0} / q;
+        gr[i] = C{T(gi.re), T(gi.im)};
       }
-      if (mixed) {
-        for (int64_t i = 0; i < N; ++i) {
-          const Cx<double> q{double(rr[i].re) + double(sr[i].re) - (double(ar[i]) - double(z.re)),
-                             double(rr[i].im) + double(sr[i].im) + double(z.im)};
-          const Cx<double> gi = Cx<double>{1.0, 0.0} / q;
-          gr[i] = C{T(gi.re), T(gi.im)};
-        }
-      } else {
-        for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
-      }
+    } else {
+      for (int64_t i = 0; i < N; ++i) gr[i] = C{T(1), T(0)} / (rr[i] + sr[i] - (C{ar[i], T(0)} - z));
     }
   };
   if (chunks == 1)
@@ -256,10 +260,6 @@ void backward_rows(const torch::Tensor& gg, const torch::Tensor& b, const torch:
   });
 }
 
-torch::ScalarType complex_of(torch::ScalarType t) {
-  return t == torch::kFloat64 ? torch::kComplexDouble : torch::kComplexFloat;
-}
-
 class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
@@ -288,7 +288,7 @@ class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
           detail::bk_core_cuda_ops()->backward(grads[0], saved[0], saved[1], saved[3], saved[4], saved[5], causal);
     else
       std::tie(ga, gb, gc, gz) =
-          detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], causal);
+          detail::bk_core_backward_cpu(grads[0], saved[0], saved[1], saved[3], saved[4], saved[5], causal);
     if (ctx->saved_data["z_scalar"].toBool()) gz = gz.sum();
     return {ga, gb, gc, gz.to(saved[2].scalar_type()), torch::Tensor(), torch::Tensor()};
   }
@@ -308,13 +308,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(cons
                                                                             const torch::Tensor& c_in,
                                                                             const torch::Tensor& z_in, BkCoreMode mode,
                                                                             bool causal) {
-  bk_core_validate(a_in, b_in, c_in, z_in);
-  TANDEM_CHECK(mode == BkCoreMode::kNative || a_in.scalar_type() == torch::kFloat32,
-               "bk_core: the mixed mode takes float32 inputs, got ", a_in.scalar_type());
+  bk_core_validate(a_in, b_in, c_in, z_in, mode);
   torch::NoGradGuard no_grad;
   const auto a = a_in.contiguous(), b = b_in.contiguous(), c = c_in.contiguous();
   const int64_t B = a.size(0), N = a.size(1);
-  const auto ct = complex_of(a.scalar_type());
+  const auto ct = bk_core_complex_type(a.scalar_type());
   const auto zb = z_in.detach().to(ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, ct), r = torch::empty({B, N}, ct), s = torch::empty({B, N}, ct);
   if (a.scalar_type() == torch::kFloat64)
@@ -325,8 +323,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(cons
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_backward_cpu(
-    const torch::Tensor& grad_g, const torch::Tensor& b_in, const torch::Tensor& c_in, const torch::Tensor& z,
-    const torch::Tensor& g, const torch::Tensor& r, const torch::Tensor& s, bool causal) {
+    const torch::Tensor& grad_g, const torch::Tensor& b_in, const torch::Tensor& c_in, const torch::Tensor& g,
+    const torch::Tensor& r, const torch::Tensor& s, bool causal) {
   torch::NoGradGuard no_grad;
   const auto b = b_in.contiguous(), c = c_in.contiguous();
   const auto gg = grad_g.to(g.scalar_type()).contiguous();
@@ -338,7 +336,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_b
     backward_rows<double>(gg, b, c, g, r, s, ga, gb, gc, gz, causal);
   else
     backward_rows<float>(gg, b, c, g, r, s, ga, gb, gc, gz, causal);
-  (void)z;
   return {ga, gb, gc, gz};
 }
 

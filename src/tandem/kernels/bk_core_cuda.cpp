@@ -11,23 +11,17 @@
 namespace tandem::detail {
 namespace {
 
-torch::ScalarType complex_of(torch::ScalarType t) {
-  return t == torch::kFloat64 ? torch::kComplexDouble : torch::kComplexFloat;
-}
-
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch::Tensor& a_in,
                                                                      const torch::Tensor& b_in,
                                                                      const torch::Tensor& c_in,
                                                                      const torch::Tensor& z_in, BkCoreMode mode,
                                                                      bool causal) {
-  bk_core_validate(a_in, b_in, c_in, z_in);
-  TANDEM_CHECK(mode == BkCoreMode::kNative || a_in.scalar_type() == torch::kFloat32,
-               "bk_core: the mixed mode takes float32 inputs, got ", a_in.scalar_type());
+  bk_core_validate(a_in, b_in, c_in, z_in, mode);
   torch::NoGradGuard no_grad;
   const c10::cuda::CUDAGuard guard(a_in.device());
   const auto a = a_in.contiguous(), b = b_in.contiguous(), c = c_in.contiguous();
   const int64_t B = a.size(0), N = a.size(1);
-  const auto ct = complex_of(a.scalar_type());
+  const auto ct = bk_core_complex_type(a.scalar_type());
   const auto opts = a.options().dtype(ct);
   const auto zb = z_in.detach().to(a.device(), ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, opts), r = torch::empty({B, N}, opts), s = torch::empty({B, N}, opts);

@@ -9,7 +9,7 @@ torch::Tensor bk_core_ops(const torch::Tensor& a, const torch::Tensor& b, const 
                           const torch::Tensor& z, bool causal) {
   bk_core_validate(a, b, c, z);
   const int64_t B = a.size(0), N = a.size(1);
-  const auto ct = a.scalar_type() == torch::kFloat64 ? torch::kComplexDouble : torch::kComplexFloat;
+  const auto ct = bk_core_complex_type(a.scalar_type());
   const auto zb = z.to(a.device(), ct).expand({B});
   const auto d = a.to(ct) - zb.unsqueeze(1);  // (B, N)
   const auto p = (b * c).to(ct);              // (B, N-1)

@@ -73,7 +73,7 @@ std::vector<int64_t> Model::hf_shape(const std::string& name, const torch::Tenso
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") shape[0] = spec_.vocab_size;
-  if (spec_.arch != Arch::kResNetBk) {  // Note [Zero padding keeps the function]
+  if (spec_.padded_d_ff() != spec_.d_ff) {  // Note [Zero padding keeps the function]
     if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight")) shape[0] = spec_.d_ff;
     if (ends_with("mlp.down_proj.weight")) shape[1] = spec_.d_ff;
   }

@@ -1,5 +1,6 @@
 #include "tandem/optim/cpu_update.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -28,29 +29,20 @@ namespace {
 
 constexpr int64_t kChunk = 1 << 16;
 
-bool os_and_cpu_have(const char* feature) {
-  __builtin_cpu_init();
-  // GCC checks the OS's saved-state support (XCR0) along with CPUID for the AVX and AVX-512 bits.
-  if (std::strcmp(feature, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (std::strcmp(feature, "avx512") == 0)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-  if (std::strcmp(feature, "avx512bf16") == 0) return os_and_cpu_have("avx512") && __builtin_cpu_supports("avx512bf16");
-  return false;
-}
-
+// Whether this CPU, its OS and this build can run each level, decided once per process. GCC's
+// __builtin_cpu_supports checks the OS's saved-state support (XCR0) along with CPUID.
 bool supported(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kScalar:
-      return true;
-    case CpuIsa::kAvx2:
-      return os_and_cpu_have("avx2") && detail::avx2_kernels().update != nullptr;
-    case CpuIsa::kAvx512:
-      return os_and_cpu_have("avx512") && detail::avx512_kernels(false).update != nullptr;
-    case CpuIsa::kAvx512Bf16:
-      return os_and_cpu_have("avx512bf16") && detail::avx512_kernels(true).update != nullptr;
-  }
-  return false;
+  static const std::array<bool, 4> kSupported = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+    return std::array<bool, 4>{true, avx2 && detail::avx2_kernels().update != nullptr,
+                               avx512 && detail::avx512_kernels(false).update != nullptr,
+                               bf16 && detail::avx512_kernels(true).update != nullptr};
+  }();
+  return kSupported[static_cast<size_t>(isa)];
 }
 
 detail::KernelTable kernels_for(CpuIsa isa) {
@@ -129,10 +121,13 @@ CpuIsa best_cpu_isa() {
   return CpuIsa::kScalar;
 }
 
-CpuIsa parse_cpu_isa(const std::string& name) {
+CpuIsa parse_cpu_isa(const std::string& name, const std::string& origin) {
   if (name == "auto") return best_cpu_isa();
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16})
     if (name == to_string(isa)) return isa;
+  if (!origin.empty())
+    TANDEM_FAIL(origin, "='", name,
+                "' is not a kernel level; use auto, scalar, avx2, avx512 or avx512bf16, or unset it");
   TANDEM_FAIL("unknown CPU kernel level '", name, "'; use auto, scalar, avx2, avx512 or avx512bf16");
 }
 
@@ -150,11 +145,7 @@ CpuIsa active_cpu_isa() {
     const char* env = std::getenv("TANDEM_CPU_ISA");
     CpuIsa isa = best_cpu_isa();
     if (env != nullptr && *env != '\0') {
-      const std::string e(env);
-      TANDEM_CHECK(e == "auto" || e == "scalar" || e == "avx2" || e == "avx512" || e == "avx512bf16",
-                   "TANDEM_CPU_ISA='", e,
-                   "' is not a kernel level; use auto, scalar, avx2, avx512 or avx512bf16, or unset it");
-      isa = parse_cpu_isa(e);
+      isa = parse_cpu_isa(env, "TANDEM_CPU_ISA");
       TANDEM_CHECK(supported(isa), "TANDEM_CPU_ISA=", env,
                    ": this CPU cannot run those kernels (best available: ", to_string(best_cpu_isa()), ")");
     }

@@ -108,8 +108,9 @@ CpuIsa active_cpu_isa();
 void set_cpu_isa(CpuIsa isa);
 /// "scalar", "avx2", "avx512", "avx512bf16".
 const char* to_string(CpuIsa isa);
-/// Parses a level name or "auto" (best_cpu_isa()); UserError naming the valid names.
-CpuIsa parse_cpu_isa(const std::string& name);
+/// Parses a level name or "auto" (best_cpu_isa()); UserError naming the valid names (and `origin`,
+/// e.g. the environment variable, when given).
+CpuIsa parse_cpu_isa(const std::string& name, const std::string& origin = "");
 
 /// Updates every span with one hyper-parameter set on `pool` (the global pool when null), using
 /// `isa` (active_cpu_isa() when omitted). `undo`, when given, has one entry per span; each receives

@@ -12,6 +12,7 @@
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
+#include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
@@ -85,12 +86,6 @@ std::string default_run_dir(const std::string& preset) {
   std::string dir = base;
   for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
   return dir;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 /// Appends one JSON object per line and flushes, so a crash loses at most the current line.
