@@ -4,8 +4,10 @@
 #   optim  the CPU optimizer kernels (`tandem bench optim`) against torch's CPU AdamW and DeepSpeed
 #          CPUAdam (bench/optim_peers.py; DeepSpeed from the wheels in .whl when present),
 #          256M and 1B parameters, alternating;
-#   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating.
-# PARTS selects (default "tests optim train"). Prints short tables last. Logs and JSON go to $OUT
+#   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating;
+#   bk     the BK-core kernels against LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor
+#          (`tandem bench bk_core`), then ResNet-BK 125M and LLaMA 125M training runs side by side.
+# PARTS selects (default "tests optim train bk"); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,8 @@ OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
-PARTS=${PARTS:-tests optim train}
+PARTS=${PARTS:-tests optim train bk}
+BK_STEPS=${BK_STEPS:-300}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 
@@ -31,7 +34,7 @@ test_rc=0
 if has tests; then
 echo "== tests"
 # Eight tests at a time with two intra-op threads each: no oversubscription of the 16 cores.
-(cd "$BUILD" && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 --timeout 600) >"$OUT/ctest.log" 2>&1
+(cd "$BUILD" && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 --timeout 600 ${CTEST_ARGS:-}) >"$OUT/ctest.log" 2>&1
 test_rc=$?
 grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest.log" | tail -20
 fi
@@ -69,8 +72,21 @@ done
 
 fi
 
+if has bk; then
+echo "== BK-core benchmark"
+rm -f "$OUT/bk_core.jsonl"
+"$BUILD/tandem" bench bk_core --repeats 5 --json "$OUT/bk_core.jsonl" >"$OUT/bk_core.log" 2>&1 || tail -5 "$OUT/bk_core.log"
+echo "== ResNet-BK 125M and LLaMA 125M: bf16, B=8, T=1024, $BK_STEPS steps, synthetic corpus"
+for p in bk-125M 125M; do
+  "$BUILD/tandem" train -p "$p" --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 \
+    --steps "$BK_STEPS" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
+    --set train.log_every=25 --run-dir "$OUT/train-$p" >"$OUT/train-$p.log" 2>&1 || tail -5 "$OUT/train-$p.log"
+done
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
+has bk && cat "$OUT/bk_core.log" && python3 bench/train_curves.py "$OUT/train-bk-125M" "$OUT/train-125M" --svg "$OUT/bk-125M-loss.svg"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 exit $test_rc

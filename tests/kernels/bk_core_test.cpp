@@ -200,24 +200,54 @@ TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
     EXPECT_LT(e64, 1e-4) << N;
     EXPECT_LT(emix, 1e-4) << N;
   }
-  // Backward: the same gradients as the CPU sweeps, in double, for both diagonals.
-  for (const BkCoreDiagonal diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
-    auto in = random_inputs(3, 500, torch::kFloat64, 4, true);
-    const auto W = torch::randn({3, 500}, torch::kComplexDouble);
-    std::vector<torch::Tensor> cpu_grads, gpu_grads;
-    for (const bool on_gpu : {false, true}) {
-      auto a = in.a.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-      auto b = in.b.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-      auto c = in.c.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-      auto z = in.z.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
-      torch::real(bk_core(a, b, c, z, BkCoreMode::kNative, diagonal) * W.to(a.device()).conj()).sum().backward();
-      auto& out = on_gpu ? gpu_grads : cpu_grads;
-      for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
-      out.push_back(torch::view_as_real(z.grad().cpu()));
+  // The scan kernels cut rows into tiles of 256 and chunks of 8: lengths on and around those cuts,
+  // both diagonals, a shared and a per-row z. Forward values and gradients equal the CPU sweeps.
+  for (const int64_t N : {2, 9, 255, 256, 257, 5000})
+    for (const BkCoreDiagonal diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
+      const bool per_row = N % 2 == 1;
+      auto in = random_inputs(3, N, torch::kFloat64, 4 + N, per_row);
+      const auto W = torch::randn({3, N}, torch::kComplexDouble);
+      std::vector<torch::Tensor> cpu_grads, gpu_grads, values;
+      for (const bool on_gpu : {false, true}) {
+        auto a = in.a.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+        auto b = in.b.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+        auto c = in.c.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+        auto z = in.z.detach().to(on_gpu ? cuda : torch::kCPU).requires_grad_(true);
+        const auto g = bk_core(a, b, c, z, BkCoreMode::kNative, diagonal);
+        values.push_back(g.detach().cpu());
+        torch::real(g * W.to(a.device()).conj()).sum().backward();
+        auto& out = on_gpu ? gpu_grads : cpu_grads;
+        for (auto* t : {&a, &b, &c}) out.push_back(t->grad().cpu());
+        out.push_back(torch::view_as_real(z.grad().cpu()));
+      }
+      const bool causal = diagonal == BkCoreDiagonal::kCausal;
+      EXPECT_TRUE(test::AllClose(values[1], values[0], 1e-11, 1e-13)) << "N " << N << " causal " << causal;
+      {  // without autograd the forward keeps no ratios: the same values
+        torch::NoGradGuard ng;
+        const auto g = bk_core(in.a.to(cuda), in.b.to(cuda), in.c.to(cuda), in.z.to(cuda), BkCoreMode::kNative, diagonal);
+        EXPECT_TRUE(test::AllClose(g.cpu(), values[0], 1e-11, 1e-13)) << "N " << N << " causal " << causal;
+      }
+      for (size_t i = 0; i < cpu_grads.size(); ++i)
+        EXPECT_TRUE(test::AllClose(gpu_grads[i], cpu_grads[i], 1e-9, 1e-12))
+            << "gradient " << i << " N " << N << " causal " << causal;
     }
-    for (size_t i = 0; i < cpu_grads.size(); ++i)
-      EXPECT_TRUE(test::AllClose(gpu_grads[i], cpu_grads[i], 1e-9, 1e-12))
-          << "gradient " << i << " causal " << (diagonal == BkCoreDiagonal::kCausal);
+  // Float gradients on a long row stay close to the double ones (the adjoint scans in float).
+  {
+    auto in = random_inputs(2, 70000, torch::kFloat64, 9, true);
+    const auto W = torch::randn({2, 70000}, torch::kComplexDouble);
+    std::vector<torch::Tensor> grads;
+    for (const auto t : {torch::kFloat64, torch::kFloat32}) {
+      auto a = in.a.detach().to(cuda, t).requires_grad_(true);
+      auto b = in.b.detach().to(cuda, t).requires_grad_(true);
+      auto c = in.c.detach().to(cuda, t).requires_grad_(true);
+      torch::real(bk_core(a, b, c, in.z.to(cuda)) * W.to(cuda, detail::bk_core_complex_type(t)).conj())
+          .sum()
+          .backward();
+      grads.push_back(torch::cat({a.grad(), b.grad(), c.grad()}, 1).cpu().to(torch::kFloat64));
+    }
+    const double rel = ((grads[1] - grads[0]).abs().max() / grads[0].abs().max()).item<double>();
+    std::printf("bk_core CUDA float backward, N=70000: max error %.2e of the largest gradient\n", rel);
+    EXPECT_LT(rel, 1e-4);
   }
 }
 

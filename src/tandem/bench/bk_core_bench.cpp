@@ -46,6 +46,13 @@ double copy_bandwidth(const torch::Device& dev) {
 
 }  // namespace
 
+namespace detail {
+BkCoreCusparseFn& bk_core_cusparse() {
+  static BkCoreCusparseFn fn = nullptr;
+  return fn;
+}
+}  // namespace detail
+
 int run_bk_core_bench(const BkCoreBenchOptions& o) {
   TANDEM_CHECK(o.repeats >= 1, "--repeats must be >= 1");
   torch::Device dev(torch::kCPU);
@@ -74,43 +81,52 @@ int run_bk_core_bench(const BkCoreBenchOptions& o) {
         std::string name;
         torch::ScalarType real;
         BkCoreMode mode;
-        bool ops;
+        enum Kind { kKernel, kOps, kCusparse } kind;
       };
-      std::vector<Impl> impls = {{"kernel complex128", torch::kFloat64, BkCoreMode::kNative, false},
-                                 {"kernel complex64", torch::kFloat32, BkCoreMode::kNative, false},
-                                 {"kernel mixed", torch::kFloat32, BkCoreMode::kMixed, false}};
+      std::vector<Impl> impls = {{"kernel complex128", torch::kFloat64, BkCoreMode::kNative, Impl::kKernel},
+                                 {"kernel complex64", torch::kFloat32, BkCoreMode::kNative, Impl::kKernel},
+                                 {"kernel mixed", torch::kFloat32, BkCoreMode::kMixed, Impl::kKernel}};
       if (B * N <= o.ops_max_elements && N <= 8192)
-        impls.push_back({"LibTorch ops complex128", torch::kFloat64, BkCoreMode::kNative, true});
+        impls.push_back({"LibTorch ops complex128", torch::kFloat64, BkCoreMode::kNative, Impl::kOps});
+      if (dev.is_cuda() && detail::bk_core_cusparse() && double(B) * double(N) * double(N) <= o.cusparse_max_elements)
+        impls.push_back({"cuSPARSE gtsv2 complex128", torch::kFloat64, BkCoreMode::kNative, Impl::kCusparse});
       for (const auto& im : impls) {
         const auto ar = a.to(im.real), br = b.to(im.real), cr = c.to(im.real);
         const auto run = [&](bool backward) {
           auto aa = ar.detach().requires_grad_(backward), bb = br.detach().requires_grad_(backward),
                cc = cr.detach().requires_grad_(backward);
-          auto g = im.ops ? detail::bk_core_ops(aa, bb, cc, z) : bk_core(aa, bb, cc, z, im.mode);
+          auto g = im.kind == Impl::kOps ? detail::bk_core_ops(aa, bb, cc, z)
+                   : im.kind == Impl::kCusparse ? detail::bk_core_cusparse()(aa, bb, cc, z)
+                                               : bk_core(aa, bb, cc, z, im.mode);
           if (backward) torch::real(g).sum().backward();
         };
-        const int reps = im.ops ? 1 : o.repeats;
+        const int reps = im.kind == Impl::kOps ? 1 : o.repeats;
         const double tf = time_median(dev, reps, [&] {
           torch::NoGradGuard ng;
           run(false);
         });
-        const double tb = time_median(dev, reps, [&] { run(true); });
+        // cuSPARSE has no backward: its fwd+bwd column stays empty.
+        const double tb = im.kind == Impl::kCusparse ? 0.0 : time_median(dev, reps, [&] { run(true); });
         const double esz = im.real == torch::kFloat64 ? 8 : 4;
         const double floor_s = double(B) * double(N) * (3 * esz + 2 * esz) / bw;  // a, b, c in; G out
-        std::printf("%6lld %8lld  %-26s %12.3f %12.3f %9.1f%%\n", static_cast<long long>(B), static_cast<long long>(N),
-                    im.name.c_str(), tf * 1e3, tb * 1e3, 100.0 * floor_s / tf);
+        const std::string tb_text = tb > 0 ? std::to_string(tb * 1e3).substr(0, 10) : std::string("-");
+        std::string note;
+        nlohmann::json row{{"B", B},           {"N", N},   {"impl", im.name},        {"fwd_s", tf},
+                           {"floor_s", floor_s}, {"device", dev.str()}, {"copy_bytes_per_s", bw}};
+        if (tb > 0) row["fwd_bwd_s"] = tb;
+        if (im.kind == Impl::kCusparse) {  // the same diagonal as the kernel, or the comparison is void
+          torch::NoGradGuard ng;
+          const auto mine = bk_core(ar, br, cr, z), theirs = detail::bk_core_cusparse()(ar, br, cr, z);
+          const double diff = ((theirs - mine).abs() / mine.abs()).max().item<double>();
+          row["max_rel_diff_vs_kernel"] = diff;
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "  (max rel diff vs kernel %.1e)", diff);
+          note = buf;
+        }
+        std::printf("%6lld %8lld  %-26s %12.3f %12s %9.1f%%%s\n", static_cast<long long>(B), static_cast<long long>(N),
+                    im.name.c_str(), tf * 1e3, tb_text.c_str(), 100.0 * floor_s / tf, note.c_str());
         std::fflush(stdout);
-        if (json)
-          *json << nlohmann::json{{"B", B},
-                                  {"N", N},
-                                  {"impl", im.name},
-                                  {"fwd_s", tf},
-                                  {"fwd_bwd_s", tb},
-                                  {"floor_s", floor_s},
-                                  {"device", dev.str()},
-                                  {"copy_bytes_per_s", bw}}
-                       .dump()
-                << '\n';
+        if (json) *json << row.dump() << '\n';
       }
     }
   return 0;

@@ -1,6 +1,8 @@
 #pragma once
-// `tandem bench bk_core`: the BK-core kernels against the same sweeps in LibTorch ops and against
-// the device's memory-bandwidth floor, forward and forward+backward, over a grid of B and N.
+// `tandem bench bk_core`: the BK-core kernels against the same sweeps in LibTorch ops, against
+// cuSPARSE's batched tridiagonal solver and against the device's memory-bandwidth floor, forward and forward+backward, over a grid of B and N.
+
+#include <torch/torch.h>
 
 #include <cstdint>
 #include <string>
@@ -14,10 +16,19 @@ struct BkCoreBenchOptions {
   std::string device = "auto";  ///< auto | cpu | cuda
   int repeats = 5;
   int64_t ops_max_elements = int64_t(1) << 17;  ///< the LibTorch-ops baseline runs where B*N <= this
+  int64_t cusparse_max_elements = int64_t(1) << 28;  ///< cuSPARSE runs where B*N*N <= this (O(B N^2) memory)
   std::string json_path;
 };
 
 /// Runs the grid, prints a table, appends JSON lines; returns 0.
 int run_bk_core_bench(const BkCoreBenchOptions& options);
+
+namespace detail {
+/// diag((H - zI)^-1) in complex128 by cuSPARSE's batched tridiagonal solver (gtsv2StridedBatch),
+/// one system per batch row and column; registered by the CUDA build, null without it.
+using BkCoreCusparseFn = torch::Tensor (*)(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c,
+                                           const torch::Tensor& z);
+BkCoreCusparseFn& bk_core_cusparse();
+}  // namespace detail
 
 }  // namespace tandem

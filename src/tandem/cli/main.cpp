@@ -199,12 +199,14 @@ int main(int argc, char** argv) {
 
   BkCoreBenchOptions bk_opts;
   auto* bench_bk = bench_cmd->add_subcommand(
-      "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops and the bandwidth floor (fwd, fwd+bwd)");
+      "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor");
   bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")->delimiter(',');
   bench_bk->add_option("--n", bk_opts.lengths, "sequence lengths (default 1024,4096,65536,1000000)")->delimiter(',');
   bench_bk->add_option("--device", bk_opts.device, "auto | cpu | cuda");
   bench_bk->add_option("--repeats", bk_opts.repeats, "timed calls per measurement (median reported)");
   bench_bk->add_option("--ops-max", bk_opts.ops_max_elements, "run the LibTorch-ops baseline where B*N <= this");
+  bench_bk->add_option("--cusparse-max", bk_opts.cusparse_max_elements,
+                       "run the cuSPARSE comparison where B*N*N <= this (it needs B*N*N complex values, 4 times)");
   bench_bk->add_option("--json", bk_opts.json_path, "append one JSON object per measurement to this file");
 
   try {

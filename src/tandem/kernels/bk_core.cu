@@ -1,17 +1,45 @@
-// BK-core CUDA kernels: Note [BK-core ratio form], one batch row per thread. These are the
-// correctness kernels the reference and CPU path are checked against on the GPU; the parallel
-// scan over the recursion (Moebius-transform composition) is the performance path still to come.
+// BK-core CUDA kernels: the sweeps of Note [BK-core ratio form] as parallel scans, per Note
+// [BK-core scan kernels].
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "tandem/kernels/bk_core_launch.h"
 #include "tandem/kernels/cuda_check.h"
+
+// Note [BK-core scan kernels]
+// One thread per row leaves an H100 idle at any batch below ~10^5 rows, so the kernels cut every
+// row into tiles of 256 elements, one warp per tile, 8 consecutive elements per lane (a chunk).
+//
+// Forward. r_i = d_i - p_{i-1} / r_{i-1} is the ratio x / y of (x, y) pushed through the 2x2
+// transfer matrix [[d_i, -p_{i-1}], [1, 0]] (Note [Chunked ratio sweep]); s is the same from the
+// far end. Matrix products compose, so:
+//   1. tiles pass: each lane multiplies its chunk's matrices (both directions), the warp combines
+//      the 32 chunk products with shuffles, and each tile writes its product (a few bytes);
+//   2. scan pass: one block per (row, direction) scans the tile products in order and writes the
+//      state entering every tile;
+//   3. tiles pass again: the same chunk products, an exclusive warp scan seeded with the tile's
+//      entering state gives each lane the state entering its chunk, and each lane runs the plain
+//      recurrences over its 8 elements and writes G (and r, s when autograd will need them).
+// Products are rescaled by powers of two (exact) as they grow; only ratios matter.
+//
+// Backward. The reverse-mode sweeps of the ratio recursions are linear in the adjoints:
+// sbar_{i+1} gains conj(p_i / s_{i+1}^2) sbar_i and rbar_{i-1} gains conj(p_{i-1} / r_{i-1}^2)
+// rbar_i, so with qbar as the constant terms they are affine recurrences v -> alpha v + beta, which
+// compose the same way. The same three passes run with (alpha, beta) pairs in place of matrices.
+//
+// Memory traffic. Each tile is loaded once per tiles pass with coalesced loads into shared memory
+// (a warp reads 32 consecutive elements per instruction), transposed there into per-lane chunks,
+// and written back the same way. The forward reads a, b, c twice (passes 1 and 3) and writes G
+// once; the tile products and states are 1/10 of a byte per element. Without autograd the forward
+// keeps no r and s: the backward rebuilds them with one more forward.
 
 namespace tandem::detail {
 namespace {
 
 template <class T>
-struct Cx {
+struct alignas(2 * sizeof(T)) Cx {
   T re, im;
 };
 template <class T>
@@ -27,146 +55,458 @@ __device__ __forceinline__ Cx<T> mul(Cx<T> x, Cx<T> y) {
   return {x.re * y.re - x.im * y.im, x.re * y.im + x.im * y.re};
 }
 template <class T>
-__device__ __forceinline__ Cx<T> div(Cx<T> x, Cx<T> y) {
-  const T den = y.re * y.re + y.im * y.im;
-  return {(x.re * y.re + x.im * y.im) / den, (x.im * y.re - x.re * y.im) / den};
+__device__ __forceinline__ Cx<T> scale(Cx<T> x, T k) {
+  return {x.re * k, x.im * k};
 }
 template <class T>
 __device__ __forceinline__ Cx<T> conj(Cx<T> x) {
   return {x.re, -x.im};
 }
-
 template <class T>
-__global__ void forward_kernel(const T* a, const T* b, const T* c, const Cx<T>* z, Cx<T>* g, Cx<T>* r, Cx<T>* s,
-                               int64_t B, int64_t N, bool mixed, bool causal) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (row >= B) return;
-  const T* ar = a + row * N;
+__device__ __forceinline__ Cx<T> inv(Cx<T> y) {
+  const T den = y.re * y.re + y.im * y.im;
+  return {y.re / den, -y.im / den};
+}
+template <class T>
+__device__ __forceinline__ Cx<T> div(Cx<T> x, Cx<T> y) {
+  return mul(x, inv(y));
+}
+template <class T>
+__device__ __forceinline__ T absmax(Cx<T> x) {
+  return fmax(fabs(x.re), fabs(x.im));
+}
+
+// 2^-e for m = f 2^e (f in [0.5, 1)): an exact rescaling factor; 1 for zero or non-finite m.
+template <class T>
+__device__ __forceinline__ T pow2_inverse(T m) {
+  int e = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!(m > 0.f) || !isfinite(m)) return 1.f;
+    (void)frexpf(m, &e);
+    return ldexpf(1.f, -e);
+  } else {
+    if (!(m > 0.0) || !isfinite(m)) return 1.0;
+    (void)frexp(m, &e);
+    return ldexp(1.0, -e);
+  }
+}
+
+// Shuffles of a struct of T, member by member.
+template <class V, class T>
+__device__ __forceinline__ V shfl_up(const V& v, int off) {
+  constexpr int n = sizeof(V) / sizeof(T);
+  V o;
+  const T* src = reinterpret_cast<const T*>(&v);
+  T* dst = reinterpret_cast<T*>(&o);
+#pragma unroll
+  for (int k = 0; k < n; ++k) dst[k] = __shfl_up_sync(0xffffffffu, src[k], off);
+  return o;
+}
+template <class V, class T>
+__device__ __forceinline__ V shfl_down(const V& v, int off) {
+  constexpr int n = sizeof(V) / sizeof(T);
+  V o;
+  const T* src = reinterpret_cast<const T*>(&v);
+  T* dst = reinterpret_cast<T*>(&o);
+#pragma unroll
+  for (int k = 0; k < n; ++k) dst[k] = __shfl_down_sync(0xffffffffu, src[k], off);
+  return o;
+}
+
+// The ratio sweep's monoid: 2x2 complex matrices acting on (x, y), the value being x / y.
+template <class T>
+struct Mobius {
+  using Real = T;
+  struct Elem {
+    Cx<T> m00, m01, m10, m11;
+  };
+  struct State {
+    Cx<T> x, y;
+  };
+  __device__ static Elem identity() { return {{T(1), T(0)}, {T(0), T(0)}, {T(0), T(0)}, {T(1), T(0)}}; }
+  // Before position 0: x / y = infinity, so the first step gives d_0 (its p term is zero).
+  __device__ static State init() { return {{T(1), T(0)}, {T(0), T(0)}}; }
+  __device__ static Elem rescaled(const Elem& m) {
+    const T k = pow2_inverse(fmax(fmax(absmax(m.m00), absmax(m.m01)), fmax(absmax(m.m10), absmax(m.m11))));
+    return {scale(m.m00, k), scale(m.m01, k), scale(m.m10, k), scale(m.m11, k)};
+  }
+  // [[d, -q], [1, 0]] * e, unscaled.
+  __device__ static Elem push(Cx<T> d, T q, const Elem& e) {
+    return {sub(mul(d, e.m00), scale(e.m10, q)), sub(mul(d, e.m01), scale(e.m11, q)), e.m00, e.m01};
+  }
+  // later * earlier.
+  __device__ static Elem compose(const Elem& l, const Elem& e) {
+    return rescaled({add(mul(l.m00, e.m00), mul(l.m01, e.m10)), add(mul(l.m00, e.m01), mul(l.m01, e.m11)),
+                     add(mul(l.m10, e.m00), mul(l.m11, e.m10)), add(mul(l.m10, e.m01), mul(l.m11, e.m11))});
+  }
+  __device__ static State apply(const Elem& m, const State& s) {
+    const Cx<T> x = add(mul(m.m00, s.x), mul(m.m01, s.y)), y = add(mul(m.m10, s.x), mul(m.m11, s.y));
+    const T k = pow2_inverse(fmax(absmax(x), absmax(y)));
+    return {scale(x, k), scale(y, k)};
+  }
+};
+
+// The adjoint sweep's monoid: v -> a v + b.
+template <class T>
+struct Affine {
+  using Real = T;
+  struct Elem {
+    Cx<T> a, b;
+  };
+  struct State {
+    Cx<T> v;
+  };
+  __device__ static Elem identity() { return {{T(1), T(0)}, {T(0), T(0)}}; }
+  __device__ static State init() { return {{T(0), T(0)}}; }
+  __device__ static Elem push(Cx<T> a, Cx<T> b, const Elem& e) { return {mul(a, e.a), add(mul(a, e.b), b)}; }
+  __device__ static Elem compose(const Elem& l, const Elem& e) { return {mul(l.a, e.a), add(mul(l.a, e.b), l.b)}; }
+  __device__ static State apply(const Elem& m, const State& s) { return {add(mul(m.a, s.v), m.b)}; }
+};
+
+// Inclusive warp scan: in lane order (Up) or in reverse lane order; the later factor on the left.
+template <class Op, bool Up>
+__device__ __forceinline__ typename Op::Elem warp_inclusive(typename Op::Elem x, int lane) {
+  using T = typename Op::Real;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const auto o = Up ? shfl_up<typename Op::Elem, T>(x, off) : shfl_down<typename Op::Elem, T>(x, off);
+    if (Up ? lane >= off : lane + off < 32) x = Op::compose(x, o);
+  }
+  return x;
+}
+template <class Op, bool Up>
+__device__ __forceinline__ typename Op::Elem warp_exclusive(const typename Op::Elem& incl, int lane) {
+  using T = typename Op::Real;
+  const auto o = Up ? shfl_up<typename Op::Elem, T>(incl, 1) : shfl_down<typename Op::Elem, T>(incl, 1);
+  return (Up ? lane == 0 : lane == 31) ? Op::identity() : o;
+}
+
+constexpr int kChunk = 8;                    // elements per lane
+constexpr int kTile = 32 * kChunk;           // elements per warp
+constexpr int kStride = kChunk + 1;          // padded shared-memory row per lane (no bank conflicts)
+constexpr int kSlots = 33 * kStride;         // one array: 32 lanes and one element past the tile
+constexpr int kWarps = 4;                    // tiles per block
+constexpr int kFwdArrays = 8, kBwdArrays = 10;
+constexpr int kScanThreads = 256;
+
+__device__ __forceinline__ int slot(int e) { return (e / kChunk) * kStride + e % kChunk; }
+
+// The (row, direction) sequences of tile products, scanned in order: states[m] is the state
+// entering position m. One block per sequence.
+template <class Op>
+__global__ void __launch_bounds__(kScanThreads)
+    scan_kernel(const typename Op::Elem* agg, typename Op::State* states, int64_t nT) {
+  __shared__ typename Op::Elem sh[kScanThreads];
+  const auto* E = agg + blockIdx.x * nT;
+  auto* S = states + blockIdx.x * nT;
+  const int t = threadIdx.x;
+  const int64_t m0 = nT * t / kScanThreads, m1 = nT * (t + 1) / kScanThreads;
+  auto q = Op::identity();
+  for (int64_t m = m0; m < m1; ++m) q = Op::compose(E[m], q);
+  sh[t] = q;
+  __syncthreads();
+  for (int off = 1; off < kScanThreads; off <<= 1) {
+    auto v = sh[t];
+    if (t >= off) v = Op::compose(v, sh[t - off]);
+    __syncthreads();
+    sh[t] = v;
+    __syncthreads();
+  }
+  auto st = Op::init();
+  if (t > 0) st = Op::apply(sh[t - 1], st);
+  for (int64_t m = m0; m < m1; ++m) {
+    S[m] = st;
+    st = Op::apply(E[m], st);
+  }
+}
+
+enum Pass : int { kAggregate = 0, kOutput = 1 };
+
+// Forward tiles pass (Note [BK-core scan kernels]). Pass kAggregate writes the tile products;
+// kOutput writes g, r, s (any of them may be null).
+template <class T, int P>
+__global__ void __launch_bounds__(32 * kWarps)
+    forward_tiles(const T* a, const T* b, const T* c, const Cx<T>* z, Cx<T>* g, Cx<T>* r, Cx<T>* s,
+                  typename Mobius<T>::Elem* agg, const typename Mobius<T>::State* states, int64_t B, int64_t N,
+                  int64_t nT, bool mixed, bool causal) {
+  using M = Mobius<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t tile = int64_t(blockIdx.x) * kWarps + warp;
+  if (tile >= B * nT) return;  // whole warps
+  const int64_t row = tile / nT, t = tile % nT, i0 = t * kTile;
+  const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
+  T* A = reinterpret_cast<T*>(smem_raw) + warp * kFwdArrays * kSlots;
+  T* Q = A + kSlots;  // Q[e] = p_{i0+e-1}, zero outside 0 .. N-2
+  T* Rre = Q + kSlots;
+  T* Rim = Rre + kSlots;
+  T* Sre = Rim + kSlots;
+  T* Sim = Sre + kSlots;
+  T* Gre = Sim + kSlots;
+  T* Gim = Gre + kSlots;
+  const T* ar = a + row * N + i0;
   const T* br = b + row * (N - 1);
   const T* cr = c + row * (N - 1);
-  Cx<T>* rr = r + row * N;
-  Cx<T>* sr = s + row * N;
-  Cx<T>* gr = g + row * N;
+  for (int e = lane; e <= n; e += 32) {
+    if (e < n) A[slot(e)] = ar[e];
+    const int64_t i = i0 + e - 1;
+    Q[slot(e)] = i >= 0 && i <= N - 2 ? br[i] * cr[i] : T(0);
+  }
+  __syncwarp();
   const Cx<T> zz = z[row];
-  Cx<T> prev = sub(Cx<T>{ar[0], T(0)}, zz);
-  rr[0] = prev;
-  for (int64_t i = 1; i < N; ++i) {
-    prev = sub(sub(Cx<T>{ar[i], T(0)}, zz), div(Cx<T>{br[i - 1] * cr[i - 1], T(0)}, prev));
-    rr[i] = prev;
+  const auto d = [&](int e) { return Cx<T>{A[slot(e)] - zz.re, -zz.im}; };
+  const int lo = lane * kChunk < n ? lane * kChunk : n;
+  const int hi = lo + kChunk < n ? lo + kChunk : n;
+  auto f = M::identity(), sv = M::identity();
+  for (int e = lo; e < hi; ++e) {
+    f = M::push(d(e), Q[slot(e)], f);
+    if ((e - lo) % 4 == 3) f = M::rescaled(f);
   }
-  prev = sub(Cx<T>{ar[N - 1], T(0)}, zz);
-  sr[N - 1] = prev;
-  for (int64_t i = N - 2; i >= 0; --i) {
-    prev =
-        causal ? sub(Cx<T>{ar[i], T(0)}, zz) : sub(sub(Cx<T>{ar[i], T(0)}, zz), div(Cx<T>{br[i] * cr[i], T(0)}, prev));
-    sr[i] = prev;
+  f = M::rescaled(f);
+  if (!causal) {
+    for (int e = hi - 1; e >= lo; --e) {
+      sv = M::push(d(e), Q[slot(e + 1)], sv);
+      if ((hi - 1 - e) % 4 == 3) sv = M::rescaled(sv);
+    }
+    sv = M::rescaled(sv);
   }
-  for (int64_t i = 0; i < N; ++i) {
-    if (mixed) {
-      const Cx<T> ri = rr[i], si = sr[i];
-      const Cx<double> q{double(ri.re) + double(si.re) - (double(ar[i]) - double(zz.re)),
-                         double(ri.im) + double(si.im) + double(zz.im)};
-      const Cx<double> gi = div(Cx<double>{1.0, 0.0}, q);
-      gr[i] = Cx<T>{T(gi.re), T(gi.im)};
-    } else {
-      gr[i] = div(Cx<T>{T(1), T(0)}, sub(add(rr[i], sr[i]), sub(Cx<T>{ar[i], T(0)}, zz)));
+  const auto fi = warp_inclusive<M, true>(f, lane);
+  const auto si = warp_inclusive<M, false>(sv, lane);
+  if constexpr (P == kAggregate) {
+    if (lane == 31) agg[(row * 2 + 0) * nT + t] = fi;
+    if (lane == 0) agg[(row * 2 + 1) * nT + (nT - 1 - t)] = si;
+  } else {
+    const auto sf = M::apply(warp_exclusive<M, true>(fi, lane), states[(row * 2 + 0) * nT + t]);
+    const auto ss = M::apply(warp_exclusive<M, false>(si, lane), states[(row * 2 + 1) * nT + (nT - 1 - t)]);
+    if (lo < hi) {
+      // Entering state (x, y) = u_{lo-1}: u_lo = d - q y / x = (d x - q y) / x.
+      Cx<T> u = div(sub(mul(d(lo), sf.x), scale(sf.y, Q[slot(lo)])), sf.x);
+      Rre[slot(lo)] = u.re;
+      Rim[slot(lo)] = u.im;
+      for (int e = lo + 1; e < hi; ++e) {
+        u = sub(d(e), scale(inv(u), Q[slot(e)]));
+        Rre[slot(e)] = u.re;
+        Rim[slot(e)] = u.im;
+      }
+      Cx<T> v{};
+      for (int e = hi - 1; e >= lo; --e) {
+        if (causal)
+          v = d(e);
+        else if (e == hi - 1)
+          v = div(sub(mul(d(e), ss.x), scale(ss.y, Q[slot(e + 1)])), ss.x);
+        else
+          v = sub(d(e), scale(inv(v), Q[slot(e + 1)]));
+        Sre[slot(e)] = v.re;
+        Sim[slot(e)] = v.im;
+        const Cx<T> ru{Rre[slot(e)], Rim[slot(e)]};
+        Cx<T> gi;
+        if (mixed) {
+          const Cx<double> q{double(ru.re) + double(v.re) - (double(A[slot(e)]) - double(zz.re)),
+                             double(ru.im) + double(v.im) + double(zz.im)};
+          const Cx<double> gd = inv(q);
+          gi = {T(gd.re), T(gd.im)};
+        } else {
+          gi = inv(sub(add(ru, v), d(e)));
+        }
+        Gre[slot(e)] = gi.re;
+        Gim[slot(e)] = gi.im;
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < n; e += 32) {
+      const int64_t o = row * N + i0 + e;
+      if (g) g[o] = {Gre[slot(e)], Gim[slot(e)]};
+      if (r) r[o] = {Rre[slot(e)], Rim[slot(e)]};
+      if (s) s[o] = {Sre[slot(e)], Sim[slot(e)]};
     }
   }
 }
 
-// The reverse-mode derivative of forward_kernel (see bk_core_cpu.cpp for the same sweeps).
-template <class T>
-__global__ void backward_kernel(const Cx<T>* gg, const T* b, const T* c, const Cx<T>* g, const Cx<T>* r, const Cx<T>* s,
-                                T* ga, T* gb, T* gc, Cx<T>* gz, Cx<T>* work, int64_t B, int64_t N, bool causal) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (row >= B) return;
-  const Cx<T> zero{T(0), T(0)}, one{T(1), T(0)};
-  Cx<T>* rbar = work + row * 3 * N;
-  Cx<T>* sbar = rbar + N;
-  Cx<T>* dbar = sbar + N;
-  const Cx<T>* gr = g + row * N;
-  const Cx<T>* ggr = gg + row * N;
-  const Cx<T>* rr = r + row * N;
-  const Cx<T>* sr = s + row * N;
-  const T* br = b + row * (N - 1);
-  const T* cr = c + row * (N - 1);
-  T* pb_out = gb + row * (N - 1);
-  T* pc_out = gc + row * (N - 1);
-  for (int64_t i = 0; i < N; ++i) {
-    const Cx<T> qbar = sub(zero, mul(ggr[i], conj(mul(gr[i], gr[i]))));
-    rbar[i] = qbar;
-    sbar[i] = qbar;
-    dbar[i] = sub(zero, qbar);
-  }
-  // pbar accumulates in two passes; the s sweep writes it, the r sweep adds to it.
-  for (int64_t i = 0; i + 1 < N; ++i) {
-    dbar[i] = add(dbar[i], sbar[i]);
-    if (causal) {  // s_i = d_i
-      pb_out[i] = T(0);
-      continue;
+// Backward tiles pass (Note [BK-core scan kernels]): the c sweep is the adjoint of s (ascending),
+// the e sweep the adjoint of r (descending). kOutput writes ga, gb, gc and one gz partial per tile.
+template <class T, int P>
+__global__ void __launch_bounds__(32 * kWarps)
+    backward_tiles(const Cx<T>* gg, const T* b, const T* c, const Cx<T>* g, const Cx<T>* r, const Cx<T>* s, T* ga,
+                   T* gb, T* gc, Cx<T>* gz_part, typename Affine<T>::Elem* agg,
+                   const typename Affine<T>::State* states, int64_t B, int64_t N, int64_t nT, bool causal) {
+  using F = Affine<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t tile = int64_t(blockIdx.x) * kWarps + warp;
+  if (tile >= B * nT) return;
+  const int64_t row = tile / nT, t = tile % nT, i0 = t * kTile;
+  const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
+  T* QBre = reinterpret_cast<T*>(smem_raw) + warp * kBwdArrays * kSlots;  // qbar = -gg conj(g^2)
+  T* QBim = QBre + kSlots;
+  T* Rre = QBim + kSlots;
+  T* Rim = Rre + kSlots;
+  T* Sre = Rim + kSlots;  // s_{i0+e} for e = 0 .. n (one past the tile)
+  T* Sim = Sre + kSlots;
+  T* Bv = Sim + kSlots;  // b_{i0+e-1}, c_{i0+e-1}, zero outside 0 .. N-2
+  T* Cv = Bv + kSlots;
+  T* GA = Cv + kSlots;
+  T* PB = GA + kSlots;
+  const int64_t base = row * N;
+  for (int e = lane; e <= n; e += 32) {
+    const int64_t i = i0 + e;
+    if (e < n) {
+      const Cx<T> gi = g[base + i];
+      const Cx<T> qb = mul(gg[base + i], conj(mul(gi, gi)));
+      QBre[slot(e)] = -qb.re;
+      QBim[slot(e)] = -qb.im;
+      const Cx<T> ri = r[base + i];
+      Rre[slot(e)] = ri.re;
+      Rim[slot(e)] = ri.im;
     }
-    const Cx<T> p{br[i] * cr[i], T(0)};
-    const Cx<T> inv = div(one, sr[i + 1]);
-    const T pbar_re = -mul(sbar[i], conj(inv)).re;
-    pb_out[i] = pbar_re;  // Re(pbar_i) so far
-    sbar[i + 1] = add(sbar[i + 1], mul(sbar[i], conj(mul(p, mul(inv, inv)))));
+    if (i < N) {
+      const Cx<T> si = s[base + i];
+      Sre[slot(e)] = si.re;
+      Sim[slot(e)] = si.im;
+    }
+    const int64_t j = i - 1;
+    const bool in = j >= 0 && j <= N - 2;
+    Bv[slot(e)] = in ? b[row * (N - 1) + j] : T(0);
+    Cv[slot(e)] = in ? c[row * (N - 1) + j] : T(0);
   }
-  dbar[N - 1] = add(dbar[N - 1], sbar[N - 1]);
-  for (int64_t i = N - 1; i >= 1; --i) {
-    const Cx<T> p{br[i - 1] * cr[i - 1], T(0)};
-    const Cx<T> inv = div(one, rr[i - 1]);
-    dbar[i] = add(dbar[i], rbar[i]);
-    pb_out[i - 1] += -mul(rbar[i], conj(inv)).re;
-    rbar[i - 1] = add(rbar[i - 1], mul(rbar[i], conj(mul(p, mul(inv, inv)))));
+  __syncwarp();
+  const auto qbar = [&](int e) { return Cx<T>{QBre[slot(e)], QBim[slot(e)]}; };
+  const auto sq = [](Cx<T> x) { return mul(x, x); };
+  // c_i = alpha c_{i-1} + qbar_i, alpha = conj(p_{i-1} / s_i^2) (zero in the causal case).
+  const auto alpha = [&](int e) {
+    if (causal) return Cx<T>{T(0), T(0)};
+    return conj(scale(inv(sq(Cx<T>{Sre[slot(e)], Sim[slot(e)]})), Bv[slot(e)] * Cv[slot(e)]));
+  };
+  // e_i = beta e_{i+1} + qbar_i, beta = conj(p_i / r_i^2).
+  const auto beta = [&](int e) {
+    return conj(scale(inv(sq(Cx<T>{Rre[slot(e)], Rim[slot(e)]})), Bv[slot(e + 1)] * Cv[slot(e + 1)]));
+  };
+  const int lo = lane * kChunk < n ? lane * kChunk : n;
+  const int hi = lo + kChunk < n ? lo + kChunk : n;
+  auto fc = F::identity(), fe = F::identity();
+  for (int e = lo; e < hi; ++e) fc = F::push(alpha(e), qbar(e), fc);
+  for (int e = hi - 1; e >= lo; --e) fe = F::push(beta(e), qbar(e), fe);
+  const auto ci = warp_inclusive<F, true>(fc, lane);
+  const auto ei = warp_inclusive<F, false>(fe, lane);
+  if constexpr (P == kAggregate) {
+    if (lane == 31) agg[(row * 2 + 0) * nT + t] = ci;
+    if (lane == 0) agg[(row * 2 + 1) * nT + (nT - 1 - t)] = ei;
+  } else {
+    Cx<T> cv = F::apply(warp_exclusive<F, true>(ci, lane), states[(row * 2 + 0) * nT + t]).v;
+    Cx<T> ev = F::apply(warp_exclusive<F, false>(ei, lane), states[(row * 2 + 1) * nT + (nT - 1 - t)]).v;
+    Cx<T> zsum{T(0), T(0)};
+    for (int e = lo; e < hi; ++e) {
+      cv = add(mul(alpha(e), cv), qbar(e));
+      const Cx<T> part = sub(cv, qbar(e));  // dbar_i = -qbar_i + c_i + e_i
+      zsum = sub(zsum, part);
+      GA[slot(e)] = part.re;
+      const bool has_p = i0 + e <= N - 2;
+      PB[slot(e)] = !causal && has_p ? -mul(cv, conj(inv(Cx<T>{Sre[slot(e + 1)], Sim[slot(e + 1)]}))).re : T(0);
+    }
+    for (int e = hi - 1; e >= lo; --e) {
+      if (i0 + e <= N - 2) PB[slot(e)] -= mul(ev, conj(inv(Cx<T>{Rre[slot(e)], Rim[slot(e)]}))).re;
+      ev = add(mul(beta(e), ev), qbar(e));
+      GA[slot(e)] += ev.re;
+      zsum = sub(zsum, ev);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      zsum.re += __shfl_xor_sync(0xffffffffu, zsum.re, off);
+      zsum.im += __shfl_xor_sync(0xffffffffu, zsum.im, off);
+    }
+    if (lane == 0) gz_part[row * nT + t] = zsum;
+    __syncwarp();
+    for (int e = lane; e < n; e += 32) {
+      const int64_t i = i0 + e;
+      ga[base + i] = GA[slot(e)];
+      if (i <= N - 2) {
+        gb[row * (N - 1) + i] = PB[slot(e)] * Cv[slot(e + 1)];
+        gc[row * (N - 1) + i] = PB[slot(e)] * Bv[slot(e + 1)];
+      }
+    }
   }
-  dbar[0] = add(dbar[0], rbar[0]);
-  Cx<T> zsum = zero;
-  for (int64_t i = 0; i < N; ++i) {
-    ga[row * N + i] = dbar[i].re;
-    zsum = sub(zsum, dbar[i]);
-  }
-  for (int64_t i = 0; i + 1 < N; ++i) {
-    const T pbar = pb_out[i];
-    pb_out[i] = pbar * cr[i];
-    pc_out[i] = pbar * br[i];
-  }
-  gz[row] = zsum;
 }
 
-constexpr int kThreads = 128;
+// Raises a kernel's dynamic shared-memory limit once per process (more than 48 KB needs it).
+template <class Kernel>
+void allow_smem(Kernel k, size_t bytes) {
+  if (bytes > 48 * 1024) TANDEM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                static_cast<int>(bytes)));
+}
 
 }  // namespace
 
+int64_t bk_core_tiles(int64_t N) { return (N + kTile - 1) / kTile; }
+
+int64_t bk_core_scratch_bytes(int64_t B, int64_t N, size_t real_size, bool backward) {
+  const int64_t seqs = B * 2 * bk_core_tiles(N);
+  const size_t per = backward ? 6 : 12;  // elem + state, in reals
+  return seqs * static_cast<int64_t>(per * real_size);
+}
+
 template <class T>
 void launch_bk_core_forward(const T* a, const T* b, const T* c, const T* z, T* g, T* r, T* s, int64_t B, int64_t N,
-                            bool mixed, bool causal, cudaStream_t stream) {
-  const int blocks = static_cast<int>((B + kThreads - 1) / kThreads);
-  forward_kernel<T><<<blocks, kThreads, 0, stream>>>(a, b, c, reinterpret_cast<const Cx<T>*>(z),
-                                                     reinterpret_cast<Cx<T>*>(g), reinterpret_cast<Cx<T>*>(r),
-                                                     reinterpret_cast<Cx<T>*>(s), B, N, mixed, causal);
+                            bool mixed, bool causal, void* scratch, cudaStream_t stream) {
+  using M = Mobius<T>;
+  const int64_t nT = bk_core_tiles(N);
+  auto* agg = static_cast<typename M::Elem*>(scratch);
+  auto* st = reinterpret_cast<typename M::State*>(agg + B * 2 * nT);
+  const auto blocks = static_cast<unsigned>((B * nT + kWarps - 1) / kWarps);
+  const size_t smem = size_t(kWarps) * kFwdArrays * kSlots * sizeof(T);
+  static const bool once = [&] {
+    allow_smem(forward_tiles<T, kAggregate>, smem);
+    allow_smem(forward_tiles<T, kOutput>, smem);
+    return true;
+  }();
+  (void)once;
+  const auto* zc = reinterpret_cast<const Cx<T>*>(z);
+  forward_tiles<T, kAggregate><<<blocks, 32 * kWarps, smem, stream>>>(a, b, c, zc, nullptr, nullptr, nullptr, agg,
+                                                                       nullptr, B, N, nT, mixed, causal);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  scan_kernel<M><<<static_cast<unsigned>(B * 2), kScanThreads, 0, stream>>>(agg, st, nT);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  forward_tiles<T, kOutput><<<blocks, 32 * kWarps, smem, stream>>>(
+      a, b, c, zc, reinterpret_cast<Cx<T>*>(g), reinterpret_cast<Cx<T>*>(r), reinterpret_cast<Cx<T>*>(s), agg, st, B,
+      N, nT, mixed, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 template <class T>
 void launch_bk_core_backward(const T* grad_g, const T* b, const T* c, const T* g, const T* r, const T* s, T* ga, T* gb,
-                             T* gc, T* gz, T* work, int64_t B, int64_t N, bool causal, cudaStream_t stream) {
-  const int blocks = static_cast<int>((B + kThreads - 1) / kThreads);
-  backward_kernel<T>
-      <<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const Cx<T>*>(grad_g), b, c, reinterpret_cast<const Cx<T>*>(g),
-                                        reinterpret_cast<const Cx<T>*>(r), reinterpret_cast<const Cx<T>*>(s), ga, gb,
-                                        gc, reinterpret_cast<Cx<T>*>(gz), reinterpret_cast<Cx<T>*>(work), B, N, causal);
+                             T* gc, T* gz_part, int64_t B, int64_t N, bool causal, void* scratch,
+                             cudaStream_t stream) {
+  using F = Affine<T>;
+  const int64_t nT = bk_core_tiles(N);
+  auto* agg = static_cast<typename F::Elem*>(scratch);
+  auto* st = reinterpret_cast<typename F::State*>(agg + B * 2 * nT);
+  const auto blocks = static_cast<unsigned>((B * nT + kWarps - 1) / kWarps);
+  const size_t smem = size_t(kWarps) * kBwdArrays * kSlots * sizeof(T);
+  static const bool once = [&] {
+    allow_smem(backward_tiles<T, kAggregate>, smem);
+    allow_smem(backward_tiles<T, kOutput>, smem);
+    return true;
+  }();
+  (void)once;
+  const auto cx = [](const T* p) { return reinterpret_cast<const Cx<T>*>(p); };
+  backward_tiles<T, kAggregate><<<blocks, 32 * kWarps, smem, stream>>>(
+      cx(grad_g), b, c, cx(g), cx(r), cx(s), nullptr, nullptr, nullptr, nullptr, agg, nullptr, B, N, nT, causal);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  scan_kernel<F><<<static_cast<unsigned>(B * 2), kScanThreads, 0, stream>>>(agg, st, nT);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  backward_tiles<T, kOutput><<<blocks, 32 * kWarps, smem, stream>>>(cx(grad_g), b, c, cx(g), cx(r), cx(s), ga, gb, gc,
+                                                                     reinterpret_cast<Cx<T>*>(gz_part), agg, st, B, N,
+                                                                     nT, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 
 template void launch_bk_core_forward<float>(const float*, const float*, const float*, const float*, float*, float*,
-                                            float*, int64_t, int64_t, bool, bool, cudaStream_t);
+                                            float*, int64_t, int64_t, bool, bool, void*, cudaStream_t);
 template void launch_bk_core_forward<double>(const double*, const double*, const double*, const double*, double*,
-                                             double*, double*, int64_t, int64_t, bool, bool, cudaStream_t);
+                                             double*, double*, int64_t, int64_t, bool, bool, void*, cudaStream_t);
 template void launch_bk_core_backward<float>(const float*, const float*, const float*, const float*, const float*,
-                                             const float*, float*, float*, float*, float*, float*, int64_t, int64_t,
-                                             bool, cudaStream_t);
-template void launch_bk_core_backward<double>(const double*, const double*, const double*, const double*, const double*,
-                                              const double*, double*, double*, double*, double*, double*, int64_t,
-                                              int64_t, bool, cudaStream_t);
+                                             const float*, float*, float*, float*, float*, int64_t, int64_t, bool,
+                                             void*, cudaStream_t);
+template void launch_bk_core_backward<double>(const double*, const double*, const double*, const double*,
+                                              const double*, const double*, double*, double*, double*, double*,
+                                              int64_t, int64_t, bool, void*, cudaStream_t);
 
 }  // namespace tandem::detail

@@ -58,10 +58,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> bk_core_b
     const torch::Tensor& r, const torch::Tensor& s, bool causal = false);
 
 /// The CUDA implementation, registered by the CUDA build (kernels/bk_core_cuda.cpp); null without it.
+/// Its forward returns r and s only with `keep_ratios` (undefined tensors otherwise: no autograd).
 struct BkCoreCudaOps {
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> (*forward)(const torch::Tensor& a, const torch::Tensor& b,
                                                                      const torch::Tensor& c, const torch::Tensor& z,
-                                                                     BkCoreMode mode, bool causal);
+                                                                     BkCoreMode mode, bool causal, bool keep_ratios);
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> (*backward)(
       const torch::Tensor& grad_g, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
       const torch::Tensor& r, const torch::Tensor& s, bool causal);

@@ -269,7 +269,8 @@ class BkCoreFunction : public torch::autograd::Function<BkCoreFunction> {
       const auto* ops = detail::bk_core_cuda_ops();
       TANDEM_CHECK(ops != nullptr, "bk_core on ", a.device(),
                    " tensors needs the CUDA kernels, and this build has none; run it on CPU tensors");
-      std::tie(g, r, s) = ops->forward(a, b, c, z, static_cast<BkCoreMode>(mode), causal);
+      const bool keep_ratios = a.requires_grad() || b.requires_grad() || c.requires_grad() || z.requires_grad();
+      std::tie(g, r, s) = ops->forward(a, b, c, z, static_cast<BkCoreMode>(mode), causal, keep_ratios);
     } else {
       std::tie(g, r, s) = detail::bk_core_forward_cpu(a, b, c, z, static_cast<BkCoreMode>(mode), causal);
     }

@@ -11,11 +11,16 @@
 namespace tandem::detail {
 namespace {
 
+torch::Tensor scratch(const torch::Tensor& like, int64_t B, int64_t N, bool backward) {
+  return torch::empty({bk_core_scratch_bytes(B, N, like.element_size(), backward)},
+                      like.options().dtype(torch::kUInt8));
+}
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch::Tensor& a_in,
                                                                      const torch::Tensor& b_in,
                                                                      const torch::Tensor& c_in,
                                                                      const torch::Tensor& z_in, BkCoreMode mode,
-                                                                     bool causal) {
+                                                                     bool causal, bool keep_ratios) {
   bk_core_validate(a_in, b_in, c_in, z_in, mode);
   torch::NoGradGuard no_grad;
   const c10::cuda::CUDAGuard guard(a_in.device());
@@ -24,29 +29,23 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch
   const auto ct = bk_core_complex_type(a.scalar_type());
   const auto opts = a.options().dtype(ct);
   const auto zb = z_in.detach().to(a.device(), ct).expand({B}).contiguous();
-  auto g = torch::empty({B, N}, opts), r = torch::empty({B, N}, opts), s = torch::empty({B, N}, opts);
+  auto g = torch::empty({B, N}, opts);
+  torch::Tensor r, s;
+  if (keep_ratios) r = torch::empty({B, N}, opts), s = torch::empty({B, N}, opts);
+  auto work = scratch(a, B, N, false);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const auto out = [](torch::Tensor& t) { return t.defined() ? reinterpret_cast<T*>(t.data_ptr()) : nullptr; };
+    launch_bk_core_forward<T>(a.data_ptr<T>(), b.data_ptr<T>(), c.data_ptr<T>(),
+                              reinterpret_cast<const T*>(zb.data_ptr()), out(g), out(r), out(s), B, N,
+                              mode == BkCoreMode::kMixed, causal, work.data_ptr(), stream);
+  };
   if (a.scalar_type() == torch::kFloat64)
-    launch_bk_core_forward<double>(a.data_ptr<double>(), b.data_ptr<double>(), c.data_ptr<double>(),
-                                   reinterpret_cast<const double*>(zb.data_ptr()),
-                                   reinterpret_cast<double*>(g.data_ptr()), reinterpret_cast<double*>(r.data_ptr()),
-                                   reinterpret_cast<double*>(s.data_ptr()), B, N, false, causal, stream);
+    run(double{});
   else
-    launch_bk_core_forward<float>(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(),
-                                  reinterpret_cast<const float*>(zb.data_ptr()), reinterpret_cast<float*>(g.data_ptr()),
-                                  reinterpret_cast<float*>(r.data_ptr()), reinterpret_cast<float*>(s.data_ptr()), B, N,
-                                  mode == BkCoreMode::kMixed, causal, stream);
+    run(float{});
   return {g, r, s};
-}
-
-template <class T>
-void backward_typed(const torch::Tensor& gg, const torch::Tensor& b, const torch::Tensor& c, const torch::Tensor& g,
-                    const torch::Tensor& r, const torch::Tensor& s, torch::Tensor& ga, torch::Tensor& gb,
-                    torch::Tensor& gc, torch::Tensor& gz, torch::Tensor& work, bool causal) {
-  auto cp = [](const torch::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); };
-  auto mp = [](torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
-  launch_bk_core_backward<T>(cp(gg), cp(b), cp(c), cp(g), cp(r), cp(s), mp(ga), mp(gb), mp(gc), mp(gz), mp(work),
-                             g.size(0), g.size(1), causal, c10::cuda::getCurrentCUDAStream());
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> backward_cuda(
@@ -59,13 +58,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> backward_
   const int64_t B = g.size(0), N = g.size(1);
   const auto ro = b.options();
   auto ga = torch::empty({B, N}, ro), gb = torch::empty({B, N - 1}, ro), gc = torch::empty({B, N - 1}, ro);
-  auto gz = torch::empty({B}, g.options());
-  auto work = torch::empty({B, 3 * N}, g.options());
+  auto gz_part = torch::empty({B, bk_core_tiles(N)}, g.options());
+  auto work = scratch(b, B, N, true);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const auto cp = [](const torch::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); };
+    const auto mp = [](torch::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
+    launch_bk_core_backward<T>(cp(gg), cp(b), cp(c), cp(g), cp(r), cp(s), mp(ga), mp(gb), mp(gc), mp(gz_part), B, N,
+                               causal, work.data_ptr(), stream);
+  };
   if (b.scalar_type() == torch::kFloat64)
-    backward_typed<double>(gg, b, c, g, r, s, ga, gb, gc, gz, work, causal);
+    run(double{});
   else
-    backward_typed<float>(gg, b, c, g, r, s, ga, gb, gc, gz, work, causal);
-  return {ga, gb, gc, gz};
+    run(float{});
+  return {ga, gb, gc, gz_part.sum(1)};
 }
 
 const BkCoreCudaOps kOps{&forward_cuda, &backward_cuda};
