@@ -16,7 +16,7 @@ struct BkCoreBenchOptions {
   std::string device = "auto";  ///< auto | cpu | cuda
   int repeats = 5;
   int64_t ops_max_elements = int64_t(1) << 17;  ///< the LibTorch-ops baseline runs where B*N <= this
-  int64_t cusparse_max_elements = int64_t(1) << 28;  ///< cuSPARSE runs where B*N*N <= this (O(B N^2) memory)
+  int64_t cusparse_max_elements = int64_t(1) << 27;  ///< cuSPARSE runs where B*N*N <= this (O(B N^2) memory)
   std::string json_path;
 };
 

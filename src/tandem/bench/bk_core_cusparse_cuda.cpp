@@ -45,6 +45,8 @@ torch::Tensor cusparse_diagonal(const torch::Tensor& a, const torch::Tensor& b, 
   const auto h = handle();
   check(cusparseSetStream(h, c10::cuda::getCurrentCUDAStream()), "cusparseSetStream");
   const auto cx = [](const torch::Tensor& t) { return reinterpret_cast<cuDoubleComplex*>(t.data_ptr()); };
+  TANDEM_CHECK(B * N * N < (int64_t(1) << 28), "cuSPARSE comparison: B*N*N = ", B * N * N,
+               " systems x entries overflows its 32-bit indexing; use smaller B or N");
   const int m = static_cast<int>(N), batch = static_cast<int>(B * N);
   size_t bytes = 0;
   check(cusparseZgtsv2StridedBatch_bufferSizeExt(h, m, cx(dl), cx(d), cx(du), cx(x), batch, m, &bytes),

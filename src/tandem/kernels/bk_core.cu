@@ -64,8 +64,8 @@ __device__ __forceinline__ Cx<T> conj(Cx<T> x) {
 }
 template <class T>
 __device__ __forceinline__ Cx<T> inv(Cx<T> y) {
-  const T den = y.re * y.re + y.im * y.im;
-  return {y.re / den, -y.im / den};
+  const T k = T(1) / (y.re * y.re + y.im * y.im);
+  return {y.re * k, -y.im * k};
 }
 template <class T>
 __device__ __forceinline__ Cx<T> div(Cx<T> x, Cx<T> y) {
@@ -186,7 +186,8 @@ constexpr int kTile = 32 * kChunk;           // elements per warp
 constexpr int kStride = kChunk + 1;          // padded shared-memory row per lane (no bank conflicts)
 constexpr int kSlots = 33 * kStride;         // one array: 32 lanes and one element past the tile
 constexpr int kWarps = 4;                    // tiles per block
-constexpr int kFwdArrays = 8, kBwdArrays = 10;
+constexpr int kLoads = kTile / 32 + 1;      // loads per lane to fill a tile and one element past it
+constexpr int kFwdArrays = 8, kFwdArraysNoRatios = 4, kFwdArraysAggregate = 2, kBwdArrays = 10;
 constexpr int kScanThreads = 256;
 
 __device__ __forceinline__ int slot(int e) { return (e / kChunk) * kStride + e % kChunk; }
@@ -236,21 +237,38 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (tile >= B * nT) return;  // whole warps
   const int64_t row = tile / nT, t = tile % nT, i0 = t * kTile;
   const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
-  T* A = reinterpret_cast<T*>(smem_raw) + warp * kFwdArrays * kSlots;
+  // Shared arrays per warp: A, Q, then R (which G overwrites in place unless r and s are kept),
+  // then S and G when they are.
+  const bool keep = r != nullptr;
+  const int arrays = P == kAggregate ? kFwdArraysAggregate : keep ? kFwdArrays : kFwdArraysNoRatios;
+  T* A = reinterpret_cast<T*>(smem_raw) + warp * arrays * kSlots;
   T* Q = A + kSlots;  // Q[e] = p_{i0+e-1}, zero outside 0 .. N-2
   T* Rre = Q + kSlots;
   T* Rim = Rre + kSlots;
-  T* Sre = Rim + kSlots;
-  T* Sim = Sre + kSlots;
-  T* Gre = Sim + kSlots;
-  T* Gim = Gre + kSlots;
-  const T* ar = a + row * N + i0;
-  const T* br = b + row * (N - 1);
-  const T* cr = c + row * (N - 1);
-  for (int e = lane; e <= n; e += 32) {
-    if (e < n) A[slot(e)] = ar[e];
-    const int64_t i = i0 + e - 1;
-    Q[slot(e)] = i >= 0 && i <= N - 2 ? br[i] * cr[i] : T(0);
+  T* Sre = keep ? Rim + kSlots : nullptr;
+  T* Sim = keep ? Sre + kSlots : nullptr;
+  T* Gre = keep ? Sim + kSlots : Rre;
+  T* Gim = keep ? Gre + kSlots : Rim;
+  const T* __restrict__ ar = a + row * N + i0;
+  const T* __restrict__ br = b + row * (N - 1);
+  const T* __restrict__ cr = c + row * (N - 1);
+  {  // all loads of the tile issued before the first store: enough bytes in flight per warp
+    T av[kLoads], qv[kLoads];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      const int64_t i = i0 + e - 1;
+      av[k] = e < n ? __ldg(ar + e) : T(0);
+      qv[k] = e <= n && i >= 0 && i <= N - 2 ? __ldg(br + i) * __ldg(cr + i) : T(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      if (e <= n) {
+        A[slot(e)] = av[k];
+        Q[slot(e)] = qv[k];
+      }
+    }
   }
   __syncwarp();
   const Cx<T> zz = z[row];
@@ -296,8 +314,10 @@ __global__ void __launch_bounds__(32 * kWarps)
           v = div(sub(mul(d(e), ss.x), scale(ss.y, Q[slot(e + 1)])), ss.x);
         else
           v = sub(d(e), scale(inv(v), Q[slot(e + 1)]));
-        Sre[slot(e)] = v.re;
-        Sim[slot(e)] = v.im;
+        if (keep) {
+          Sre[slot(e)] = v.re;
+          Sim[slot(e)] = v.im;
+        }
         const Cx<T> ru{Rre[slot(e)], Rim[slot(e)]};
         Cx<T> gi;
         if (mixed) {
@@ -315,9 +335,11 @@ __global__ void __launch_bounds__(32 * kWarps)
     __syncwarp();
     for (int e = lane; e < n; e += 32) {
       const int64_t o = row * N + i0 + e;
-      if (g) g[o] = {Gre[slot(e)], Gim[slot(e)]};
-      if (r) r[o] = {Rre[slot(e)], Rim[slot(e)]};
-      if (s) s[o] = {Sre[slot(e)], Sim[slot(e)]};
+      g[o] = {Gre[slot(e)], Gim[slot(e)]};
+      if (keep) {
+        r[o] = {Rre[slot(e)], Rim[slot(e)]};
+        s[o] = {Sre[slot(e)], Sim[slot(e)]};
+      }
     }
   }
 }
@@ -347,26 +369,50 @@ __global__ void __launch_bounds__(32 * kWarps)
   T* GA = Cv + kSlots;
   T* PB = GA + kSlots;
   const int64_t base = row * N;
-  for (int e = lane; e <= n; e += 32) {
-    const int64_t i = i0 + e;
-    if (e < n) {
-      const Cx<T> gi = g[base + i];
-      const Cx<T> qb = mul(gg[base + i], conj(mul(gi, gi)));
-      QBre[slot(e)] = -qb.re;
-      QBim[slot(e)] = -qb.im;
-      const Cx<T> ri = r[base + i];
-      Rre[slot(e)] = ri.re;
-      Rim[slot(e)] = ri.im;
+  // Two rounds of loads (complex, then real), each issued in full before its stores.
+  {
+    Cx<T> qv[kLoads], rv[kLoads], sv[kLoads];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      const int64_t i = i0 + e;
+      const Cx<T> zero{T(0), T(0)};
+      const Cx<T> gi = e < n ? g[base + i] : zero;
+      qv[k] = e < n ? mul(gg[base + i], conj(mul(gi, gi))) : zero;
+      rv[k] = e < n ? r[base + i] : zero;
+      sv[k] = e <= n && i < N ? s[base + i] : zero;
     }
-    if (i < N) {
-      const Cx<T> si = s[base + i];
-      Sre[slot(e)] = si.re;
-      Sim[slot(e)] = si.im;
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      if (e <= n) {
+        QBre[slot(e)] = -qv[k].re;
+        QBim[slot(e)] = -qv[k].im;
+        Rre[slot(e)] = rv[k].re;
+        Rim[slot(e)] = rv[k].im;
+        Sre[slot(e)] = sv[k].re;
+        Sim[slot(e)] = sv[k].im;
+      }
     }
-    const int64_t j = i - 1;
-    const bool in = j >= 0 && j <= N - 2;
-    Bv[slot(e)] = in ? b[row * (N - 1) + j] : T(0);
-    Cv[slot(e)] = in ? c[row * (N - 1) + j] : T(0);
+  }
+  {
+    T bv[kLoads], cv[kLoads];
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      const int64_t j = i0 + e - 1;
+      const bool in = e <= n && j >= 0 && j <= N - 2;
+      bv[k] = in ? __ldg(b + row * (N - 1) + j) : T(0);
+      cv[k] = in ? __ldg(c + row * (N - 1) + j) : T(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kLoads; ++k) {
+      const int e = lane + 32 * k;
+      if (e <= n) {
+        Bv[slot(e)] = bv[k];
+        Cv[slot(e)] = cv[k];
+      }
+    }
   }
   __syncwarp();
   const auto qbar = [&](int e) { return Cx<T>{QBre[slot(e)], QBim[slot(e)]}; };
@@ -450,21 +496,23 @@ void launch_bk_core_forward(const T* a, const T* b, const T* c, const T* z, T* g
   const int64_t nT = bk_core_tiles(N);
   auto* agg = static_cast<typename M::Elem*>(scratch);
   auto* st = reinterpret_cast<typename M::State*>(agg + B * 2 * nT);
+  if ((r == nullptr) != (s == nullptr) || g == nullptr)
+    ::tandem::detail::throw_internal_error(__FILE__, __LINE__, "g && (r && s || !r && !s)", "bad output pointers");
   const auto blocks = static_cast<unsigned>((B * nT + kWarps - 1) / kWarps);
-  const size_t smem = size_t(kWarps) * kFwdArrays * kSlots * sizeof(T);
+  const auto smem = [](int arrays) { return size_t(kWarps) * arrays * kSlots * sizeof(T); };
   static const bool once = [&] {
-    allow_smem(forward_tiles<T, kAggregate>, smem);
-    allow_smem(forward_tiles<T, kOutput>, smem);
+    allow_smem(forward_tiles<T, kAggregate>, smem(kFwdArraysAggregate));
+    allow_smem(forward_tiles<T, kOutput>, smem(kFwdArrays));
     return true;
   }();
   (void)once;
   const auto* zc = reinterpret_cast<const Cx<T>*>(z);
-  forward_tiles<T, kAggregate><<<blocks, 32 * kWarps, smem, stream>>>(a, b, c, zc, nullptr, nullptr, nullptr, agg,
+  forward_tiles<T, kAggregate><<<blocks, 32 * kWarps, smem(kFwdArraysAggregate), stream>>>(a, b, c, zc, nullptr, nullptr, nullptr, agg,
                                                                        nullptr, B, N, nT, mixed, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
   scan_kernel<M><<<static_cast<unsigned>(B * 2), kScanThreads, 0, stream>>>(agg, st, nT);
   TANDEM_CUDA_LAUNCH_CHECK();
-  forward_tiles<T, kOutput><<<blocks, 32 * kWarps, smem, stream>>>(
+  forward_tiles<T, kOutput><<<blocks, 32 * kWarps, smem(r ? kFwdArrays : kFwdArraysNoRatios), stream>>>(
       a, b, c, zc, reinterpret_cast<Cx<T>*>(g), reinterpret_cast<Cx<T>*>(r), reinterpret_cast<Cx<T>*>(s), agg, st, B,
       N, nT, mixed, causal);
   TANDEM_CUDA_LAUNCH_CHECK();
