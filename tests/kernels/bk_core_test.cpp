@@ -200,9 +200,9 @@ TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
     EXPECT_LT(e64, 1e-4) << N;
     EXPECT_LT(emix, 1e-4) << N;
   }
-  // The scan kernels cut rows into tiles of 256 and chunks of 8: lengths on and around those cuts,
+  // The scan kernels cut rows into tiles of 512 and chunks of 16: lengths on and around those cuts,
   // both diagonals, a shared and a per-row z. Forward values and gradients equal the CPU sweeps.
-  for (const int64_t N : {2, 9, 255, 256, 257, 5000})
+  for (const int64_t N : {2, 17, 255, 511, 512, 513, 5000})
     for (const BkCoreDiagonal diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
       const bool per_row = N % 2 == 1;
       auto in = random_inputs(3, N, torch::kFloat64, 4 + N, per_row);
