@@ -265,6 +265,18 @@ const std::vector<Field>& fields() {
       enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets,
                  F(offload.optimizer)),
       bool_field("offload.pin_memory", "use pinned host memory for offloaded buffers", F(offload.pin_memory)),
+      string_field("offload.update_split",
+                   "k, the fraction of decoder Blocks whose master and states stay on the GPU: auto | 0 .. 1",
+                   F(offload.update_split)),
+      int_field("offload.resolve_every", "auto k: re-solve from measured times every N steps (0 = at start-up only)",
+                F(offload.resolve_every)),
+      bool_field("offload.delayed_update",
+                 "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
+                 F(offload.delayed_update)),
+      double_field("offload.gpu_memory_fraction", "share of GPU memory the memory plan may use",
+                   F(offload.gpu_memory_fraction)),
+      double_field("offload.host_memory_fraction", "share of available host memory the plan may pin",
+                   F(offload.host_memory_fraction)),
   };
   return kFields;
 }
@@ -582,7 +594,23 @@ std::string config_hash(const Config& cfg) {
   return buf;
 }
 
+std::optional<double> parse_update_split(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  char* end = nullptr;
+  const double k = std::strtod(s.c_str(), &end);
+  TANDEM_CHECK(!s.empty() && end && *end == '\0' && k >= 0 && k <= 1,
+               "offload.update_split must be auto or a fraction in [0, 1]; got '", s, "'");
+  return k;
+}
+
 void validate_config(const Config& c) {
+  (void)parse_update_split(c.offload.update_split);
+  TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
+               c.offload.resolve_every);
+  TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,
+               "offload.gpu_memory_fraction must be in (0, 1], got ", c.offload.gpu_memory_fraction);
+  TANDEM_CHECK(c.offload.host_memory_fraction > 0 && c.offload.host_memory_fraction <= 1,
+               "offload.host_memory_fraction must be in (0, 1], got ", c.offload.host_memory_fraction);
   TANDEM_CHECK(c.train.steps >= 0, "train.steps must be >= 0, got ", c.train.steps);
   TANDEM_CHECK(c.train.micro_batch > 0, "train.micro_batch must be > 0, got ", c.train.micro_batch);
   TANDEM_CHECK(c.train.grad_accum > 0, "train.grad_accum must be > 0, got ", c.train.grad_accum);

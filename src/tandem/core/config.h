@@ -98,6 +98,11 @@ struct ScalerConfig {
 struct OffloadConfig {
   OffloadTarget optimizer = OffloadTarget::kNone;
   bool pin_memory = true;
+  std::string update_split = "auto";  ///< k: fraction of decoder Blocks updated on the GPU, "auto" = solved
+  int64_t resolve_every = 50;         ///< auto k: re-solve every this many steps (0 = only at start-up)
+  bool delayed_update = false;        ///< opt-in one-step delayed update (weights may lag one step)
+  double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
+  double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
 };
 
 /// The whole configuration of a run.
@@ -152,6 +157,9 @@ std::string config_to_yaml(const Config& cfg);
 
 /// Stable hash of the configuration (hex), to check that ranks or a resume agree.
 std::string config_hash(const Config& cfg);
+
+/// offload.update_split: the fixed k in [0, 1], or nullopt for "auto"; UserError otherwise.
+std::optional<double> parse_update_split(const std::string& s);
 
 /// Checks values that are individually valid but impossible together.
 void validate_config(const Config& cfg);
