@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -16,6 +17,7 @@
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/spec.h"
 #include "tandem/run/trainer.h"
 
@@ -74,7 +76,72 @@ ModelSpec spec_for(const Config& cfg) {
   return resolve_model_spec(cfg.model);
 }
 
-int run_inspect(const Config& cfg) {
+/// `tandem inspect` options beyond the configuration.
+struct InspectOptions {
+  bool plan = false;             ///< print the offload engine's memory plan instead of the single-device estimate
+  double gpu_memory_gib = 80.0;  ///< GPU to plan for when none is visible, or when given explicitly
+  bool gpu_memory_given = false;
+  double host_memory_gib = 0.0;  ///< 0 = MemAvailable from /proc/meminfo
+};
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// The offload plan for `cfg`: the split from offload.update_split (auto = the most GPU-updated
+/// Blocks that fit), the table, then check_plan_fits (a UserError when it does not fit).
+int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const InspectOptions& opts) {
+  MemoryCapacity cap;
+  std::string gpu_source;
+  const bool cuda =
+      cfg.train.device != "cpu" && torch::cuda::is_available() && accelerator() && accelerator()->device_count() > 0;
+  if (cuda && !opts.gpu_memory_given) {
+    cap.gpu_total = accelerator()->memory_stats(0).total;
+    gpu_source = accelerator()->device_name(0);
+  } else {
+    cap.gpu_total = static_cast<int64_t>(opts.gpu_memory_gib * kGiB);
+    gpu_source = opts.gpu_memory_given ? "--gpu-memory" : "no GPU visible: default, set with --gpu-memory";
+  }
+  cap.host_available =
+      opts.host_memory_gib > 0 ? static_cast<int64_t>(opts.host_memory_gib * kGiB) : host_available_bytes();
+  const std::string host_source = opts.host_memory_gib > 0 ? "--host-memory"
+                                  : cap.host_available > 0
+                                      ? "MemAvailable"
+                                      : "unknown: the pinned tier is not checked; set --host-memory";
+
+  const auto k = parse_update_split(cfg.offload.update_split);
+  int64_t g = 0;
+  std::string split;
+  if (k) {
+    g = std::llround(*k * double(s.n_layer));
+    split = strprintf("offload.update_split=%s: %lld of %lld decoder blocks GPU-updated",
+                      cfg.offload.update_split.c_str(), (long long)g, (long long)s.n_layer);
+  } else {
+    const int64_t fit = largest_fitting_gpu_blocks(s, cfg, T, cap);
+    g = std::max<int64_t>(fit, 0);
+    split = fit >= 0
+                ? strprintf("offload.update_split=auto: %lld of %lld decoder blocks GPU-updated, the most that fit",
+                            (long long)g, (long long)s.n_layer)
+                : std::string("offload.update_split=auto: not even 0 GPU-updated blocks fit");
+  }
+  const MemoryPlan plan = plan_offload_memory(s, cfg, T, g);
+  std::printf("\nGPU: %s (%s); host: %s available (%s)\n%s\n\n%s", format_bytes(double(cap.gpu_total)).c_str(),
+              gpu_source.c_str(), format_bytes(double(cap.host_available)).c_str(), host_source.c_str(), split.c_str(),
+              format_plan(plan).c_str());
+  std::printf(
+      "\nbudget: GPU %s of %s (offload.gpu_memory_fraction=%.2f)", format_bytes(double(plan.gpu_bytes())).c_str(),
+      format_bytes(double(cap.gpu_total) * cfg.offload.gpu_memory_fraction).c_str(), cfg.offload.gpu_memory_fraction);
+  if (plan.pinned && cap.host_available > 0)
+    std::printf(", pinned host %s of %s (offload.host_memory_fraction=%.2f)",
+                format_bytes(double(plan.pinned_bytes())).c_str(),
+                format_bytes(double(cap.host_available) * cfg.offload.host_memory_fraction).c_str(),
+                cfg.offload.host_memory_fraction);
+  std::printf("\n");
+  std::fflush(stdout);
+  check_plan_fits(plan, cap, cfg.offload, cfg.train);
+  std::printf("the plan fits\n");
+  return 0;
+}
+
+int run_inspect(const Config& cfg, const InspectOptions& opts) {
   const ModelSpec s = spec_for(cfg);
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
   std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
@@ -116,6 +183,7 @@ int run_inspect(const Config& cfg) {
         "best)\n");
   if (bad8.empty())
     for (const auto& m : bad16) std::printf("  not a multiple of 16 (fp8): %s\n", m.c_str());
+  if (opts.plan) return print_offload_plan(cfg, s, T, opts);
   const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
   const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
   std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",
@@ -156,6 +224,7 @@ int main(int argc, char** argv) {
       "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
       "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
       "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
+      "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
       "  tandem config --keys              every configuration key with its meaning\n"
       "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params",
       "tandem"};
@@ -174,6 +243,18 @@ int main(int argc, char** argv) {
   auto* inspect_cmd =
       app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
   inspect_args.add_to(inspect_cmd, false);
+  InspectOptions inspect_opts;
+  inspect_cmd->add_flag("--plan", inspect_opts.plan,
+                        "the offload engine's memory plan (GPU, pinned and pageable host) instead of the estimate; "
+                        "refuses a plan that does not fit");
+  auto* gpu_memory_opt = inspect_cmd
+                             ->add_option("--gpu-memory", inspect_opts.gpu_memory_gib,
+                                          "GiB of GPU memory to plan for (default: the first visible GPU's, else 80)")
+                             ->check(CLI::PositiveNumber);
+  inspect_cmd
+      ->add_option("--host-memory", inspect_opts.host_memory_gib,
+                   "GiB of available host memory to plan for (default: MemAvailable of /proc/meminfo)")
+      ->check(CLI::PositiveNumber);
 
   bool list_keys = false;
   auto* config_cmd = app.add_subcommand("config", "print the resolved configuration as YAML, or list every key");
@@ -232,7 +313,10 @@ int main(int argc, char** argv) {
       train(cfg, opts);
       return 0;
     }
-    if (*inspect_cmd) return run_inspect(inspect_args.resolve(""));
+    if (*inspect_cmd) {
+      inspect_opts.gpu_memory_given = gpu_memory_opt->count() > 0;
+      return run_inspect(inspect_args.resolve(""), inspect_opts);
+    }
     if (*bench_bk) return run_bk_core_bench(bk_opts);
     if (*bench_optim) {
       if (!bench_sizes.empty()) {

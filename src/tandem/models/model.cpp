@@ -34,7 +34,9 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
 torch::Tensor Model::forward(const torch::Tensor& tokens) {
   const bool recompute = checkpointing_ && is_training() && torch::GradMode::is_enabled();
   torch::Tensor x = tokens;
-  for (auto& block : blocks_) {
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    auto& block = blocks_[i];
+    if (before_block_) before_block_(i);
     if (recompute && block->kind() == BlockKind::kLayer)
       x = checkpointed_forward(*block, x);
     else

@@ -44,6 +44,10 @@ class Model : public torch::nn::Module {
   void load_hf_state_dict(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                           const std::string& source);
 
+  /// Called with the Block's index before each Block's forward (the offload engine waits there for
+  /// that Block's weights of this step); empty = none.
+  void set_before_block(std::function<void(size_t)> fn) { before_block_ = std::move(fn); }
+
   /// The HF shape a named parameter has in a checkpoint.
   std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;
 
@@ -51,6 +55,7 @@ class Model : public torch::nn::Module {
   ModelSpec spec_;
   bool checkpointing_;
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::function<void(size_t)> before_block_;
 };
 
 /// Builds the model for a spec, initialised from torch's current RNG.

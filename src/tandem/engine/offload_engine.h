@@ -1,0 +1,111 @@
+#pragma once
+// The offload engine's step: gradients stream to the CPU Block by Block as backward completes
+// them, the CPU updates each Block's fp32 master and states while backward goes on, and the new
+// weights stream back; the update split's GPU-updated Blocks are updated on the device
+// (ARCHITECTURE.md, "One training step, offload mode"; Note [Gradient streaming]).
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tandem/engine/param_store.h"
+#include "tandem/optim/cpu_update.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem {
+
+class CpuThreadPool;
+
+struct EngineOptions {
+  AdamWOptions adam;
+  double grad_clip = 1.0;  ///< global-norm clipping; 0 disables
+  CpuThreadPool* pool = nullptr;  ///< CPU update threads; null = the global pool
+};
+
+/// What end_step() decided.
+struct StepOutcome {
+  double grad_norm = 0.0;  ///< global norm of the (unscaled) gradients, before clipping
+  bool skipped = false;    ///< a non-finite gradient: nothing was updated
+  bool rolled_back = false;  ///< the speculative CPU updates were undone (clipping or skip)
+};
+
+/// Cumulative counters of an engine.
+struct EngineStats {
+  int64_t steps = 0, skipped = 0, rollbacks = 0;
+  double cpu_update_s = 0.0;    ///< summed CPU update time (updater thread)
+  int64_t cpu_updated_params = 0;
+};
+
+class OffloadEngine {
+ public:
+  OffloadEngine(Model& model, ParamStore& store, EngineOptions options);
+  ~OffloadEngine();
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
+
+  /// Starts a step at learning rate `lr`; gradients are divided by `loss_scale` (fp16).
+  void begin_step(double lr, double loss_scale = 1.0);
+  /// Before each micro-batch's backward: on the last one, Blocks are dispatched as they complete.
+  void begin_micro(bool last);
+  /// After the last backward: global norm, clipping and non-finite check (Note [Speculative
+  /// clipping]), the GPU-updated Blocks' update, gradients zeroed. The next forward waits per Block.
+  StepOutcome end_step();
+  /// Blocks until every update of the last step is in the working weights (for evaluation,
+  /// checkpoints and the end of training).
+  void wait_all();
+
+  const EngineStats& stats() const { return stats_; }
+  /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
+  std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
+  /// Restores the step count after a checkpoint's state was copied into state().
+  void sync_step_from_state() { stats_.steps = static_cast<int64_t>(step_tensor_.item<float>()); }
+
+ private:
+  struct Job {
+    size_t block;
+    double grad_scale, lr;
+    int64_t step;  ///< 1-based update count (bias correction)
+    bool undo;
+  };
+  void on_param_ready(size_t block);
+  void dispatch(size_t block);
+  void updater_loop();
+  void run_cpu_update(const Job& job);
+  void upload(size_t block);
+  void wait_block(size_t block);
+  void wait_cpu_jobs();
+  std::vector<UpdateSpan> spans(size_t block);
+  UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
+  void update_gpu_blocks(double grad_scale);
+
+  Model& model_;
+  ParamStore& store_;
+  EngineOptions options_;
+  const bool cuda_;
+  EngineStats stats_;
+  torch::Tensor step_tensor_;  // 0-d fp32 host: the step count, shared by every ".step" entry
+  double lr_ = 0.0, loss_scale_ = 1.0;
+  bool last_micro_ = true;
+  std::vector<int64_t> remaining_;  // per Block: parameters whose gradient is not yet complete
+  std::vector<bool> dispatched_;
+  std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm
+
+  struct Streams;  // CUDA streams and events (Note [Gradient streaming])
+  std::unique_ptr<Streams> streams_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
+  int64_t in_flight_ = 0;
+  bool stop_ = false;
+  std::thread updater_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,99 @@
+#pragma once
+// The offload engine's single source of weights: per Block, flat buffers on each tier and the
+// module's parameters rebound as views of them (ARCHITECTURE.md, "One training step, offload mode").
+//
+// Note [ParamStore layout]
+// Each Block's parameters (its hf_parameters(), so a tied head owns none) are laid end to end in
+// one flat range of `numel` elements, in a fixed order:
+//   device  working (numel) compute dtype   the module's parameters are views of it
+//           grad    (numel) compute dtype   the parameters' .grad are views of it, so autograd
+//                                           accumulates straight into one flat buffer per Block
+//   master  (numel) fp32, m and v (numel) fp32: pinned host memory for CPU-updated Blocks, device
+//           memory for GPU-updated ones (the update split, Note [Update split])
+//   host    landing (numel) compute dtype   gradients coming down (CPU-updated Blocks)
+//           staging (numel) compute dtype   new weights going up (CPU-updated Blocks)
+//           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
+// One flat range per Block is also the seam for sharding (a rank owns a contiguous slice of every
+// Block's range: reduce-scatter before the landing buffer, all-gather after staging). With the CPU
+// as the device, "device" and "pinned host" are both plain host memory and the copies are memcpy.
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/engine/update_side.h"
+#include "tandem/models/model.h"
+
+namespace tandem {
+
+
+/// One parameter inside a Block's flat range.
+struct FlatParam {
+  std::string name;  ///< HF name
+  torch::Tensor param;  ///< the module's parameter (a view of `working`)
+  int64_t offset = 0, numel = 0;
+  std::vector<int64_t> shape;
+  float weight_decay_scale = 1.0f;  ///< 0 for 1-D parameters (norm scales), as FusedAdamW
+};
+
+/// The buffers of one Block (Note [ParamStore layout]).
+struct BlockStore {
+  std::string name;
+  std::vector<FlatParam> params;
+  int64_t numel = 0;
+  int64_t index_base = 0;  ///< offset of this Block in the whole parameter space (stochastic rounding)
+  UpdateSide side = UpdateSide::kCpu;
+  torch::Tensor working, grad;  // (numel) compute dtype, device
+  torch::Tensor master, m, v;   // (numel) fp32; pinned host (kCpu) or device (kGpu)
+  torch::Tensor landing, staging;            // (numel) compute dtype, pinned host; kCpu only
+  torch::Tensor undo_master, undo_m, undo_v;  // (numel) fp32 host; kCpu with speculation only
+};
+
+struct ParamStoreOptions {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType compute_dtype = torch::kFloat32;  ///< working weights and gradients
+  bool pin_memory = true;  ///< pinned host buffers (ignored when the device is the CPU)
+  bool undo = true;        ///< keep undo buffers for speculative updates of CPU-updated Blocks
+};
+
+/// Owns every Block's flat buffers and keeps the module's parameters bound to them.
+class ParamStore {
+ public:
+  /// Takes the model's current (fp32, host) parameters as the masters, then binds the parameters
+  /// to device working copies. Blocks [0, gpu_blocks) are GPU-updated, the rest CPU-updated.
+  ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks);
+
+  std::vector<BlockStore>& blocks() { return blocks_; }
+  const ParamStoreOptions& options() const { return options_; }
+  int64_t gpu_blocks() const;
+
+  /// Moves Block i's master and states to the other side, bit for bit (no rounding anywhere).
+  void move_block(size_t i, UpdateSide side);
+  /// Sets the prefix [0, gpu_blocks) GPU-updated and the rest CPU-updated, moving what changes.
+  void set_gpu_blocks(int64_t gpu_blocks);
+
+  /// working = master (cast to the compute dtype), for every Block; synchronous.
+  void sync_working_from_master();
+  /// Sets every gradient buffer to zero (on the device's current stream).
+  void zero_grad();
+
+  /// Runs `fn` with the module's parameters bound to fp32 masters on the host (CPU-updated) or the
+  /// device (GPU-updated), so checkpoint code reads and writes full-precision weights; then binds
+  /// them back to the working copies and refreshes those from the masters.
+  void with_masters_bound(const std::function<void()>& fn);
+
+  /// Optimizer state under FusedAdamW's names ("<param>.exp_avg", "<param>.exp_avg_sq",
+  /// "<param>.step"): views of m and v, and `step` for every parameter.
+  std::vector<NamedTensor> state(const torch::Tensor& step);
+
+ private:
+  void bind_working();
+  torch::Tensor host_buffer(int64_t n, torch::ScalarType t) const;
+  ParamStoreOptions options_;
+  std::vector<BlockStore> blocks_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,86 @@
+#pragma once
+// The offload engine's memory plan: every buffer of a training step in offload mode, by tier (GPU,
+// pinned host, pageable host), computed before anything is allocated (ARCHITECTURE.md, "One
+// training step, offload mode"). Torch-free, so `tandem inspect --plan` and the tests can plan for
+// a machine they do not run on.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+#include "tandem/engine/update_side.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+
+/// GPU memory kept back from the plan's buffers for the caching allocator's fragmentation, the
+/// cuBLAS/cuDNN workspaces and the CUDA context: a fixed 1 GiB.
+inline constexpr int64_t kGpuWorkspaceReserveBytes = int64_t{1} << 30;
+
+/// Names of the tiers in PlanRow::tier.
+inline constexpr const char* kTierGpu = "GPU";
+inline constexpr const char* kTierPinned = "pinned host";
+inline constexpr const char* kTierPageable = "pageable host";
+
+/// One buffer of the plan (a buffer kind summed over the Blocks that have it).
+struct PlanRow {
+  std::string tier;     ///< kTierGpu, kTierPinned or kTierPageable
+  std::string purpose;  ///< what it holds, e.g. "fp32 master, CPU-updated blocks"
+  int64_t bytes = 0;
+};
+
+
+/// One Block of the model, in forward order.
+struct PlanBlock {
+  std::string name;  ///< "embedding", "layer.0" .. "layer.<L-1>", "head"
+  int64_t params = 0;
+  UpdateSide update = UpdateSide::kCpu;
+};
+
+/// Every buffer of offload training, by tier. Built by plan_offload_memory.
+struct MemoryPlan {
+  std::vector<PlanRow> rows;      ///< GPU rows first, then host (pinned or pageable), then pageable
+  std::vector<PlanBlock> blocks;  ///< embedding, layer.0 .. layer.<L-1>, head
+  int64_t gpu_blocks = 0;         ///< decoder Blocks updated on the GPU (the embedding too when > 0)
+  int64_t n_layer = 0;
+  int64_t micro_batch = 0, seq_len = 0;
+  bool checkpointing = false;
+  bool pinned = true;           ///< offload.pin_memory: the host buffers are pinned, else pageable
+  int64_t gpu_floor_bytes = 0;  ///< GPU weights + gradients + reserve: no batch or split setting lowers it
+
+  /// Sum of the rows of one tier.
+  int64_t tier_bytes(const std::string& tier) const;
+  int64_t gpu_bytes() const { return tier_bytes(kTierGpu); }
+  int64_t pinned_bytes() const { return tier_bytes(kTierPinned); }
+  int64_t pageable_bytes() const { return tier_bytes(kTierPageable); }
+};
+
+/// The plan for training `spec` under `cfg` (precision, micro-batch, checkpointing, optimizer state
+/// dtype, clipping, accumulation, pin_memory) with sequence length `seq_len`, when the embedding and
+/// decoder Blocks 0..gpu_blocks-1 are updated on the GPU (embedding only if gpu_blocks > 0) and
+/// every other Block, the head always, on the CPU. gpu_blocks must be in [0, spec.n_layer].
+MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks);
+
+/// Memory of the machine a plan must fit, in bytes.
+struct MemoryCapacity {
+  int64_t gpu_total = 0;       ///< the GPU's total memory
+  int64_t host_available = 0;  ///< MemAvailable of the host; 0 = unknown, the pinned tier is not checked
+};
+
+/// UserError, one message with the numbers and what to change, when the GPU rows exceed
+/// offload.gpu_memory_fraction x gpu_total or the pinned rows exceed offload.host_memory_fraction x
+/// host_available.
+void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const OffloadConfig& offload,
+                     const TrainConfig& train);
+
+/// The largest number of GPU-updated decoder Blocks whose plan's GPU tier fits
+/// offload.gpu_memory_fraction x capacity.gpu_total; -1 when not even 0 fits.
+int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len,
+                                   const MemoryCapacity& capacity);
+
+/// The plan as a table: tier, purpose, GiB per row and a total per tier, under one line naming the
+/// Blocks and their update side.
+std::string format_plan(const MemoryPlan& plan);
+
+}  // namespace tandem

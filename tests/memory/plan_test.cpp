@@ -1,0 +1,242 @@
+#include "tandem/memory/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tandem/core/error.h"
+#include "tandem/memory/estimate.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+namespace {
+
+// Parameter counts of the presets, by hand from their shapes (spec.cpp), as stored:
+// 7B: L=32, d=4096, 32 heads (no GQA), d_ff=11008, vocab 32000 (a multiple of 64), untied.
+//   layer = 4 d^2 (q, k, v, o) + 3 d d_ff + 2 d (norms) = 67108864 + 135266304 + 8192
+//   embedding = lm_head = 32000 d = 131072000; head = lm_head + final norm (d)
+constexpr int64_t k7bLayer = 202383360;
+constexpr int64_t k7bEmbedding = 131072000;
+constexpr int64_t k7bHead = 131072000 + 4096;
+constexpr int64_t k7bParams = k7bEmbedding + 32 * k7bLayer + k7bHead;  // 6738415616 (LLaMA-2 7B)
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+Config bf16_config() {
+  Config c;
+  c.train.precision = Precision::kBf16;
+  c.train.micro_batch = 4;
+  return c;
+}
+
+/// The bytes of the one row of `tier` whose purpose starts with `prefix`; -1 when there is none,
+/// -2 when several match.
+int64_t row_bytes(const MemoryPlan& p, const std::string& tier, const std::string& prefix) {
+  int64_t found = -1;
+  for (const auto& r : p.rows)
+    if (r.tier == tier && r.purpose.rfind(prefix, 0) == 0) found = found == -1 ? r.bytes : -2;
+  return found;
+}
+
+/// Sum of the rows of `tier` whose purpose contains `word`.
+int64_t rows_containing(const MemoryPlan& p, const std::string& tier, const std::string& word) {
+  int64_t sum = 0;
+  for (const auto& r : p.rows)
+    if (r.tier == tier && r.purpose.find(word) != std::string::npos) sum += r.bytes;
+  return sum;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
+  const ModelSpec s = preset_spec("7B");
+  ASSERT_EQ(s.num_params(), k7bParams);
+  const Config c = bf16_config();
+  const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(row_bytes(p, kTierGpu, "working weights"), 2 * k7bParams);
+  EXPECT_EQ(row_bytes(p, kTierGpu, "gradients"), 2 * k7bParams);
+  EXPECT_EQ(row_bytes(p, kTierGpu, "fp32 master"), -1);  // no GPU-updated block
+  EXPECT_EQ(rows_containing(p, kTierGpu, "states"), 0);
+  // The whole GPU tier: weights, gradients, the estimate's activations and logits, the reserve.
+  const auto e = estimate_training_memory(s, 4, 2048, Precision::kBf16, false);
+  EXPECT_EQ(p.gpu_bytes(), 4 * k7bParams + e.activations + e.logits + kGiB);
+  // Every block CPU-updated: master 4n, states 8n, landing 2n, staging 2n, undo (clip 1.0) 12n.
+  EXPECT_EQ(p.pinned_bytes(), (4 + 8 + 2 + 2 + 12) * k7bParams);
+  EXPECT_EQ(p.pageable_bytes(), 4 * k7bParams);
+}
+
+TEST(MemoryPlan, EachBlockMovedToTheCpuAddsItsMasterAndStatesToThePinnedTier) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.train.grad_clip = 0;
+  const MemoryPlan g2 = plan_offload_memory(s, c, 2048, 2), g1 = plan_offload_memory(s, c, 2048, 1);
+  const int64_t n = k7bLayer;  // layer.1 moves from GPU- to CPU-updated
+  const auto master_and_states = [](const MemoryPlan& p) {
+    return row_bytes(p, kTierPinned, "fp32 master") + rows_containing(p, kTierPinned, "states");
+  };
+  EXPECT_EQ(master_and_states(g1) - master_and_states(g2), 4 * n + 2 * 4 * n);
+  // The block's landing and staging buffers (bf16) come with it; the GPU loses what the host gains
+  // of master and states.
+  EXPECT_EQ(g1.pinned_bytes() - g2.pinned_bytes(), 4 * n + 2 * 4 * n + 2 * 2 * n);
+  EXPECT_EQ(g2.gpu_bytes() - g1.gpu_bytes(), 4 * n + 2 * 4 * n);
+  // g = 1 -> 0 also moves the embedding.
+  const MemoryPlan g0 = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(master_and_states(g0) - master_and_states(g1), 12 * (n + k7bEmbedding));
+  EXPECT_EQ(row_bytes(g2, kTierGpu, "fp32 master"), 4 * (k7bEmbedding + 2 * n));
+  EXPECT_EQ(row_bytes(g2, kTierPinned, "fp32 master"), 4 * (30 * n + k7bHead));
+}
+
+TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  const int64_t n_gpu = k7bEmbedding + 4 * k7bLayer, n_cpu = 28 * k7bLayer + k7bHead;
+  const MemoryPlan f = plan_offload_memory(s, c, 2048, 4);
+  c.optim.state_dtype = "bf16";
+  const MemoryPlan b = plan_offload_memory(s, c, 2048, 4);
+  EXPECT_EQ(rows_containing(f, kTierGpu, "states"), 2 * 4 * n_gpu);
+  EXPECT_EQ(rows_containing(b, kTierGpu, "states"), 2 * 2 * n_gpu);
+  EXPECT_EQ(rows_containing(f, kTierPinned, "states"), 2 * 4 * n_cpu);
+  EXPECT_EQ(rows_containing(b, kTierPinned, "states"), 2 * 2 * n_cpu);
+  // The undo log keeps the fp32 master and the states as they are: 4n + 2sn.
+  EXPECT_EQ(row_bytes(f, kTierPinned, "undo log"), (4 + 8) * n_cpu);
+  EXPECT_EQ(row_bytes(b, kTierPinned, "undo log"), (4 + 4) * n_cpu);
+}
+
+TEST(MemoryPlan, UndoRowsFollowClippingAndAccumulatorRowsFollowAccumulation) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  const int64_t n_cpu = 24 * k7bLayer + k7bHead;
+  const MemoryPlan clip = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_EQ(row_bytes(clip, kTierPinned, "undo log (speculative clipping)"), 12 * n_cpu);
+  EXPECT_EQ(row_bytes(clip, kTierPinned, "gradient accumulators"), -1);
+  c.train.grad_clip = 0;
+  c.train.grad_accum = 2;
+  const MemoryPlan accum = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_EQ(row_bytes(accum, kTierPinned, "undo log"), -1);
+  EXPECT_EQ(row_bytes(accum, kTierPinned, "gradient accumulators (fp32)"), 4 * n_cpu);
+  EXPECT_EQ(accum.pinned_bytes() - clip.pinned_bytes(), 4 * n_cpu - 12 * n_cpu);
+}
+
+TEST(MemoryPlan, PageableHostWhenPinningIsOff) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.train.grad_clip = 0;
+  c.offload.pin_memory = false;
+  const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(p.pinned_bytes(), 0);
+  EXPECT_EQ(p.pageable_bytes(), (4 + 8 + 2 + 2) * k7bParams + 4 * k7bParams);
+}
+
+TEST(MemoryPlan, TiedHeadOwnsOnlyTheFinalNorm) {
+  // tiny: L=4, d=128, 4 heads, 2 kv heads (head_dim 32), d_ff 384, vocab 256, tied.
+  // layer = 2 d^2 + 2 d (2 x 32) + 3 d d_ff + 2 d = 32768 + 16384 + 147456 + 256
+  const MemoryPlan p = plan_offload_memory(preset_spec("tiny"), Config{}, 128, 4);
+  ASSERT_EQ(p.blocks.size(), 6u);
+  EXPECT_EQ(p.blocks[0].params, 256 * 128);
+  EXPECT_EQ(p.blocks[1].params, 196864);
+  EXPECT_EQ(p.blocks[5].params, 128);
+  EXPECT_EQ(p.blocks[0].update, UpdateSide::kGpu);
+  EXPECT_EQ(p.blocks[4].update, UpdateSide::kGpu);
+  EXPECT_EQ(p.blocks[5].update, UpdateSide::kCpu);
+  // fp32 precision: working weights 4 bytes.
+  EXPECT_EQ(row_bytes(p, kTierGpu, "working weights"), 4 * (256 * 128 + 4 * 196864 + 128));
+  EXPECT_EQ(row_bytes(p, kTierPinned, "fp32 master"), 4 * 128);
+}
+
+TEST(MemoryPlan, ThirteenBRefusedOn24GiBWithTheGpuNumbers) {
+  const ModelSpec s = preset_spec("13B");
+  Config c = bf16_config();
+  const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
+  const MemoryCapacity cap{24 * kGiB, 0};
+  const std::string msg = error_of([&] { check_plan_fits(p, cap, c.offload, c.train); });
+  ASSERT_FALSE(msg.empty()) << "a 13B plan fitted 24 GiB";
+  char need[32];
+  std::snprintf(need, sizeof need, "%.2f GiB", double(p.gpu_bytes()) / double(kGiB));
+  EXPECT_NE(msg.find(need), std::string::npos) << msg;
+  EXPECT_NE(msg.find("24.00 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("22.08 GiB"), std::string::npos) << msg;  // 0.92 x 24
+  // 13B: 4 x 5120^2 + 3 x 5120 x 13824 + 2 x 5120 = 317204480 per layer; untied 32000-row matrices.
+  // Its bf16 weights and gradients alone, 4 x 13015864320 bytes + the reserve, are 49.49 GiB.
+  EXPECT_NE(msg.find("49.49 GiB"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.micro_batch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.checkpointing=true"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("offload.update_split"), std::string::npos) << msg;  // nothing GPU-updated
+  EXPECT_EQ(msg.find("pinned"), std::string::npos) << msg;                // unknown host: not checked
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
+TEST(MemoryPlan, FitsAndNamesWhatToChangePerTier) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  c.offload.update_split = "0.25";
+  const MemoryPlan p = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_NO_THROW(check_plan_fits(p, {80 * kGiB, 1024 * kGiB}, c.offload, c.train));
+  const std::string gpu = error_of([&] { check_plan_fits(p, {40 * kGiB, 1024 * kGiB}, c.offload, c.train); });
+  EXPECT_NE(gpu.find("offload.update_split (now 0.25: 8 of 32"), std::string::npos) << gpu;
+  EXPECT_EQ(gpu.find("model.checkpointing"), std::string::npos) << gpu;  // already on
+  EXPECT_EQ(gpu.find("offload.pin_memory"), std::string::npos) << gpu;
+  // Pinned: 24 of 32 layers + head CPU-updated, 28 bytes each (master 4, states 8, landing 2,
+  // staging 2, undo 12) = 28 x 4988276736 bytes = 130.08 GiB; 0.8 x 128 GiB = 102.40 GiB.
+  const std::string host = error_of([&] { check_plan_fits(p, {80 * kGiB, 128 * kGiB}, c.offload, c.train); });
+  EXPECT_NE(host.find("130.08 GiB"), std::string::npos) << host;
+  EXPECT_NE(host.find("102.40 GiB"), std::string::npos) << host;
+  EXPECT_NE(host.find("offload.pin_memory=false"), std::string::npos) << host;
+  EXPECT_EQ(host.find("train.micro_batch"), std::string::npos) << host;
+  c.offload.pin_memory = false;
+  const MemoryPlan pageable = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_NO_THROW(check_plan_fits(pageable, {80 * kGiB, 128 * kGiB}, c.offload, c.train));
+}
+
+TEST(MemoryPlan, LargestFittingGpuBlocksIsMonotoneInGpuSizeAndMaximal) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  int64_t last = -1;
+  bool grew = false;
+  for (int64_t gib : {8, 24, 32, 40, 48, 64, 80, 96, 141, 192, 400}) {
+    const MemoryCapacity cap{gib * kGiB, 0};
+    const int64_t g = largest_fitting_gpu_blocks(s, c, 2048, cap);
+    EXPECT_GE(g, last) << gib << " GiB";
+    EXPECT_LE(g, 32);
+    grew |= g > last;
+    last = g;
+    // Maximal: g fits, g + 1 does not.
+    const int64_t budget = static_cast<int64_t>(double(cap.gpu_total) * c.offload.gpu_memory_fraction);
+    if (g >= 0) {
+      EXPECT_LE(plan_offload_memory(s, c, 2048, g).gpu_bytes(), budget) << gib << " GiB";
+    }
+    if (g < 32) {
+      EXPECT_GT(plan_offload_memory(s, c, 2048, g + 1).gpu_bytes(), budget) << gib << " GiB";
+    }
+  }
+  EXPECT_TRUE(grew);
+  EXPECT_EQ(largest_fitting_gpu_blocks(s, c, 2048, {8 * kGiB, 0}), -1);  // bf16 weights alone are 12.55 GiB
+  EXPECT_EQ(largest_fitting_gpu_blocks(s, c, 2048, {400 * kGiB, 0}), 32);
+}
+
+TEST(MemoryPlan, FormatNamesEveryRowAndTierTotals) {
+  Config c = bf16_config();
+  c.train.grad_accum = 2;
+  const MemoryPlan p = plan_offload_memory(preset_spec("7B"), c, 2048, 3);
+  const std::string t = format_plan(p);
+  for (const auto& r : p.rows) EXPECT_NE(t.find(r.purpose), std::string::npos) << r.purpose << "\n" << t;
+  EXPECT_NE(t.find("GPU-updated: embedding, layers 0..2"), std::string::npos) << t;
+  EXPECT_NE(t.find("CPU-updated: layers 3..31, head"), std::string::npos) << t;
+  char total[64];
+  std::snprintf(total, sizeof total, "%.2f", double(p.pinned_bytes()) / double(kGiB));
+  EXPECT_NE(t.find(std::string("pinned host") + " "), std::string::npos) << t;
+  EXPECT_NE(t.find(total), std::string::npos) << t;
+}
+
+}  // namespace
+}  // namespace tandem
