@@ -180,3 +180,60 @@ TEST(Trainer, Bf16AutocastAndCheckpointingTrain) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// offload.optimizer=cpu through the whole trainer, the CPU as the device: the same losses as the
+// fused optimizer, with accumulation and clipping; a bitwise resume; checkpoints of fp32 masters.
+TEST(TrainerOffload, MatchesTheDefaultOptimizerAndResumesBitwise) {
+  test::TempDir plain_dir, off_dir, split_dir;
+  Config c = test::tiny_cpu_config(plain_dir.path(), 10);
+  c.train.micro_batch = 4;
+  c.train.seq_len = 32;
+  c.train.grad_accum = 2;
+  c.train.grad_clip = 0.5;
+  const auto plain = train(c, {});
+  Config o = c;
+  o.train.run_dir = off_dir.path();
+  o.offload.optimizer = OffloadTarget::kCpu;
+  const auto off = train(o, {});
+  ASSERT_EQ(off.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < off.losses.size(); ++i)
+    EXPECT_NEAR(off.losses[i], plain.losses[i], 1e-5 * std::abs(plain.losses[i])) << "step " << i + 1;
+
+  Config first = o;
+  first.train.run_dir = split_dir.path();
+  first.train.steps = 5;
+  const auto a = train(first, {});
+  Config second = o;
+  second.train.run_dir = split_dir.path();
+  TrainOptions resume;
+  resume.resume = a.last_checkpoint;
+  const auto b = train(second, resume);
+  ASSERT_EQ(b.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], off.losses[5 + i]) << "step " << 6 + i;
+  // The checkpoint holds fp32 weights (the masters), readable by the plain trainer.
+  Config plain_resume = c;
+  plain_resume.train.run_dir = split_dir.path();
+  plain_resume.train.steps = 6;
+  resume.resume = a.last_checkpoint;
+  const auto p = train(plain_resume, resume);
+  ASSERT_EQ(p.losses.size(), 1u);
+  EXPECT_NEAR(p.losses[0], off.losses[5], 1e-5 * off.losses[5]);
+}
+
+TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
+  test::TempDir dir;
+  Config c = test::tiny_cpu_config(dir.path(), 2);
+  c.offload.optimizer = OffloadTarget::kCpu;
+  c.optim.type = "lion";
+  EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.optimizer=none for sgd and lion"), std::string::npos);
+  c.optim.type = "adamw";
+  c.offload.update_split = "1.5";
+  EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.update_split must be auto or a fraction"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -40,7 +40,8 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
     for (const auto& f : b.params) view_of(b.master, f).copy_(f.param.detach().to(torch::kCPU));
     b.m = host_buffer(b.numel, torch::kFloat32).zero_();
     b.v = host_buffer(b.numel, torch::kFloat32).zero_();
-    b.landing = host_buffer(b.numel, options_.compute_dtype);
+    // The CPU kernels read bf16 or fp32 gradients: fp16 ones are widened by the D2H copy.
+    b.landing = host_buffer(b.numel, options_.compute_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
     b.staging = host_buffer(b.numel, options_.compute_dtype);
     if (options_.undo) {
       b.undo_master = torch::empty({b.numel}, torch::kFloat32);

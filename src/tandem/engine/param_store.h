@@ -10,7 +10,7 @@
 //                                           accumulates straight into one flat buffer per Block
 //   master  (numel) fp32, m and v (numel) fp32: pinned host memory for CPU-updated Blocks, device
 //           memory for GPU-updated ones (the update split, Note [Update split])
-//   host    landing (numel) compute dtype   gradients coming down (CPU-updated Blocks)
+//   host    landing (numel) bf16 or fp32    gradients coming down (CPU-updated Blocks)
 //           staging (numel) compute dtype   new weights going up (CPU-updated Blocks)
 //           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
 // One flat range per Block is also the seam for sharding (a rank owns a contiguous slice of every
@@ -48,7 +48,7 @@ struct BlockStore {
   UpdateSide side = UpdateSide::kCpu;
   torch::Tensor working, grad;  // (numel) compute dtype, device
   torch::Tensor master, m, v;   // (numel) fp32; pinned host (kCpu) or device (kGpu)
-  torch::Tensor landing, staging;            // (numel) compute dtype, pinned host; kCpu only
+  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host
   torch::Tensor undo_master, undo_m, undo_v;  // (numel) fp32 host; kCpu with speculation only
 };
 

@@ -16,9 +16,12 @@
 #include "tandem/core/strings.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
+#include "tandem/engine/offload_engine.h"
+#include "tandem/engine/param_store.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/fs.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/lr_schedule.h"
@@ -103,6 +106,51 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
+// The Optimizer interface over the offload engine, for checkpoint code: state() and load_state()
+// reach the engine's masters' states; the update itself is driven by the step loop.
+class EngineOptimizer : public Optimizer {
+ public:
+  explicit EngineOptimizer(OffloadEngine& e) : engine_(e) {}
+  void step(double, const std::optional<torch::Tensor>&) override {
+    TANDEM_ASSERT(false, "the offload engine updates through begin_step/end_step");
+  }
+  void zero_grad() override {}
+  std::vector<NamedTensor> state() override { return engine_.state(); }
+  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                  const std::string& source) override {
+    Optimizer::load_state(lookup, source);
+    engine_.sync_step_from_state();
+  }
+
+ private:
+  OffloadEngine& engine_;
+};
+
+// How many Blocks (a prefix: the embedding, then decoder layers) the GPU updates, and the memory
+// plan checked against the machine before anything is allocated (Note [ParamStore layout]).
+int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const torch::Device& device) {
+  const auto fixed = parse_update_split(cfg.offload.update_split);
+  MemoryCapacity cap;
+  cap.host_available = host_available_bytes();
+  if (device.is_cuda() && accelerator()) cap.gpu_total = accelerator()->memory_stats(device.index()).total;
+  int64_t layers = 0;
+  if (fixed) {
+    layers = std::llround(*fixed * double(spec.n_layer));
+  } else if (cap.gpu_total > 0) {
+    // auto: the largest prefix the memory plan allows; the measured re-solve refines it later.
+    layers = std::max<int64_t>(0, largest_fitting_gpu_blocks(spec, cfg, seq_len, cap));
+  }
+  const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
+  if (cap.gpu_total > 0) check_plan_fits(plan, cap, cfg.offload, cfg.train);
+  log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
+                      static_cast<long long>(layers), static_cast<long long>(spec.n_layer),
+                      device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
+                      format_bytes(double(plan.gpu_bytes())).c_str(), plan.pinned ? "pinned" : "pageable",
+                      format_bytes(double(plan.pinned ? plan.pinned_bytes() : plan.pageable_bytes())).c_str()));
+  // Store Blocks: embedding, layers, head; the GPU prefix includes the embedding when layers > 0.
+  return layers > 0 ? layers + 1 : 0;
+}
+
 }  // namespace
 
 TrainSummary train(Config cfg, const TrainOptions& options) {
@@ -114,9 +162,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     at::globalContext().setAllowTF32CuDNN(cfg.train.tf32);
     at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
   }
-  if (cfg.offload.optimizer == OffloadTarget::kCpu)
-    log::warn("offload.optimizer=cpu: the offload engine is not part of this build yet; the optimizer runs on " +
-              device.str());
+  const bool offload = cfg.offload.optimizer == OffloadTarget::kCpu;
+  if (offload) {
+    TANDEM_CHECK(cfg.optim.type == "adamw" || cfg.optim.type == "adam",
+                 "offload.optimizer=cpu runs optim.type=adamw or adam; got '", cfg.optim.type,
+                 "'; use offload.optimizer=none for sgd and lion");
+    TANDEM_CHECK(cfg.optim.state_dtype == "fp32", "offload.optimizer=cpu keeps fp32 optimizer states; set ",
+                 "optim.state_dtype=fp32 (bf16 states run with offload.optimizer=none on the CPU)");
+  }
 
   // Checkpoint to resume from, before anything is created.
   std::string resume_dir;
@@ -151,16 +204,46 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     load_hf_weights(*model, cfg.model.init_from);
     log::info("initialised from " + cfg.model.init_from);
   }
-  model->to(device);
   model->train();
-  std::unique_ptr<Optimizer> optimizer_ptr = make_optimizer(cfg.optim, model->hf_parameters(), device);
+  std::unique_ptr<ParamStore> store;
+  std::unique_ptr<OffloadEngine> engine;
+  std::unique_ptr<Optimizer> optimizer_ptr;
+  if (offload) {
+    // Parameters stay on the host as the fp32 masters; only buffers (RoPE tables) move.
+    for (auto& b : model->buffers()) b.set_data(b.to(device));
+    ParamStoreOptions so;
+    so.device = device;
+    so.compute_dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
+                       : cfg.train.precision == Precision::kFp16 ? torch::kHalf
+                                                                 : torch::kFloat32;
+    so.pin_memory = cfg.offload.pin_memory;
+    store = std::make_unique<ParamStore>(*model, so, plan_gpu_blocks(spec, cfg, seq_len, device));
+    EngineOptions eo;
+    eo.adam.beta1 = cfg.optim.beta1;
+    eo.adam.beta2 = cfg.optim.beta2;
+    eo.adam.eps = cfg.optim.eps;
+    eo.adam.weight_decay = cfg.optim.weight_decay;
+    eo.adam.decoupled = cfg.optim.type == "adamw";
+    eo.grad_clip = cfg.train.grad_clip;
+    engine = std::make_unique<OffloadEngine>(*model, *store, eo);
+    optimizer_ptr = std::make_unique<EngineOptimizer>(*engine);
+  } else {
+    model->to(device);
+    optimizer_ptr = make_optimizer(cfg.optim, model->hf_parameters(), device);
+  }
   Optimizer& optimizer = *optimizer_ptr;
+  // Checkpoint code reads and writes the fp32 masters when the engine holds them.
+  const auto with_weights = [&](const std::function<void()>& fn) {
+    if (!engine) return fn();
+    engine->wait_all();
+    store->with_masters_bound(fn);
+  };
 
   TrainerState state;
   state.loss_scale = cfg.scaler.init_scale;
   state.config_hash = config_hash(cfg);
   if (!resume_dir.empty()) {
-    state = load_checkpoint(resume_dir, *model, optimizer, device_index);
+    with_weights([&] { state = load_checkpoint(resume_dir, *model, optimizer, device_index); });
     log::info(strprintf("resumed from %s at step %lld", resume_dir.c_str(), static_cast<long long>(state.step)));
   }
 
@@ -225,7 +308,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     state.loss_scale = scale.item<double>();
     state.growth_tracker = growth_tracker.item<int64_t>();
     const auto t0 = Clock::now();
-    summary.last_checkpoint = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index);
+    with_weights([&] { summary.last_checkpoint = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index); });
     prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
     progress.message(strprintf("checkpoint %s (%.2f s)", summary.last_checkpoint.c_str(),
                                std::chrono::duration<double>(Clock::now() - t0).count()));
@@ -236,7 +319,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     torch::Tensor loss_sum = torch::zeros({}, fopts);
+    if (engine) engine->begin_step(lr, fp16 ? scale.item<double>() : 1.0);
     for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
+      if (engine) engine->begin_micro(micro + 1 == cfg.train.grad_accum);
       Batch b = train_loader.next();
       torch::Tensor loss;
       {
@@ -250,20 +335,27 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       scaled.backward();
       loss_sum += loss.detach();
     }
-    std::vector<torch::Tensor> grads;
-    for (auto& p : params)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    torch::Tensor found_inf = torch::zeros({}, fopts);
-    if (fp16) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.reciprocal());
-    // Global norm of all gradients, without a host synchronisation.
-    torch::Tensor norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
-    found_inf = torch::maximum(found_inf, (~torch::isfinite(norm)).to(torch::kFloat32));
-    if (cfg.train.grad_clip > 0) {
-      auto coef = torch::clamp_max(cfg.train.grad_clip / (norm + 1e-6), 1.0);
-      at::_foreach_mul_(grads, coef);
+    torch::Tensor found_inf = torch::zeros({}, fopts), norm;
+    if (engine) {
+      // Norm, clipping, the non-finite check and the GPU-updated Blocks (Note [Speculative clipping]).
+      const StepOutcome out = engine->end_step();
+      norm = torch::full({}, out.grad_norm, fopts);
+      found_inf.fill_(out.skipped ? 1.0 : 0.0);
+    } else {
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      if (fp16) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale.reciprocal());
+      // Global norm of all gradients, without a host synchronisation.
+      norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
+      found_inf = torch::maximum(found_inf, (~torch::isfinite(norm)).to(torch::kFloat32));
+      if (cfg.train.grad_clip > 0) {
+        auto coef = torch::clamp_max(cfg.train.grad_clip / (norm + 1e-6), 1.0);
+        at::_foreach_mul_(grads, coef);
+      }
+      optimizer.step(lr, found_inf);
+      optimizer.zero_grad();
     }
-    optimizer.step(lr, found_inf);
-    optimizer.zero_grad();
     if (fp16 && cfg.scaler.dynamic) {
       at::_amp_update_scale_(scale, growth_tracker, found_inf, cfg.scaler.growth_factor, cfg.scaler.backoff_factor,
                              cfg.scaler.growth_interval);
@@ -299,6 +391,12 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     if (fp16) m["loss_scale"] = scale_v;
     if (skipped) m["skipped"] = true;
+    if (engine) {
+      const auto& es = engine->stats();
+      m["offload_gpu_blocks"] = store->gpu_blocks();
+      m["offload_rollbacks"] = es.rollbacks;
+      m["offload_cpu_update_s"] = es.cpu_update_s;
+    }
     metrics.write(m);
 
     ProgressSample ps;
