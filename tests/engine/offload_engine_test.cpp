@@ -75,12 +75,13 @@ struct EngineRun {
 };
 
 EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
-                        torch::ScalarType compute = torch::kFloat32) {
+                        torch::ScalarType compute = torch::kFloat32, bool speculate = true) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
   ParamStoreOptions so;
   so.compute_dtype = compute;
+  so.undo = speculate;
   ParamStore store(*model, so, gpu_blocks);
   EngineOptions eo;
   eo.adam.beta1 = kB1;
@@ -88,6 +89,7 @@ EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
   eo.adam.eps = kEps;
   eo.adam.weight_decay = kWd;
   eo.grad_clip = clip;
+  eo.speculate = speculate;
   OffloadEngine engine(*model, store, eo);
   EngineRun run;
   for (int step = 0; step < steps; ++step) {
@@ -133,6 +135,13 @@ TEST(OffloadEngine, GradientAccumulationAndAGpuUpdatedPrefixMatchToo) {
   const auto all = engine_losses(20, 2, 1.0, 5);
   expect_same_losses(all.losses, want, 1e-5);
   EXPECT_EQ(all.stats.rollbacks, 0);
+}
+
+TEST(OffloadEngine, WithoutSpeculationTheSameLossesAndNoRollbacks) {
+  const auto want = reference_losses(20, 2, 1.0);
+  const auto got = engine_losses(20, 2, 1.0, 1, torch::kFloat32, /*speculate=*/false);
+  expect_same_losses(got.losses, want, 1e-5);
+  EXPECT_EQ(got.stats.rollbacks, 0);
 }
 
 TEST(OffloadEngine, Bf16WorkingCopyStaysCloseToFp32) {

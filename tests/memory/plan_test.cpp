@@ -69,7 +69,7 @@ TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
   // The whole GPU tier: weights, gradients, the estimate's activations and logits, the reserve.
   const auto e = estimate_training_memory(s, 4, 2048, Precision::kBf16, false);
   EXPECT_EQ(p.gpu_bytes(), 4 * k7bParams + e.activations + e.logits + kGiB);
-  // Every block CPU-updated: master 4n, states 8n, landing 2n, staging 2n, undo (clip 1.0) 12n.
+  // Every block CPU-updated: master 4n, states 8n, landing 2n, staging 2n, undo (speculation) 12n.
   EXPECT_EQ(p.pinned_bytes(), (4 + 8 + 2 + 2 + 12) * k7bParams);
   EXPECT_EQ(p.pageable_bytes(), 4 * k7bParams);
 }
@@ -77,7 +77,7 @@ TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
 TEST(MemoryPlan, EachBlockMovedToTheCpuAddsItsMasterAndStatesToThePinnedTier) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.train.grad_clip = 0;
+  c.offload.speculate = false;
   const MemoryPlan g2 = plan_offload_memory(s, c, 2048, 2), g1 = plan_offload_memory(s, c, 2048, 1);
   const int64_t n = k7bLayer;  // layer.1 moves from GPU- to CPU-updated
   const auto master_and_states = [](const MemoryPlan& p) {
@@ -111,25 +111,23 @@ TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
   EXPECT_EQ(row_bytes(b, kTierPinned, "undo log"), (4 + 4) * n_cpu);
 }
 
-TEST(MemoryPlan, UndoRowsFollowClippingAndAccumulatorRowsFollowAccumulation) {
+TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
   const int64_t n_cpu = 24 * k7bLayer + k7bHead;
-  const MemoryPlan clip = plan_offload_memory(s, c, 2048, 8);
-  EXPECT_EQ(row_bytes(clip, kTierPinned, "undo log (speculative clipping)"), 12 * n_cpu);
-  EXPECT_EQ(row_bytes(clip, kTierPinned, "gradient accumulators"), -1);
-  c.train.grad_clip = 0;
-  c.train.grad_accum = 2;
-  const MemoryPlan accum = plan_offload_memory(s, c, 2048, 8);
-  EXPECT_EQ(row_bytes(accum, kTierPinned, "undo log"), -1);
-  EXPECT_EQ(row_bytes(accum, kTierPinned, "gradient accumulators (fp32)"), 4 * n_cpu);
-  EXPECT_EQ(accum.pinned_bytes() - clip.pinned_bytes(), 4 * n_cpu - 12 * n_cpu);
+  const MemoryPlan spec = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_EQ(row_bytes(spec, kTierPinned, "undo log (speculative updates)"), 12 * n_cpu);
+  c.offload.speculate = false;
+  c.train.grad_accum = 2;  // gradients accumulate in the device's gradient buffers
+  const MemoryPlan plain = plan_offload_memory(s, c, 2048, 8);
+  EXPECT_EQ(row_bytes(plain, kTierPinned, "undo log"), -1);
+  EXPECT_EQ(spec.pinned_bytes() - plain.pinned_bytes(), 12 * n_cpu);
 }
 
 TEST(MemoryPlan, PageableHostWhenPinningIsOff) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.train.grad_clip = 0;
+  c.offload.speculate = false;
   c.offload.pin_memory = false;
   const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
   EXPECT_EQ(p.pinned_bytes(), 0);

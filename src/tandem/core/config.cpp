@@ -270,6 +270,10 @@ const std::vector<Field>& fields() {
                    F(offload.update_split)),
       int_field("offload.resolve_every", "auto k: re-solve from measured times every N steps (0 = at start-up only)",
                 F(offload.resolve_every)),
+      bool_field("offload.speculate",
+                 "start CPU updates as Blocks complete, with an undo log for clipping and non-finite rollbacks "
+                 "(host memory: 12 bytes per CPU-updated parameter); false waits for the global norm",
+                 F(offload.speculate)),
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),

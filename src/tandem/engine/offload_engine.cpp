@@ -141,6 +141,7 @@ void OffloadEngine::dispatch(size_t i) {
   } else {
     b.landing.copy_(b.grad);
   }
+  if (!options_.speculate) return;  // queued by end_step() once the norm is known
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_[i] = 0;
@@ -304,7 +305,19 @@ StepOutcome OffloadEngine::end_step() {
     coef = options_.grad_clip / (out.grad_norm + 1e-6);
   }
   const bool any_cpu = std::any_of(blocks.begin(), blocks.end(), [](auto& b) { return b.side == UpdateSide::kCpu; });
-  if ((out.skipped || coef < 1.0) && any_cpu) {
+  if (!options_.speculate && !out.skipped) {
+    // The CPU Blocks in forward order, so the next forward's first Blocks are ready first.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        if (blocks[i].side != UpdateSide::kCpu) continue;
+        done_[i] = 0;
+        ++in_flight_;
+        queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false});
+      }
+    }
+    cv_.notify_all();
+  } else if (options_.speculate && (out.skipped || coef < 1.0) && any_cpu) {
     wait_cpu_jobs();
     out.rolled_back = true;
     ++stats_.rollbacks;

@@ -25,6 +25,10 @@ class CpuThreadPool;
 struct EngineOptions {
   AdamWOptions adam;
   double grad_clip = 1.0;  ///< global-norm clipping; 0 disables
+  /// Start CPU updates as Blocks complete, with an undo log (Note [Speculative clipping]); false:
+  /// wait for the global norm, then update the CPU Blocks in forward order (no undo memory; the
+  /// updates overlap only the next forward).
+  bool speculate = true;
   CpuThreadPool* pool = nullptr;  ///< CPU update threads; null = the global pool
 };
 

@@ -22,11 +22,18 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
   const auto& blocks = model.blocks();
   TANDEM_CHECK(gpu_blocks >= 0 && gpu_blocks <= static_cast<int64_t>(blocks.size()), "gpu_blocks=", gpu_blocks,
                " is outside 0 .. ", blocks.size());
+  const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
+  const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
   int64_t base = 0;
-  for (const auto& block : blocks) {
+  // Block by Block, each buffer allocated once on its final side, and each Block's parameters
+  // rebound (their initial fp32 storage freed) before the next Block: the host never holds the
+  // whole initial model and all the masters at once.
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const auto& block = blocks[bi];
     BlockStore b;
     b.name = block->name();
     b.index_base = base;
+    b.side = static_cast<int64_t>(bi) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu;
     for (auto& [name, p] : block->hf_parameters()) {
       TANDEM_ASSERT(p.scalar_type() == torch::kFloat32, "parameter ", name, " is ", p.scalar_type(),
                     ", the store takes fp32 masters");
@@ -35,27 +42,33 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
       b.params.push_back(std::move(f));
     }
     base += b.numel;
-    // The master starts on the host: every Block is CPU-updated until set_gpu_blocks() below.
-    b.master = host_buffer(b.numel, torch::kFloat32);
-    for (const auto& f : b.params) view_of(b.master, f).copy_(f.param.detach().to(torch::kCPU));
-    b.m = host_buffer(b.numel, torch::kFloat32).zero_();
-    b.v = host_buffer(b.numel, torch::kFloat32).zero_();
-    // The CPU kernels read bf16 or fp32 gradients: fp16 ones are widened by the D2H copy.
-    b.landing = host_buffer(b.numel, options_.compute_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
-    b.staging = host_buffer(b.numel, options_.compute_dtype);
-    if (options_.undo) {
-      b.undo_master = torch::empty({b.numel}, torch::kFloat32);
-      b.undo_m = torch::empty({b.numel}, torch::kFloat32);
-      b.undo_v = torch::empty({b.numel}, torch::kFloat32);
-    }
-    const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
+    const bool gpu = b.side == UpdateSide::kGpu;
+    b.master = gpu ? torch::empty({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32);
+    for (const auto& f : b.params) view_of(b.master, f).copy_(f.param.detach());
+    b.m = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32).zero_();
+    b.v = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32).zero_();
     b.working = torch::empty({b.numel}, dopts);
     b.grad = torch::zeros({b.numel}, dopts);
+    b.working.copy_(b.master);
+    for (auto& f : b.params) {
+      f.param.set_data(view_of(b.working, f));
+      f.param.mutable_grad() = view_of(b.grad, f);
+    }
+    if (!gpu) allocate_host_side(b);
     blocks_.push_back(std::move(b));
   }
-  bind_working();
-  sync_working_from_master();
-  set_gpu_blocks(gpu_blocks);
+}
+
+void ParamStore::allocate_host_side(BlockStore& b) {
+  if (b.landing.defined()) return;
+  // The CPU kernels read bf16 or fp32 gradients: fp16 ones are widened by the D2H copy.
+  b.landing = host_buffer(b.numel, options_.compute_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
+  b.staging = host_buffer(b.numel, options_.compute_dtype);
+  if (options_.undo) {
+    b.undo_master = torch::empty({b.numel}, torch::kFloat32);
+    b.undo_m = torch::empty({b.numel}, torch::kFloat32);
+    b.undo_v = torch::empty({b.numel}, torch::kFloat32);
+  }
 }
 
 void ParamStore::bind_working() {
@@ -88,6 +101,7 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   b.m = move(b.m);
   b.v = move(b.v);
   b.side = side;
+  if (side == UpdateSide::kCpu) allocate_host_side(b);
 }
 
 void ParamStore::set_gpu_blocks(int64_t gpu_blocks) {

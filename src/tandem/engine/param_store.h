@@ -48,7 +48,7 @@ struct BlockStore {
   UpdateSide side = UpdateSide::kCpu;
   torch::Tensor working, grad;  // (numel) compute dtype, device
   torch::Tensor master, m, v;   // (numel) fp32; pinned host (kCpu) or device (kGpu)
-  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host
+  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated
   torch::Tensor undo_master, undo_m, undo_v;  // (numel) fp32 host; kCpu with speculation only
 };
 
@@ -91,6 +91,7 @@ class ParamStore {
 
  private:
   void bind_working();
+  void allocate_host_side(BlockStore& b);  // landing, staging and undo of a CPU-updated Block
   torch::Tensor host_buffer(int64_t n, torch::ScalarType t) const;
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;

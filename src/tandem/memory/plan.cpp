@@ -87,10 +87,13 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Host: the CPU-updated Blocks' optimizer side (the head is always one, so these rows always exist).
   add(host, "fp32 master, CPU-updated blocks", 4 * n_cpu);
   add(host, "optimizer states m, v (" + st + "), CPU-updated blocks", 2 * s * n_cpu);
-  add(host, "gradient landing buffers (" + wt + ")", n_cpu * w);
+  // The CPU kernels read bf16 or fp32 gradients: fp16 ones land widened to fp32.
+  const bool bf16 = cfg.train.precision == Precision::kBf16;
+  add(host, std::string("gradient landing buffers (") + (bf16 ? "bf16" : "fp32") + ")", n_cpu * (bf16 ? 2 : 4));
   add(host, "weight staging buffers (" + wt + ")", n_cpu * w);
-  if (cfg.train.grad_clip > 0) add(host, "undo log (speculative clipping)", (4 + 2 * s) * n_cpu);
-  if (cfg.train.grad_accum > 1) add(host, "gradient accumulators (fp32)", 4 * n_cpu);
+  // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
+  // clipping: a non-finite gradient rolls back too).
+  if (cfg.offload.speculate) add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;
