@@ -6,8 +6,11 @@
 #          256M and 1B parameters, alternating;
 #   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating;
 #   bk     the BK-core kernels against LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor
-#          (`tandem bench bk_core`), then ResNet-BK 125M and LLaMA 125M training runs side by side.
-# PARTS selects (default "tests optim train bk"); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
+#          (`tandem bench bk_core`), then ResNet-BK 125M and LLaMA 125M training runs side by side;
+#   offload the offload engine: 125M offload against GPU-only with the same seed (loss agreement),
+#          1B GPU-only against offload at k = 0 and k = auto (speed); OFFLOAD_BIG=7B adds that
+#          preset with checkpointing (capacity and speed).
+# PARTS selects (default "tests optim train bk offload"); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,9 @@ OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
-PARTS=${PARTS:-tests optim train bk}
+PARTS=${PARTS:-tests optim train bk offload}
+OFF_STEPS=${OFF_STEPS:-300}
+OFFLOAD_BIG=${OFFLOAD_BIG:-}
 BK_STEPS=${BK_STEPS:-300}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
@@ -84,9 +89,38 @@ for p in bk-125M 125M; do
 done
 fi
 
+if has offload; then
+off=(--set train.precision=bf16 --set train.eval_every=0 --set train.save_final=false --set train.progress=lines)
+echo "== offload: 125M, bf16, B=8, T=1024, $OFF_STEPS steps: GPU-only, offload k=0 (speculative), k=0.5"
+"$BUILD/tandem" train -p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" \
+  --set train.log_every=100 --run-dir "$OUT/off125-gpu" >"$OUT/off125-gpu.log" 2>&1 || tail -5 "$OUT/off125-gpu.log"
+for k in 0 0.5; do
+  "$BUILD/tandem" train -p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" \
+    --set train.log_every=100 --set offload.optimizer=cpu --set offload.update_split=$k \
+    --run-dir "$OUT/off125-k$k" >"$OUT/off125-k$k.log" 2>&1 || tail -5 "$OUT/off125-k$k.log"
+done
+echo "== offload: 1B, bf16, B=8, T=2048, 20 steps: GPU-only, offload k=0, k=auto"
+"$BUILD/tandem" train -p 1B "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 20 \
+  --set train.log_every=10 --run-dir "$OUT/off1b-gpu" >"$OUT/off1b-gpu.log" 2>&1 || tail -5 "$OUT/off1b-gpu.log"
+for k in 0 auto; do
+  "$BUILD/tandem" train -p 1B "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 20 \
+    --set train.log_every=10 --set offload.optimizer=cpu --set offload.update_split=$k \
+    --run-dir "$OUT/off1b-k$k" >"$OUT/off1b-k$k.log" 2>&1 || tail -5 "$OUT/off1b-k$k.log"
+done
+if [[ -n "$OFFLOAD_BIG" ]]; then
+  echo "== offload: $OFFLOAD_BIG, bf16, checkpointing, B=8, T=2048, 10 steps, k=auto, no speculation"
+  "$BUILD/tandem" train -p "$OFFLOAD_BIG" "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 10 \
+    --set model.checkpointing=true --set train.log_every=1 --set offload.optimizer=cpu --set offload.speculate=false \
+    --run-dir "$OUT/off-big" >"$OUT/off-big.log" 2>&1 || tail -8 "$OUT/off-big.log"
+  grep -E "offload:|step 10/|done" "$OUT/off-big.log"
+fi
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
 has bk && cat "$OUT/bk_core.log" && python3 bench/train_curves.py "$OUT/train-bk-125M" "$OUT/train-125M" --svg "$OUT/bk-125M-loss.svg"
+has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-k0" "$OUT/off125-k0.5" \
+  && python3 bench/offload_compare.py "$OUT/off1b-gpu" "$OUT/off1b-k0" "$OUT/off1b-kauto"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 exit $test_rc

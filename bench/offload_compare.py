@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Compares tandem runs: the reference (first) against the others, step by step.
+
+    python3 bench/offload_compare.py REF_RUN RUN [RUN ...]
+
+Prints, per run: median tokens/s, step time, peak GPU memory, host peak, the offload split and
+rollbacks, and the loss's largest relative difference from the reference over the common steps
+(and how many steps differ by more than 1%).
+"""
+import json
+import os
+import sys
+
+
+def load(run):
+    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
+    steps = {r["step"]: r for r in rows if "loss" in r and "tokens_per_s" in r}
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    return steps, summary
+
+
+def main():
+    runs = sys.argv[1:]
+    ref_steps, _ = load(runs[0])
+    print("| run | tokens/s | step ms | peak GPU GiB | peak host GiB | GPU blocks | rollbacks | max loss diff vs ref | steps > 1% |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        steps, s = load(run)
+        common = sorted(set(steps) & set(ref_steps))
+        diffs = [abs(steps[k]["loss"] - ref_steps[k]["loss"]) / abs(ref_steps[k]["loss"]) for k in common]
+        last = steps[max(steps)] if steps else {}
+        print(f"| {os.path.basename(run.rstrip('/'))} | {s['median_tokens_per_s']:,.0f} | "
+              f"{s['median_step_time_s'] * 1e3:.1f} | {s['peak_device_bytes'] / 2**30:.2f} | "
+              f"{s['peak_host_bytes'] / 2**30:.2f} | {last.get('offload_gpu_blocks', '-')} | "
+              f"{last.get('offload_rollbacks', '-')} | {max(diffs) * 100 if diffs else 0:.3f}% | "
+              f"{sum(d > 0.01 for d in diffs)} of {len(diffs)} |")
+
+
+if __name__ == "__main__":
+    main()
