@@ -4,6 +4,7 @@
 
 #include "tandem/engine/offload_engine.h"
 
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -75,13 +76,14 @@ struct EngineRun {
 };
 
 EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
-                        torch::ScalarType compute = torch::kFloat32, bool speculate = true) {
+                        torch::ScalarType compute = torch::kFloat32,
+                        EngineOptions::Speculate speculate = EngineOptions::Speculate::kAlways) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
   ParamStoreOptions so;
   so.compute_dtype = compute;
-  so.undo = speculate;
+  so.undo = speculate != EngineOptions::Speculate::kNever;
   ParamStore store(*model, so, gpu_blocks);
   EngineOptions eo;
   eo.adam.beta1 = kB1;
@@ -98,7 +100,16 @@ EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
     for (int micro = 0; micro < accum; ++micro) {
       engine.begin_micro(micro == accum - 1);
       auto b = batch(step, micro, spec);
-      auto loss = model->loss(model->forward(b.in), b.tgt);
+      torch::Tensor loss;
+      {
+        // bf16 weights run under autocast, as the trainer runs them; fp32 ones without.
+        const bool ac = compute != torch::kFloat32;
+        at::autocast::set_autocast_enabled(at::kCPU, ac);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        loss = model->loss(model->forward(b.in), b.tgt);
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        if (ac) at::autocast::clear_cache();
+      }
       (loss.to(torch::kFloat32) / double(accum)).backward();
       sum += loss.item<double>();
     }
@@ -139,9 +150,22 @@ TEST(OffloadEngine, GradientAccumulationAndAGpuUpdatedPrefixMatchToo) {
 
 TEST(OffloadEngine, WithoutSpeculationTheSameLossesAndNoRollbacks) {
   const auto want = reference_losses(20, 2, 1.0);
-  const auto got = engine_losses(20, 2, 1.0, 1, torch::kFloat32, /*speculate=*/false);
+  const auto got = engine_losses(20, 2, 1.0, 1, torch::kFloat32, EngineOptions::Speculate::kNever);
   expect_same_losses(got.losses, want, 1e-5);
   EXPECT_EQ(got.stats.rollbacks, 0);
+  EXPECT_EQ(got.stats.speculative_steps, 0);
+}
+
+TEST(OffloadEngine, AutoSpeculatesOnlyAfterARunOfUnclippedSteps) {
+  // Clipping at 1.0 trips in the first steps of this model; with no clipping every step is clean.
+  const auto clipped = engine_losses(12, 1, 1e-3, 0, torch::kFloat32, EngineOptions::Speculate::kAuto);
+  EXPECT_EQ(clipped.stats.speculative_steps, 0);
+  EXPECT_EQ(clipped.stats.rollbacks, 0);
+  expect_same_losses(clipped.losses, reference_losses(12, 1, 1e-3), 1e-5);
+  const auto clean = engine_losses(12, 1, 0.0, 0, torch::kFloat32, EngineOptions::Speculate::kAuto);
+  EXPECT_EQ(clean.stats.speculative_steps, 4);  // steps 9 .. 12, after 8 clean ones
+  EXPECT_EQ(clean.stats.rollbacks, 0);
+  expect_same_losses(clean.losses, reference_losses(12, 1, 0.0), 1e-5);
 }
 
 TEST(OffloadEngine, Bf16WorkingCopyStaysCloseToFp32) {
@@ -152,38 +176,44 @@ TEST(OffloadEngine, Bf16WorkingCopyStaysCloseToFp32) {
 }
 
 TEST(OffloadEngine, NonFiniteGradientsSkipTheStepAndRestoreEverything) {
-  const auto spec = small_spec();
-  torch::manual_seed(7);
-  auto model = build_model(spec, false);
-  ParamStore store(*model, {}, 1);
-  OffloadEngine engine(*model, store, {});
-  const auto run_step = [&](int step, bool poison) {
-    engine.begin_step(kLr);
-    engine.begin_micro(true);
-    auto b = batch(step, 0, spec);
-    auto loss = model->loss(model->forward(b.in), b.tgt);
-    if (poison) loss = loss * std::numeric_limits<double>::quiet_NaN();
-    loss.backward();
-    return engine.end_step();
-  };
-  run_step(0, false);
-  engine.wait_all();
-  std::vector<torch::Tensor> before;
-  for (auto& b : store.blocks())
-    for (auto* t : {&b.master, &b.m, &b.v, &b.working}) before.push_back(t->clone());
-  const auto out = run_step(1, true);
-  engine.wait_all();
-  EXPECT_TRUE(out.skipped);
-  EXPECT_TRUE(out.rolled_back);
-  EXPECT_EQ(engine.stats().skipped, 1);
-  EXPECT_EQ(engine.stats().steps, 1);
-  size_t k = 0;
-  for (auto& b : store.blocks())
-    for (auto* t : {&b.master, &b.m, &b.v, &b.working})
-      EXPECT_TRUE(torch::equal(*t, before[k++])) << b.name << " changed in a skipped step";
-  // And training goes on from there.
-  EXPECT_FALSE(run_step(2, false).skipped);
-  EXPECT_EQ(engine.stats().steps, 2);
+  for (const auto mode : {EngineOptions::Speculate::kAlways, EngineOptions::Speculate::kNever}) {
+    const bool spec = mode == EngineOptions::Speculate::kAlways;
+    const auto spec_ = small_spec();
+    torch::manual_seed(7);
+    auto model = build_model(spec_, false);
+    ParamStore store(*model, {}, 1);
+    EngineOptions eo;
+    eo.speculate = mode;
+    OffloadEngine engine(*model, store, eo);
+    const auto run_step = [&](int step, bool poison) {
+      engine.begin_step(kLr);
+      engine.begin_micro(true);
+      auto b = batch(step, 0, spec_);
+      auto loss = model->loss(model->forward(b.in), b.tgt);
+      if (poison) loss = loss * std::numeric_limits<double>::quiet_NaN();
+      loss.backward();
+      return engine.end_step();
+    };
+    run_step(0, false);
+    engine.wait_all();
+    std::vector<torch::Tensor> before;
+    for (auto& b : store.blocks())
+      for (auto* t : {&b.master, &b.m, &b.v, &b.working}) before.push_back(t->clone());
+    const auto out = run_step(1, true);
+    engine.wait_all();
+    EXPECT_TRUE(out.skipped);
+    // Speculative CPU updates had run on NaN gradients and are undone; otherwise none ran.
+    EXPECT_EQ(out.rolled_back, spec);
+    EXPECT_EQ(engine.stats().skipped, 1);
+    EXPECT_EQ(engine.stats().steps, 1);
+    size_t k = 0;
+    for (auto& b : store.blocks())
+      for (auto* t : {&b.master, &b.m, &b.v, &b.working})
+        EXPECT_TRUE(torch::equal(*t, before[k++])) << b.name << " changed in a skipped step, speculate " << spec;
+    // And training goes on from there.
+    EXPECT_FALSE(run_step(2, false).skipped);
+    EXPECT_EQ(engine.stats().steps, 2);
+  }
 }
 
 TEST(OffloadEngine, BlockMigrationKeepsMasterAndStatesBitExact) {

@@ -77,7 +77,7 @@ TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
 TEST(MemoryPlan, EachBlockMovedToTheCpuAddsItsMasterAndStatesToThePinnedTier) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.offload.speculate = false;
+  c.offload.speculate = "never";
   const MemoryPlan g2 = plan_offload_memory(s, c, 2048, 2), g1 = plan_offload_memory(s, c, 2048, 1);
   const int64_t n = k7bLayer;  // layer.1 moves from GPU- to CPU-updated
   const auto master_and_states = [](const MemoryPlan& p) {
@@ -117,7 +117,7 @@ TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
   const int64_t n_cpu = 24 * k7bLayer + k7bHead;
   const MemoryPlan spec = plan_offload_memory(s, c, 2048, 8);
   EXPECT_EQ(row_bytes(spec, kTierPinned, "undo log (speculative updates)"), 12 * n_cpu);
-  c.offload.speculate = false;
+  c.offload.speculate = "never";
   c.train.grad_accum = 2;  // gradients accumulate in the device's gradient buffers
   const MemoryPlan plain = plan_offload_memory(s, c, 2048, 8);
   EXPECT_EQ(row_bytes(plain, kTierPinned, "undo log"), -1);
@@ -127,7 +127,7 @@ TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
 TEST(MemoryPlan, PageableHostWhenPinningIsOff) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.offload.speculate = false;
+  c.offload.speculate = "never";
   c.offload.pin_memory = false;
   const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
   EXPECT_EQ(p.pinned_bytes(), 0);

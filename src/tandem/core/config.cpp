@@ -270,10 +270,11 @@ const std::vector<Field>& fields() {
                    F(offload.update_split)),
       int_field("offload.resolve_every", "auto k: re-solve from measured times every N steps (0 = at start-up only)",
                 F(offload.resolve_every)),
-      bool_field("offload.speculate",
-                 "start CPU updates as Blocks complete, with an undo log for clipping and non-finite rollbacks "
-                 "(host memory: 12 bytes per CPU-updated parameter); false waits for the global norm",
-                 F(offload.speculate)),
+      string_field("offload.speculate",
+                   "auto | always | never: start CPU updates as Blocks complete, with an undo log for clipping and "
+                   "non-finite rollbacks (12 host bytes per CPU-updated parameter); never waits for the global "
+                   "norm; auto speculates after 8 steps in a row without clipping",
+                   F(offload.speculate)),
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),
@@ -609,6 +610,8 @@ std::optional<double> parse_update_split(const std::string& s) {
 
 void validate_config(const Config& c) {
   (void)parse_update_split(c.offload.update_split);
+  TANDEM_CHECK(c.offload.speculate == "auto" || c.offload.speculate == "always" || c.offload.speculate == "never",
+               "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,

@@ -101,7 +101,7 @@ struct OffloadConfig {
   std::string update_split = "auto";  ///< k: fraction of decoder Blocks updated on the GPU, "auto" = solved
   int64_t resolve_every = 50;         ///< auto k: re-solve every this many steps (0 = only at start-up)
   bool delayed_update = false;        ///< opt-in one-step delayed update (weights may lag one step)
-  bool speculate = true;              ///< CPU updates start during backward, with an undo log
+  std::string speculate = "auto";     ///< auto | always | never: CPU updates during backward, undo log
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
 };

@@ -37,6 +37,9 @@ namespace tandem {
 // bit for bit and updated again with the coefficient; when it is not finite, they are rolled back
 // and the step is skipped. The result is exactly synchronous AdamW with clipping; the cost is the
 // undo log's host memory and one repeated CPU update per clipped step (counted in stats().rollbacks).
+// Early in training most steps clip, and a rollback costs more than waiting for the norm, so by
+// default (Speculate::kAuto) the engine speculates only after 8 steps in a row that would not have
+// rolled back, and otherwise queues the CPU updates in forward order once the norm is known.
 
 struct OffloadEngine::Streams {
   c10::impl::VirtualGuardImpl impl{c10::DeviceType::CUDA};
@@ -111,6 +114,12 @@ void OffloadEngine::begin_step(double lr, double loss_scale) {
   lr_ = lr;
   loss_scale_ = loss_scale;
   std::fill(dispatched_.begin(), dispatched_.end(), false);
+  using S = EngineOptions::Speculate;
+  constexpr size_t kSpeculationWindow = 8;
+  speculate_now_ = options_.speculate == S::kAlways ||
+                   (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
+                    std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; }));
+  if (speculate_now_) ++stats_.speculative_steps;
 }
 
 void OffloadEngine::begin_micro(bool last) {
@@ -141,7 +150,7 @@ void OffloadEngine::dispatch(size_t i) {
   } else {
     b.landing.copy_(b.grad);
   }
-  if (!options_.speculate) return;  // queued by end_step() once the norm is known
+  if (!speculate_now_) return;  // queued by end_step() once the norm is known
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_[i] = 0;
@@ -305,7 +314,9 @@ StepOutcome OffloadEngine::end_step() {
     coef = options_.grad_clip / (out.grad_norm + 1e-6);
   }
   const bool any_cpu = std::any_of(blocks.begin(), blocks.end(), [](auto& b) { return b.side == UpdateSide::kCpu; });
-  if (!options_.speculate && !out.skipped) {
+  would_roll_back_.push_back(out.skipped || coef < 1.0);
+  if (would_roll_back_.size() > 8) would_roll_back_.pop_front();
+  if (!speculate_now_ && !out.skipped) {
     // The CPU Blocks in forward order, so the next forward's first Blocks are ready first.
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -317,7 +328,7 @@ StepOutcome OffloadEngine::end_step() {
       }
     }
     cv_.notify_all();
-  } else if (options_.speculate && (out.skipped || coef < 1.0) && any_cpu) {
+  } else if (speculate_now_ && (out.skipped || coef < 1.0) && any_cpu) {
     wait_cpu_jobs();
     out.rolled_back = true;
     ++stats_.rollbacks;

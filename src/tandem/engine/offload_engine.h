@@ -25,10 +25,11 @@ class CpuThreadPool;
 struct EngineOptions {
   AdamWOptions adam;
   double grad_clip = 1.0;  ///< global-norm clipping; 0 disables
-  /// Start CPU updates as Blocks complete, with an undo log (Note [Speculative clipping]); false:
-  /// wait for the global norm, then update the CPU Blocks in forward order (no undo memory; the
-  /// updates overlap only the next forward).
-  bool speculate = true;
+  /// kAlways: start CPU updates as Blocks complete, with an undo log (Note [Speculative clipping]);
+  /// kNever: wait for the global norm, then update the CPU Blocks in forward order (no undo memory;
+  /// the updates overlap only the next forward); kAuto: speculate while it pays, i.e. when none of
+  /// the last kSpeculationWindow steps clipped or overflowed.
+  enum class Speculate { kAlways, kNever, kAuto } speculate = Speculate::kAuto;
   CpuThreadPool* pool = nullptr;  ///< CPU update threads; null = the global pool
 };
 
@@ -42,6 +43,7 @@ struct StepOutcome {
 /// Cumulative counters of an engine.
 struct EngineStats {
   int64_t steps = 0, skipped = 0, rollbacks = 0;
+  int64_t speculative_steps = 0;  ///< steps whose CPU updates ran speculatively
   double cpu_update_s = 0.0;    ///< summed CPU update time (updater thread)
   int64_t cpu_updated_params = 0;
 };
@@ -96,6 +98,8 @@ class OffloadEngine {
   torch::Tensor step_tensor_;  // 0-d fp32 host: the step count, shared by every ".step" entry
   double lr_ = 0.0, loss_scale_ = 1.0;
   bool last_micro_ = true;
+  bool speculate_now_ = true;
+  std::deque<bool> would_roll_back_;  // recent steps: clipped or non-finite
   std::vector<int64_t> remaining_;  // per Block: parameters whose gradient is not yet complete
   std::vector<bool> dispatched_;
   std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm

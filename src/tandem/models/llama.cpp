@@ -22,7 +22,11 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return at::rms_norm(x, {dim_}, weight, eps_); }
+// A low-precision scale (the offload engine's bf16 working copy) meets the fp32 residual stream
+// in fp32, as an fp32 parameter would: its gradient is reduced over tokens in fp32, rounded once.
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  return at::rms_norm(x, {dim_}, weight.scalar_type() == x.scalar_type() ? weight : weight.to(x.scalar_type()), eps_);
+}
 
 RopeTable::RopeTable(const ModelSpec& spec) {
   const int64_t hd = spec.head_dim();
@@ -90,7 +94,16 @@ EmbeddingBlock::EmbeddingBlock(const ModelSpec& spec) : Block(BlockKind::kEmbedd
   embed_tokens->weight.normal_(0.0, kInitStd);
 }
 
-torch::Tensor EmbeddingBlock::forward(const torch::Tensor& tokens) { return embed_tokens->forward(tokens); }
+// Note [fp32 residual stream]
+// The residual stream is fp32 whatever the weights' dtype, as it is with fp32 parameters under
+// autocast: with a bf16 embedding table (the offload engine's working copy) the lookup reads an
+// fp32 view of it, so the stream starts in fp32 and the table's gradient is accumulated over
+// tokens in fp32 and rounded to bf16 once.
+torch::Tensor EmbeddingBlock::forward(const torch::Tensor& tokens) {
+  const auto& w = embed_tokens->weight;
+  if (w.scalar_type() == torch::kFloat32) return embed_tokens->forward(tokens);
+  return torch::embedding(w.to(torch::kFloat32), tokens);
+}
 
 LlamaLayer::LlamaLayer(const ModelSpec& spec, int64_t index, std::shared_ptr<RopeTable> rope)
     : Block(BlockKind::kLayer, "layer." + std::to_string(index), "model.layers." + std::to_string(index) + "."),

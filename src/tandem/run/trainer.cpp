@@ -217,7 +217,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                        : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                  : torch::kFloat32;
     so.pin_memory = cfg.offload.pin_memory;
-    so.undo = cfg.offload.speculate;
+    so.undo = cfg.offload.speculate != "never";
     store = std::make_unique<ParamStore>(*model, so, plan_gpu_blocks(spec, cfg, seq_len, device));
     EngineOptions eo;
     eo.adam.beta1 = cfg.optim.beta1;
@@ -226,7 +226,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     eo.adam.weight_decay = cfg.optim.weight_decay;
     eo.adam.decoupled = cfg.optim.type == "adamw";
     eo.grad_clip = cfg.train.grad_clip;
-    eo.speculate = cfg.offload.speculate;
+    eo.speculate = cfg.offload.speculate == "always"  ? EngineOptions::Speculate::kAlways
+                   : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
+                                                      : EngineOptions::Speculate::kAuto;
     engine = std::make_unique<OffloadEngine>(*model, *store, eo);
     optimizer_ptr = std::make_unique<EngineOptimizer>(*engine);
   } else {
