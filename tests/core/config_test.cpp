@@ -45,6 +45,13 @@ TEST(Config, BadValuesAreUserErrors) {
             std::string::npos);
   apply_override(c, "train.micro_batch=0");
   EXPECT_NE(error_of([&] { validate_config(c); }).find("train.micro_batch must be > 0"), std::string::npos);
+  Config t;
+  apply_override(t, "offload.trace_steps=6, 5,6");
+  EXPECT_EQ(parse_step_list(t.offload.trace_steps, "offload.trace_steps"), (std::vector<int64_t>{5, 6}));
+  apply_override(t, "offload.trace_steps=5,x");
+  EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps takes step numbers"), std::string::npos);
+  apply_override(t, "offload.trace_steps=0");
+  EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps"), std::string::npos);
 }
 
 TEST(Config, OverridesAndOptionalReset) {

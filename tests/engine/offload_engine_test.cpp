@@ -5,10 +5,16 @@
 #include "tandem/engine/offload_engine.h"
 
 #include <ATen/autocast_mode.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
+#include <map>
+#include <set>
+
 #include "../test_util.h"
+#include "tandem/io/fs.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
@@ -41,10 +47,15 @@ constexpr double kLr = 3e-3, kB1 = 0.9, kB2 = 0.95, kEps = 1e-8, kWd = 0.1;
 
 // The reference: LibTorch's AdamW with FusedAdamW's groups (decay on matrices only), clipping
 // by torch::nn::utils::clip_grad_norm_, accumulation in .grad.
-std::vector<double> reference_losses(int steps, int accum, double clip) {
+// With `delayed`, the gradient of step s (0-based) is taken at the weights after step s-2's update
+// (Note [Delayed update]): a second model holds the lagging weights.
+std::vector<double> reference_losses(int steps, int accum, double clip, bool delayed = false) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
+  torch::manual_seed(7);
+  auto lagging = build_model(spec, false);
+  std::vector<std::vector<torch::Tensor>> history;  // weights after each update
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& [n, p] : model->hf_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -54,17 +65,38 @@ std::vector<double> reference_losses(int steps, int accum, double clip) {
                                     torch::optim::AdamWOptions(kLr).betas({kB1, kB2}).eps(kEps).weight_decay(0.0)));
   torch::optim::AdamW opt(groups);
   std::vector<double> losses;
+  const auto snapshot = [&] {
+    std::vector<torch::Tensor> w;
+    for (auto& p : model->parameters()) w.push_back(p.detach().clone());
+    return w;
+  };
+  history.push_back(snapshot());
   for (int step = 0; step < steps; ++step) {
     opt.zero_grad();
     double sum = 0;
+    Model& fwd = delayed ? *lagging : *model;
+    if (delayed) {
+      torch::NoGradGuard ng;
+      const auto& w = history[std::max(step - 1, 0)];
+      auto ps = lagging->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        ps[i].copy_(w[i]);
+        ps[i].mutable_grad() = torch::Tensor();
+      }
+    }
     for (int micro = 0; micro < accum; ++micro) {
       auto b = batch(step, micro, spec);
-      auto loss = model->loss(model->forward(b.in), b.tgt);
+      auto loss = fwd.loss(fwd.forward(b.in), b.tgt);
       (loss / double(accum)).backward();
       sum += loss.item<double>();
     }
+    if (delayed) {
+      auto ps = lagging->parameters(), qs = model->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) qs[i].mutable_grad() = ps[i].grad().clone();
+    }
     if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
     opt.step();
+    history.push_back(snapshot());
     losses.push_back(sum / accum);
   }
   return losses;
@@ -73,11 +105,14 @@ std::vector<double> reference_losses(int steps, int accum, double clip) {
 struct EngineRun {
   std::vector<double> losses;
   EngineStats stats;
+  SplitStatus split;
+  int64_t gpu_blocks = 0;
 };
 
 EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
                         torch::ScalarType compute = torch::kFloat32,
-                        EngineOptions::Speculate speculate = EngineOptions::Speculate::kAlways) {
+                        EngineOptions::Speculate speculate = EngineOptions::Speculate::kAlways,
+                        const std::function<void(EngineOptions&)>& tweak = nullptr) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
@@ -92,6 +127,7 @@ EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
   eo.adam.weight_decay = kWd;
   eo.grad_clip = clip;
   eo.speculate = speculate;
+  if (tweak) tweak(eo);
   OffloadEngine engine(*model, store, eo);
   EngineRun run;
   for (int step = 0; step < steps; ++step) {
@@ -118,6 +154,8 @@ EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
   }
   engine.wait_all();
   run.stats = engine.stats();
+  run.split = engine.split();
+  run.gpu_blocks = store.gpu_blocks();
   return run;
 }
 
@@ -271,6 +309,71 @@ TEST(OffloadEngine, ParametersAreViewsOfTheFlatBuffers) {
   double total = 0;
   for (auto& blk : store.blocks()) total += blk.grad.abs().sum().item<double>();
   EXPECT_GT(total, 0.0);
+}
+
+TEST(OffloadEngine, DelayedUpdateLagsTheCpuBlocksByExactlyOneUpdate) {
+  // The reference takes step s's gradient at the weights after update s-2, clipping included.
+  const auto want = reference_losses(20, 2, 1.0, /*delayed=*/true);
+  const auto got = engine_losses(20, 2, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kAuto,
+                                 [](EngineOptions& o) { o.delayed = true; });
+  expect_same_losses(got.losses, want, 1e-5);
+  EXPECT_EQ(got.stats.delayed_steps, 20);
+  EXPECT_EQ(got.stats.speculative_steps, 0);
+  // And it is not the exact engine: the lag changes the losses.
+  const auto exact = reference_losses(20, 2, 1.0);
+  double most = 0;
+  for (size_t i = 0; i < exact.size(); ++i) most = std::max(most, std::abs(exact[i] - got.losses[i]) / exact[i]);
+  EXPECT_GT(most, 1e-3);
+}
+
+TEST(OffloadEngine, TheSolvedSplitMovesBlocksBetweenStepsWithoutChangingTheResult) {
+  // The memory range [2, 2] forces the solver to move the embedding and layer 0 to the device side
+  // at step 3; the run must still match the plain AdamW loop.
+  const auto want = reference_losses(10, 1, 1.0);
+  const auto got = engine_losses(10, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kAlways,
+                                 [](EngineOptions& o) {
+                                   o.solve_split = true;
+                                   o.min_gpu_blocks = o.max_gpu_blocks = 2;
+                                   o.first_solve_step = 3;
+                                 });
+  expect_same_losses(got.losses, want, 1e-5);
+  EXPECT_EQ(got.gpu_blocks, 2);
+  EXPECT_TRUE(got.split.solved);
+  EXPECT_NEAR(got.split.k, 2.0 / 5.0, 1e-12);
+  EXPECT_GT(got.split.alpha, 0.0);
+  EXPECT_GT(got.split.predicted_step_s, 0.0);
+  EXPECT_GT(got.split.measured_step_s, 0.0);
+}
+
+TEST(OffloadEngine, WritesAChromeTraceOfTheChosenSteps) {
+  const std::string path = testing::TempDir() + "/offload_trace.json";
+  std::remove(path.c_str());
+  std::vector<std::string> lines;
+  const auto got = engine_losses(6, 1, 1.0, 1, torch::kFloat32, EngineOptions::Speculate::kAlways,
+                                 [&](EngineOptions& o) {
+                                   o.trace_steps = {3, 4};
+                                   o.trace_path = path;
+                                   o.log = [&](const std::string& l) { lines.push_back(l); };
+                                 });
+  const auto j = nlohmann::json::parse(read_file(path, "trace"));
+  std::map<int, int> spans;
+  std::set<std::string> steps;
+  double prev_compute_end = -1;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    ++spans[e["tid"].get<int>()];
+    steps.insert(e["cat"].get<std::string>());
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+    if (e["tid"] == 1) prev_compute_end = std::max(prev_compute_end, e["ts"].get<double>() + e["dur"].get<double>());
+  }
+  // Compute: 5 Blocks' forward and backward, the GPU update; D2H, H2D and CPU updates: 4 CPU Blocks.
+  EXPECT_GE(spans[1], 2 * 9);
+  EXPECT_EQ(spans[2], 2 * 4);
+  EXPECT_EQ(spans[3], 2 * 4);
+  EXPECT_GE(spans[4], 2 * 4);  // rollbacks add repeated updates
+  EXPECT_EQ(steps, (std::set<std::string>{"step 3", "step 4"}));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("trace of 2 step(s)"), std::string::npos) << lines[0];
 }
 
 }  // namespace

@@ -290,5 +290,27 @@ TEST(UpdateSplit, BadInputsAreUserErrors) {
   expect_error([&] { solve_update_split(blocks, costs, kRoomy, std::numeric_limits<double>::quiet_NaN()); }, "fixed k");
 }
 
+TEST(UpdateSplit, WaitingForTheNormAndDelayedUpdatesAreModelled) {
+  // two_blocks, every update on the CPU. As gradients arrive: Block 1's update [4, 6], upload
+  // [6, 7]; Block 0's [6, 8], upload [8, 9]; the forward waits to 9: 9 + 1 + 1.5 = 11.5.
+  SplitCosts c = two_block_costs();
+  EXPECT_EQ(predict_step(two_blocks(), c, 0).step_s, 11.5);
+  // After the backward (t = 5), in forward order: Block 0 [6, 8] (its gradient lands at 6), upload
+  // [8, 9]; Block 1 [8, 10], upload [10, 11]; forward: Block 0 at 9 .. 10, Block 1 waits to 11:
+  // 12.5, of which 4 + 1 waiting.
+  c.cpu_start = SplitCosts::CpuStart::kAfterBackward;
+  const auto after = predict_step(two_blocks(), c, 0);
+  EXPECT_EQ(after.step_s, 12.5);
+  EXPECT_EQ(after.gpu_idle_s, 5.0);
+  // Delayed: nobody waits; compute (5 + 2.5) is the busiest resource (CPU 4, D2H ends at 6).
+  c.cpu_start = SplitCosts::CpuStart::kDelayed;
+  const auto delayed = predict_step(two_blocks(), c, 0);
+  EXPECT_EQ(delayed.step_s, 7.5);
+  EXPECT_EQ(delayed.gpu_idle_s, 0.0);
+  // ... until the CPU is: 4 s per Block makes it 8 s.
+  c.cpu_update_s_per_param = 1.0;
+  EXPECT_EQ(predict_step(two_blocks(), c, 0).step_s, 8.0);
+}
+
 }  // namespace
 }  // namespace tandem

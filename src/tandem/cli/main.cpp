@@ -9,6 +9,7 @@
 
 #include "tandem/bench/bk_core_bench.h"
 #include "tandem/bench/optim_bench.h"
+#include "tandem/bench/step_bench.h"
 #include "tandem/core/config.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -226,14 +227,15 @@ int main(int argc, char** argv) {
       "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
       "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
       "  tandem config --keys              every configuration key with its meaning\n"
-      "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params",
+      "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
+      "  tandem bench step -p 7B          forward+backward alone: the GPU-only bound of a step",
       "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "debug logging");
 
-  ConfigArgs train_args, inspect_args, config_args;
+  ConfigArgs train_args, inspect_args, config_args, step_args;
   std::string resume;
   auto* train_cmd = app.add_subcommand("train", "train a model (no options: the embedded default job)");
   train_args.add_to(train_cmd, true);
@@ -279,6 +281,12 @@ int main(int argc, char** argv) {
   bench_optim->add_option("--json", bench_opts.json_path, "append one JSON object per measurement to this file");
 
   BkCoreBenchOptions bk_opts;
+  auto* bench_step = bench_cmd->add_subcommand(
+      "step", "forward+backward alone, weights and gradients resident on the device, no optimizer: the GPU-only "
+              "bound of a training step (same model and batch keys as train)");
+  step_args.add_to(bench_step, true);
+  std::string step_json;
+  bench_step->add_option("--json", step_json, "append one JSON object with the result to this file");
   auto* bench_bk = bench_cmd->add_subcommand(
       "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor");
   bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")->delimiter(',');
@@ -318,6 +326,7 @@ int main(int argc, char** argv) {
       return run_inspect(inspect_args.resolve(""), inspect_opts);
     }
     if (*bench_bk) return run_bk_core_bench(bk_opts);
+    if (*bench_step) return run_step_bench(step_args.resolve(""), step_json);
     if (*bench_optim) {
       if (!bench_sizes.empty()) {
         bench_opts.sizes.clear();

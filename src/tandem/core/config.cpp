@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -223,6 +224,9 @@ const std::vector<Field>& fields() {
       bool_field("train.save_final", "write a checkpoint when training ends", F(train.save_final)),
       bool_field("train.tf32", "allow TF32 tensor cores for fp32 matmuls and convolutions on CUDA", F(train.tf32)),
       bool_field("train.cudnn_benchmark", "let cuDNN pick the fastest algorithms", F(train.cudnn_benchmark)),
+      bool_field("train.deterministic",
+                 "deterministic kernels: the same seed gives the same losses bit for bit (slower backward)",
+                 F(train.deterministic)),
       string_field("train.run_dir", "run directory; empty = runs/<date>-<time>-<preset>", F(train.run_dir)),
       string_field("train.progress", "auto (bar on a terminal, lines otherwise) | bar | lines | off",
                    F(train.progress)),
@@ -282,6 +286,10 @@ const std::vector<Field>& fields() {
                    F(offload.gpu_memory_fraction)),
       double_field("offload.host_memory_fraction", "share of available host memory the plan may pin",
                    F(offload.host_memory_fraction)),
+      string_field("offload.trace_steps",
+                   "steps to trace (comma list, e.g. 5,6) into <run dir>/trace.json: CUDA streams and the CPU "
+                   "updater, for Perfetto",
+                   F(offload.trace_steps)),
   };
   return kFields;
 }
@@ -599,6 +607,24 @@ std::string config_hash(const Config& cfg) {
   return buf;
 }
 
+std::vector<int64_t> parse_step_list(const std::string& s, const std::string& key) {
+  std::vector<int64_t> out;
+  std::stringstream in(s);
+  for (std::string t; std::getline(in, t, ',');) {
+    t.erase(0, t.find_first_not_of(" \t"));
+    t.erase(t.find_last_not_of(" \t") + 1);
+    if (t.empty()) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(t.c_str(), &end, 10);
+    TANDEM_CHECK(end && *end == '\0' && v >= 1, key, " takes step numbers >= 1 separated by commas (e.g. 5,6); got '",
+                 s, "'");
+    out.push_back(v);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::optional<double> parse_update_split(const std::string& s) {
   if (s == "auto") return std::nullopt;
   char* end = nullptr;
@@ -610,6 +636,7 @@ std::optional<double> parse_update_split(const std::string& s) {
 
 void validate_config(const Config& c) {
   (void)parse_update_split(c.offload.update_split);
+  (void)parse_step_list(c.offload.trace_steps, "offload.trace_steps");
   TANDEM_CHECK(c.offload.speculate == "auto" || c.offload.speculate == "always" || c.offload.speculate == "never",
                "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",

@@ -59,6 +59,7 @@ struct TrainConfig {
   bool save_final = true;
   bool tf32 = true;
   bool cudnn_benchmark = true;
+  bool deterministic = false;  ///< deterministic kernels (reproducible runs; slower attention backward)
   std::string run_dir;            ///< empty = runs/<time>-<preset>
   std::string progress = "auto";  ///< auto | bar | lines | off
 };
@@ -104,6 +105,7 @@ struct OffloadConfig {
   std::string speculate = "auto";     ///< auto | always | never: CPU updates during backward, undo log
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
+  std::string trace_steps;            ///< steps (1-based, comma list) traced into <run dir>/trace.json
 };
 
 /// The whole configuration of a run.
@@ -159,6 +161,9 @@ std::string config_to_yaml(const Config& cfg);
 /// Stable hash of the configuration (hex), to check that ranks or a resume agree.
 std::string config_hash(const Config& cfg);
 
+/// A comma list of 1-based step numbers ("5,6"; empty = none), sorted, without repeats; UserError
+/// naming `key` otherwise.
+std::vector<int64_t> parse_step_list(const std::string& s, const std::string& key);
 /// offload.update_split: the fixed k in [0, 1], or nullopt for "auto"; UserError otherwise.
 std::optional<double> parse_update_split(const std::string& s);
 

@@ -6,10 +6,14 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+#include "tandem/io/fs.h"
+#include "tandem/sched/update_split.h"
 
 namespace tandem {
 
@@ -48,16 +52,58 @@ struct OffloadEngine::Streams {
   std::vector<std::unique_ptr<c10::Event>> grad_ready, landed, uploaded;
   explicit Streams(c10::Device d, size_t blocks)
       : device(d), d2h(impl.getStreamFromGlobalPool(d, false)), h2d(impl.getStreamFromGlobalPool(d, false)) {
+    // Timing enabled: the same events measure the split solver's times and draw the trace.
+    const auto timed = [] { return std::make_unique<c10::Event>(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT); };
     for (size_t i = 0; i < blocks; ++i) {
-      grad_ready.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
-      landed.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
-      uploaded.push_back(std::make_unique<c10::Event>(c10::DeviceType::CUDA));
+      grad_ready.push_back(timed());
+      landed.push_back(timed());
+      uploaded.push_back(timed());
     }
   }
   c10::Stream compute() const { return impl.getStream(device); }
 };
 
+// A point in time on a stream: a timing CUDA event, or the host clock when the device is the CPU
+// (its "streams" are the calling thread).
+struct Stamp {
+  std::unique_ptr<c10::Event> ev;
+  double host = -1;  // seconds since the engine's epoch; CPU device
+  bool set = false;
+};
+
+struct OffloadEngine::Stamps {
+  // Per Block: forward start (compute), backward done (compute: the event is grad_ready on CUDA),
+  // D2H start, H2D start; the D2H and H2D ends are the landed and uploaded events.
+  std::vector<Stamp> fwd, bwd, d2h0, d2h1, h2d0, h2d1;
+  Stamp gpu0, gpu1, ref;
+  explicit Stamps(size_t n, bool cuda) {
+    for (auto* v : {&fwd, &bwd, &d2h0, &d2h1, &h2d0, &h2d1}) {
+      v->resize(n);
+      if (cuda)
+        for (auto& st : *v) st.ev = std::make_unique<c10::Event>(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    }
+    for (auto* st : {&gpu0, &gpu1, &ref})
+      if (cuda) st->ev = std::make_unique<c10::Event>(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+  }
+};
+
 namespace {
+
+void mark(Stamp& st, const c10::Stream* stream, double host_now) {
+  if (st.ev) {
+    st.ev->record(*stream);
+  } else {
+    st.host = host_now;
+  }
+  st.set = true;
+}
+
+// Seconds from a to b; both recorded and complete.
+double between(const Stamp& a, const Stamp& b) {
+  if (!a.set || !b.set) return 0.0;
+  if (a.ev) return a.ev->elapsedTime(*b.ev) / 1e3;
+  return b.host - a.host;
+}
 
 struct ReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn;
@@ -75,12 +121,17 @@ OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions opti
   sqnorm_.resize(n);
   done_.assign(n, 1);
   step_tensor_ = torch::zeros({}, torch::kFloat32);
+  pending_upload_.assign(n, false);
   if (cuda_) streams_ = std::make_unique<Streams>(store_.options().device, n);
+  stamps_ = std::make_unique<Stamps>(n, cuda_);
+  TANDEM_CHECK(!(options_.delayed && options_.speculate == EngineOptions::Speculate::kAlways),
+               "offload.delayed_update=true updates once the norm is known; it does not speculate. Set "
+               "offload.speculate=auto or never");
   for (size_t i = 0; i < n; ++i)
     for (auto& f : store_.blocks()[i].params)
       torch::autograd::impl::set_post_acc_grad_hooks(f.param,
                                                      std::make_unique<ReadyHook>([this, i] { on_param_ready(i); }));
-  model_.set_before_block([this](size_t i) { wait_block(i); });
+  model_.set_before_block([this](size_t i) { before_block(i); });
   updater_ = std::thread([this] { updater_loop(); });
 }
 
@@ -109,26 +160,45 @@ UpdateHyper OffloadEngine::hyper(double lr, int64_t step, double grad_scale) con
   return h;
 }
 
+double OffloadEngine::host_now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+}
+
 void OffloadEngine::begin_step(double lr, double loss_scale) {
   TANDEM_ASSERT(loss_scale > 0, "loss scale ", loss_scale);
+  const auto now = std::chrono::steady_clock::now();
+  if (steps_begun_ > 1) step_times_.push_back(std::chrono::duration<double>(now - last_begin_).count());
+  last_begin_ = now;
+  if (tracing_) collect_trace();
+  const bool solve_now =
+      options_.solve_split && steps_begun_ >= options_.first_solve_step &&
+      (steps_begun_ == options_.first_solve_step ||
+       (options_.resolve_every > 0 && (steps_begun_ - options_.first_solve_step) % options_.resolve_every == 0));
+  if (solve_now) resolve_split();
+  ++steps_begun_;
+  if (std::binary_search(options_.trace_steps.begin(), options_.trace_steps.end(), steps_begun_)) start_trace();
   lr_ = lr;
   loss_scale_ = loss_scale;
   std::fill(dispatched_.begin(), dispatched_.end(), false);
   using S = EngineOptions::Speculate;
   constexpr size_t kSpeculationWindow = 8;
-  speculate_now_ = options_.speculate == S::kAlways ||
-                   (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
-                    std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; }));
+  speculate_now_ = !options_.delayed &&
+                   (options_.speculate == S::kAlways ||
+                    (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
+                     std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; })));
   if (speculate_now_) ++stats_.speculative_steps;
+  if (options_.delayed) ++stats_.delayed_steps;
 }
 
 void OffloadEngine::begin_micro(bool last) {
   last_micro_ = last;
+  in_forward_ = true;
   for (size_t i = 0; i < remaining_.size(); ++i)
     remaining_[i] = static_cast<int64_t>(store_.blocks()[i].params.size());
 }
 
 void OffloadEngine::on_param_ready(size_t block) {
+  in_forward_ = false;  // a recomputed forward (checkpointing) is not timed as forward
   if (--remaining_[block] == 0 && last_micro_ && !dispatched_[block]) dispatch(block);
 }
 
@@ -136,19 +206,31 @@ void OffloadEngine::dispatch(size_t i) {
   torch::NoGradGuard no_grad;
   dispatched_[i] = true;
   auto& b = store_.blocks()[i];
+  auto& st = *stamps_;
+  if (cuda_) {
+    const auto compute = streams_->compute();
+    mark(st.bwd[i], &compute, 0);
+  } else {
+    mark(st.bwd[i], nullptr, host_now());
+  }
+  if (options_.delayed && pending_upload_[i]) upload_after_backward(i);
   sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
   if (b.side == UpdateSide::kGpu) return;  // updated in end_step(), once the clip is known
   if (cuda_) {
     auto& s = *streams_;
     s.grad_ready[i]->record(s.compute());
     s.d2h.wait(*s.grad_ready[i]);
+    mark(st.d2h0[i], &s.d2h, 0);
     {
       const c10::StreamGuard guard(s.d2h);
       b.landing.copy_(b.grad, /*non_blocking=*/true);
     }
     s.landed[i]->record(s.d2h);
+    mark(st.d2h1[i], &s.d2h, 0);
   } else {
+    mark(st.d2h0[i], nullptr, host_now());
     b.landing.copy_(b.grad);
+    mark(st.d2h1[i], nullptr, host_now());
   }
   if (!speculate_now_) return;  // queued by end_step() once the norm is known
   {
@@ -207,6 +289,10 @@ void OffloadEngine::run_cpu_update(const Job& job) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.cpu_update_s += dt;
   stats_.cpu_updated_params += b.numel;
+  if (tracing_) {
+    const double end = host_now() - trace_ref_host_;
+    cpu_spans_.push_back({i, end - dt, end, undo});
+  }
 }
 
 void OffloadEngine::upload(size_t i) {
@@ -215,11 +301,40 @@ void OffloadEngine::upload(size_t i) {
   if (cuda_) {
     auto& s = *streams_;
     const c10::StreamGuard guard(s.h2d);
+    mark(stamps_->h2d0[i], &s.h2d, 0);
     b.working.copy_(b.staging, /*non_blocking=*/true);
     s.uploaded[i]->record(s.h2d);
+    mark(stamps_->h2d1[i], &s.h2d, 0);
   } else {
+    mark(stamps_->h2d0[i], nullptr, host_now());
     b.working.copy_(b.staging);
+    mark(stamps_->h2d1[i], nullptr, host_now());
   }
+}
+
+// Note [Delayed update]
+// With offload.delayed_update the CPU updates of step t are queued once step t's norm is known
+// (exact clipping, no undo log) but their new weights are not awaited by step t+1's forward: a
+// CPU-updated Block's staging buffer goes up when step t+1's backward is done with that Block (its
+// dispatch), so step t+1 computes with the weights of step t-1 for those Blocks and step t+2 sees
+// step t's update. The CPU update then overlaps a whole forward and backward instead of the
+// backward's tail and the next forward; what it costs is convergence: the gradient of step t+1 is
+// taken at weights one update old (the one-step staleness of ZeRO-Offload's delayed parameter
+// update), measured against the exact engine in docs/benchmarks.md. GPU-updated Blocks are never
+// delayed. wait_all() (evaluation, checkpoints, the end) uploads what is pending, so checkpoints
+// hold consistent weights and a resumed run repeats the uninterrupted one.
+void OffloadEngine::upload_after_backward(size_t i) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[i] != 0; });
+  }
+  pending_upload_[i] = false;
+  if (cuda_) {
+    auto& s = *streams_;
+    s.grad_ready[i]->record(s.compute());  // the backward is done with the Block's weights
+    s.h2d.wait(*s.grad_ready[i]);
+  }
+  upload(i);
 }
 
 void OffloadEngine::updater_loop() {
@@ -232,9 +347,13 @@ void OffloadEngine::updater_loop() {
       job = queue_.front();
       queue_.pop_front();
     }
-    if (cuda_) streams_->landed[job.block]->synchronize();
+    if (cuda_) {
+      streams_->landed[job.block]->synchronize();
+      // Delayed mode: the previous update's upload must have read staging before it is rewritten.
+      if (options_.delayed) streams_->uploaded[job.block]->synchronize();
+    }
     run_cpu_update(job);
-    upload(job.block);
+    if (job.upload) upload(job.block);
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_[job.block] = 1;
@@ -245,11 +364,22 @@ void OffloadEngine::updater_loop() {
 }
 
 void OffloadEngine::wait_block(size_t i) {
-  {
+  if (!options_.delayed || !pending_upload_[i]) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_[i] != 0; });
   }
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
+}
+
+void OffloadEngine::before_block(size_t i) {
+  wait_block(i);
+  if (!in_forward_) return;
+  if (cuda_) {
+    const auto compute = streams_->compute();
+    mark(stamps_->fwd[i], &compute, 0);
+  } else {
+    mark(stamps_->fwd[i], nullptr, host_now());
+  }
 }
 
 void OffloadEngine::wait_cpu_jobs() {
@@ -259,7 +389,18 @@ void OffloadEngine::wait_cpu_jobs() {
 
 void OffloadEngine::wait_all() {
   wait_cpu_jobs();
-  for (size_t i = 0; i < store_.blocks().size(); ++i) wait_block(i);
+  for (size_t i = 0; i < store_.blocks().size(); ++i) {
+    if (pending_upload_[i]) {
+      pending_upload_[i] = false;
+      if (cuda_) {
+        auto& s = *streams_;
+        s.grad_ready[i]->record(s.compute());  // nothing queued may still read the old weights
+        s.h2d.wait(*s.grad_ready[i]);
+      }
+      upload(i);
+    }
+    wait_block(i);
+  }
 }
 
 void OffloadEngine::update_gpu_blocks(double grad_scale) {
@@ -281,6 +422,9 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
   }
   if (gpu.empty()) return;
   const auto dev = store_.options().device;
+  std::optional<c10::Stream> compute;
+  if (cuda_) compute = streams_->compute();
+  mark(stamps_->gpu0, compute ? &*compute : nullptr, host_now());
   for (int k = 0; k < 2; ++k) {
     if (params[k].empty()) continue;
     // _fused_adamw_ reads its step tensors as this update's 1-based count (FusedAdamW increments
@@ -296,6 +440,7 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
                        wd, options_.adam.eps, false, false, std::nullopt, std::nullopt);
   }
   for (const size_t i : gpu) store_.blocks()[i].working.copy_(store_.blocks()[i].master);
+  mark(stamps_->gpu1, compute ? &*compute : nullptr, host_now());
 }
 
 StepOutcome OffloadEngine::end_step() {
@@ -324,7 +469,8 @@ StepOutcome OffloadEngine::end_step() {
         if (blocks[i].side != UpdateSide::kCpu) continue;
         done_[i] = 0;
         ++in_flight_;
-        queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false});
+        queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false, !options_.delayed});
+        if (options_.delayed) pending_upload_[i] = true;
       }
     }
     cv_.notify_all();
@@ -366,6 +512,237 @@ StepOutcome OffloadEngine::end_step() {
       if (blocks[i].side == UpdateSide::kCpu && dispatched_[i]) streams_->compute().wait(*streams_->landed[i]);
   store_.zero_grad();
   return out;
+}
+
+void OffloadEngine::sync_streams() {
+  if (!cuda_) return;
+  auto& s = *streams_;
+  s.impl.synchronizeStream(s.compute());
+  s.impl.synchronizeStream(s.d2h);
+  s.impl.synchronizeStream(s.h2d);
+}
+
+// Per-parameter costs with scratch buffers, for a side no Block measures live yet: the CPU update
+// (the fused kernel with the engine's pool), the device's fused AdamW, and the two copies.
+void OffloadEngine::calibrate_costs(int64_t cpu_params, int64_t gpu_params) {
+  torch::NoGradGuard no_grad;
+  constexpr int64_t kN = int64_t{1} << 24;
+  const auto time_it = [](const std::function<void()>& fn, const std::function<void()>& sync) {
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      sync();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best / double(kN);
+  };
+  const auto dev = store_.options().device;
+  const auto dsync = [&] { sync_streams(); };
+  const bool pin = cuda_ && store_.options().pin_memory;
+  const auto cdt = store_.options().compute_dtype;
+  if (cal_cpu_ == 0 && cpu_params == 0) {
+    auto master = torch::zeros({kN}, torch::kFloat32), m = torch::zeros({kN}), v = torch::zeros({kN});
+    auto grad = torch::full({kN}, 1e-3, torch::kBFloat16), out = torch::empty({kN}, torch::kBFloat16);
+    UpdateSpan sp;
+    sp.master = master.data_ptr<float>();
+    sp.grad = grad.data_ptr();
+    sp.grad_dtype = Dtype::kBF16;
+    sp.m = m.data_ptr<float>();
+    sp.v = v.data_ptr<float>();
+    sp.state_dtype = Dtype::kF32;
+    sp.bf16_out = reinterpret_cast<uint16_t*>(out.data_ptr());
+    sp.n = kN;
+    UpdateHyper h = hyper(1e-4, 1, 1.0);
+    h.check_finite = false;
+    cal_cpu_ = time_it([&] { cpu_update({sp}, h, nullptr, options_.pool); }, [] {});
+  }
+  if (cal_gpu_ == 0 && gpu_params == 0) {
+    const auto f = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+    std::vector<torch::Tensor> p{torch::zeros({kN}, f)}, g{torch::full({kN}, 1e-3, f)}, m{torch::zeros({kN}, f)},
+        v{torch::zeros({kN}, f)}, st{torch::ones({}, f)};
+    cal_gpu_ = time_it(
+        [&] {
+          // As update_gpu_blocks: the gradient widened to fp32, the step, the working copy written.
+          auto gw = torch::empty({kN}, torch::TensorOptions().dtype(cdt).device(dev)).to(torch::kFloat32);
+          at::_fused_adamw_(p, g, m, v, {}, st, 1e-4, 0.9, 0.95, 0.1, 1e-8, false, false, std::nullopt, std::nullopt);
+          auto w = p[0].to(cdt);
+        },
+        dsync);
+  }
+  if ((cal_d2h_ == 0 || cal_h2d_ == 0) && cpu_params == 0) {
+    auto d = torch::zeros({kN}, torch::TensorOptions().dtype(cdt).device(dev));
+    auto h = torch::empty({kN}, torch::TensorOptions().dtype(cdt).pinned_memory(pin));
+    cal_d2h_ = time_it([&] { h.copy_(d, cuda_); }, dsync);
+    cal_h2d_ = time_it([&] { d.copy_(h, cuda_); }, dsync);
+  }
+}
+
+// Note [Update split] in the engine: per-Block forward and backward times come from the last
+// step's stamps (the forward from Block i's start to Block i+1's, the backward from Block i+1's
+// gradients to Block i's; the head's forward, loss and backward count as its backward); the
+// per-parameter costs from the CPU updater's clock and the D2H, H2D and GPU-update events where
+// Blocks of that side exist, else from scratch-buffer calibration. The solver's choice is then
+// limited to the memory plan's range and applied between steps (Blocks move bit-exactly).
+void OffloadEngine::resolve_split() {
+  wait_all();
+  sync_streams();
+  auto& blocks = store_.blocks();
+  auto& st = *stamps_;
+  const size_t n = blocks.size();
+  std::vector<BlockTiming> timing(n);
+  int64_t cpu_params = 0, gpu_params = 0;
+  double d2h_s = 0, h2d_s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    timing[i].params = blocks[i].numel;
+    if (i + 1 < n) {
+      timing[i].fwd_s = std::max(0.0, between(st.fwd[i], st.fwd[i + 1]));
+      timing[i].bwd_s = std::max(0.0, between(st.bwd[i + 1], st.bwd[i]));
+    } else {
+      timing[i].bwd_s = std::max(0.0, between(st.fwd[i], st.bwd[i]));
+    }
+    if (blocks[i].side == UpdateSide::kCpu) {
+      cpu_params += blocks[i].numel;
+      d2h_s += between(st.d2h0[i], st.d2h1[i]);
+      h2d_s += between(st.h2d0[i], st.h2d1[i]);
+    } else {
+      gpu_params += blocks[i].numel;
+    }
+  }
+  calibrate_costs(cpu_params, gpu_params);
+  SplitCosts c;
+  const int64_t live_params = stats_.cpu_updated_params - live_cpu_params_;
+  c.cpu_update_s_per_param =
+      live_params > 0 ? (stats_.cpu_update_s - live_cpu_s_) / double(live_params) : cal_cpu_;
+  live_cpu_s_ = stats_.cpu_update_s;
+  live_cpu_params_ = stats_.cpu_updated_params;
+  c.gpu_update_s_per_param = gpu_params > 0 ? between(st.gpu0, st.gpu1) / double(gpu_params) : cal_gpu_;
+  c.d2h_s_per_param = cpu_params > 0 ? d2h_s / double(cpu_params) : cal_d2h_;
+  c.h2d_s_per_param = cpu_params > 0 ? h2d_s / double(cpu_params) : cal_h2d_;
+  c.gpu_bytes_per_param_resident = 12;  // fp32 master, m and v
+  using CS = SplitCosts::CpuStart;
+  c.cpu_start = options_.delayed ? CS::kDelayed
+                : (options_.speculate == EngineOptions::Speculate::kNever || !speculate_now_) ? CS::kAfterBackward
+                                                                                               : CS::kAsGradientsArrive;
+  const int64_t hi = options_.max_gpu_blocks < 0 ? static_cast<int64_t>(n) : std::min<int64_t>(options_.max_gpu_blocks, n);
+  const int64_t lo = std::clamp<int64_t>(options_.min_gpu_blocks, 0, hi);
+  int64_t budget = 0;
+  for (int64_t i = 0; i < hi; ++i) budget += blocks[i].numel * c.gpu_bytes_per_param_resident;
+  const SplitDecision d = solve_update_split(timing, c, budget, options_.fixed_k);
+  const int64_t current = store_.gpu_blocks();
+  int64_t g = d.gpu_blocks;
+  if (!options_.fixed_k) {
+    g = lo;
+    for (int64_t x = lo; x < static_cast<int64_t>(d.predicted_by_gpu_blocks.size()); ++x)
+      if (d.predicted_by_gpu_blocks[x] < d.predicted_by_gpu_blocks[g] * (1 - 1e-9)) g = x;
+    // Moving Blocks costs a synchronisation and copies: keep the split in force unless the new one
+    // is predicted at least 2% faster (or the split in force is outside the memory range).
+    if (current >= lo && current <= hi && g != current &&
+        d.predicted_by_gpu_blocks[g] > 0.98 * predict_step(timing, c, current).step_s)
+      g = current;
+  } else {
+    g = std::clamp(g, lo, hi);
+  }
+  std::vector<double> sorted = step_times_;
+  std::sort(sorted.begin(), sorted.end());
+  split_.measured_step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
+  split_.predicted_measured_s = predict_step(timing, c, current).step_s;
+  split_.gpu_blocks = g;
+  split_.k = double(g) / double(n);
+  split_.alpha = c.cpu_update_s_per_param > 0 ? c.gpu_update_s_per_param / c.cpu_update_s_per_param : 0.0;
+  split_.predicted_step_s = predict_step(timing, c, g).step_s;
+  split_.solved = true;
+  step_times_.clear();
+  if (options_.log) {
+    options_.log(strprintf(
+        "update split at step %lld: k = %.2f (%lld of %zu blocks GPU-updated%s), alpha = %.3f (GPU %.3g ns, CPU %.3g "
+        "ns per param; D2H %.3g, H2D %.3g ns per param), predicted %.1f ms per step; measured %.1f ms with %lld GPU "
+        "blocks, predicted %.1f ms for it",
+        static_cast<long long>(steps_begun_), split_.k, static_cast<long long>(g), n,
+        g == current ? ", unchanged" : "", split_.alpha, c.gpu_update_s_per_param * 1e9,
+        c.cpu_update_s_per_param * 1e9, c.d2h_s_per_param * 1e9, c.h2d_s_per_param * 1e9,
+        split_.predicted_step_s * 1e3, split_.measured_step_s * 1e3, static_cast<long long>(current),
+        split_.predicted_measured_s * 1e3));
+  }
+  if (g != current) store_.set_gpu_blocks(g);
+}
+
+// Note [Offload trace]
+// A traced step starts from idle streams (begin_step waits for the previous step's updates and
+// synchronises, which the trace's steps pay once) and a reference stamp taken with the host clock.
+// The next begin_step waits again and reads every stamp of the step: per Block the forward and
+// backward on the compute stream, the D2H and H2D copies on their streams, the GPU updates, and
+// the updater thread's CPU updates by the host clock. Chrome's JSON trace format, one track per
+// stream and per updater thread; Perfetto and chrome://tracing load it.
+void OffloadEngine::start_trace() {
+  wait_all();
+  sync_streams();
+  if (cuda_) {
+    const auto compute = streams_->compute();
+    mark(stamps_->ref, &compute, 0);
+    stamps_->ref.ev->synchronize();
+  }
+  trace_ref_host_ = host_now();
+  stamps_->ref.host = trace_ref_host_;
+  stamps_->ref.set = true;
+  for (auto* v : {&stamps_->fwd, &stamps_->bwd, &stamps_->d2h0, &stamps_->d2h1, &stamps_->h2d0, &stamps_->h2d1})
+    for (auto& x : *v) x.set = false;
+  stamps_->gpu0.set = stamps_->gpu1.set = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cpu_spans_.clear();
+    tracing_ = true;
+  }
+  traced_step_ = steps_begun_;
+}
+
+void OffloadEngine::collect_trace() {
+  wait_all();
+  sync_streams();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tracing_ = false;
+  }
+  auto& st = *stamps_;
+  auto& blocks = store_.blocks();
+  const size_t n = blocks.size();
+  const double base_us = trace_ref_host_ * 1e6;
+  const auto at_us = [&](const Stamp& x) { return base_us + between(st.ref, x) * 1e6; };
+  const auto span = [&](int tid, const std::string& name, double t0_us, double t1_us) {
+    if (t1_us < t0_us) return;
+    trace_events_.push_back(strprintf(
+        R"({"name":"%s","cat":"step %lld","ph":"X","pid":1,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"step":%lld}})",
+        name.c_str(), static_cast<long long>(traced_step_), tid, t0_us, t1_us - t0_us,
+        static_cast<long long>(traced_step_)));
+  };
+  enum { kCompute = 1, kD2h = 2, kH2d = 3, kUpdater = 4 };
+  for (size_t i = 0; i < n; ++i) {
+    const auto& b = blocks[i];
+    if (i + 1 < n && st.fwd[i].set && st.fwd[i + 1].set) span(kCompute, "forward " + b.name, at_us(st.fwd[i]), at_us(st.fwd[i + 1]));
+    if (i + 1 == n && st.fwd[i].set && st.bwd[i].set) span(kCompute, "forward+loss+backward " + b.name, at_us(st.fwd[i]), at_us(st.bwd[i]));
+    if (i + 1 < n && st.bwd[i].set && st.bwd[i + 1].set) span(kCompute, "backward " + b.name, at_us(st.bwd[i + 1]), at_us(st.bwd[i]));
+    if (st.d2h0[i].set && st.d2h1[i].set) span(kD2h, "grad " + b.name, at_us(st.d2h0[i]), at_us(st.d2h1[i]));
+    if (st.h2d0[i].set && st.h2d1[i].set) span(kH2d, "weights " + b.name, at_us(st.h2d0[i]), at_us(st.h2d1[i]));
+  }
+  if (st.gpu0.set && st.gpu1.set) span(kCompute, "GPU update (fused AdamW)", at_us(st.gpu0), at_us(st.gpu1));
+  for (const auto& c : cpu_spans_)
+    span(kUpdater, std::string(c.undo ? "CPU update (speculative) " : "CPU update ") + blocks[c.block].name,
+         base_us + c.t0 * 1e6, base_us + c.t1 * 1e6);
+  const bool last = options_.trace_steps.empty() || traced_step_ >= options_.trace_steps.back();
+  if (!last || options_.trace_path.empty()) return;
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  const char* names[] = {"", cuda_ ? "compute stream" : "compute (CPU device)", "D2H stream (gradients)",
+                         "H2D stream (weights)", "CPU updater thread"};
+  for (int t = kCompute; t <= kUpdater; ++t)
+    out += strprintf(R"({"name":"thread_name","ph":"M","pid":1,"tid":%d,"args":{"name":"%s"}},)", t, names[t]) + "\n";
+  out += R"({"name":"process_name","ph":"M","pid":1,"args":{"name":"tandem offload engine"}})";
+  for (const auto& e : trace_events_) out += ",\n" + e;
+  out += "\n]}\n";
+  write_file_atomic(options_.trace_path, out);
+  if (options_.log)
+    options_.log(strprintf("trace of %zu step(s), %zu spans: %s", options_.trace_steps.size(), trace_events_.size(),
+                           options_.trace_path.c_str()));
 }
 
 }  // namespace tandem

@@ -7,6 +7,10 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -31,6 +35,33 @@ struct EngineOptions {
   /// the last kSpeculationWindow steps clipped or overflowed.
   enum class Speculate { kAlways, kNever, kAuto } speculate = Speculate::kAuto;
   CpuThreadPool* pool = nullptr;  ///< CPU update threads; null = the global pool
+  /// One-step delayed update (opt-in, Note [Delayed update]): the next forward does not wait for
+  /// the CPU updates; a CPU-updated Block's new weights go up once the following backward is done
+  /// with it, so its weights lag one update. Clipping stays exact (the norm is known first).
+  bool delayed = false;
+
+  /// The update split (Note [Update split]): solved from measured times when `solve_split`.
+  bool solve_split = false;
+  std::optional<double> fixed_k;  ///< the user's k; nullopt = auto (the fastest predicted split)
+  int64_t min_gpu_blocks = 0;     ///< the memory plan's range for the GPU-updated prefix (store Blocks)
+  int64_t max_gpu_blocks = -1;    ///< -1 = every Block
+  int64_t first_solve_step = 3;   ///< steps measured before the first solve
+  int64_t resolve_every = 0;      ///< re-solve every N steps after that (0 = once)
+
+  std::vector<int64_t> trace_steps;  ///< 1-based steps written to `trace_path` (Chrome trace JSON)
+  std::string trace_path;
+  std::function<void(const std::string&)> log;  ///< one line per split decision and trace written
+};
+
+/// The update split in force and what the solver said about it.
+struct SplitStatus {
+  int64_t gpu_blocks = 0;
+  double k = 0;                 ///< gpu_blocks / Blocks
+  double alpha = 0;             ///< GPU / CPU update cost per parameter, measured
+  double predicted_step_s = 0;  ///< the model's step time for the split in force
+  double measured_step_s = 0;   ///< median step time measured before the last solve (its split)
+  double predicted_measured_s = 0;  ///< the model's time for that measured split
+  bool solved = false;
 };
 
 /// What end_step() decided.
@@ -46,6 +77,7 @@ struct EngineStats {
   int64_t speculative_steps = 0;  ///< steps whose CPU updates ran speculatively
   double cpu_update_s = 0.0;    ///< summed CPU update time (updater thread)
   int64_t cpu_updated_params = 0;
+  int64_t delayed_steps = 0;  ///< steps whose CPU-updated weights lagged one update
 };
 
 class OffloadEngine {
@@ -67,6 +99,7 @@ class OffloadEngine {
   void wait_all();
 
   const EngineStats& stats() const { return stats_; }
+  const SplitStatus& split() const { return split_; }
   /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
   /// Restores the step count after a checkpoint's state was copied into state().
@@ -77,6 +110,12 @@ class OffloadEngine {
     size_t block;
     double grad_scale, lr;
     int64_t step;  ///< 1-based update count (bias correction)
+    bool undo;
+    bool upload = true;  ///< false in delayed mode: the next backward's dispatch uploads
+  };
+  struct CpuSpan {  // one CPU update, for the trace
+    size_t block;
+    double t0, t1;  // seconds since the trace reference
     bool undo;
   };
   void on_param_ready(size_t block);
@@ -89,6 +128,14 @@ class OffloadEngine {
   std::vector<UpdateSpan> spans(size_t block);
   UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
   void update_gpu_blocks(double grad_scale);
+  void before_block(size_t block);
+  void upload_after_backward(size_t block);  // delayed mode
+  void sync_streams();
+  void resolve_split();
+  void calibrate_costs(int64_t cpu_blocks_params, int64_t gpu_blocks_params);
+  void start_trace();
+  void collect_trace();
+  double host_now() const;
 
   Model& model_;
   ParamStore& store_;
@@ -106,6 +153,24 @@ class OffloadEngine {
 
   struct Streams;  // CUDA streams and events (Note [Gradient streaming])
   std::unique_ptr<Streams> streams_;
+  struct Stamps;   // per-Block timing points on the compute, D2H and H2D streams
+  std::unique_ptr<Stamps> stamps_;
+
+  // Split solving and tracing (begin_step).
+  SplitStatus split_;
+  int64_t steps_begun_ = 0;
+  bool in_forward_ = false;
+  std::chrono::steady_clock::time_point last_begin_{}, epoch_ = std::chrono::steady_clock::now();
+  std::vector<double> step_times_;  // since the last solve
+  double cal_cpu_ = 0, cal_gpu_ = 0, cal_d2h_ = 0, cal_h2d_ = 0;  // calibrated per-parameter costs
+  double live_cpu_s_ = 0;
+  int64_t live_cpu_params_ = 0;
+  std::vector<bool> pending_upload_;  // delayed mode: staging holds an update not yet uploaded
+  bool tracing_ = false;
+  int64_t traced_step_ = 0;
+  double trace_ref_host_ = 0;
+  std::vector<CpuSpan> cpu_spans_;
+  std::vector<std::string> trace_events_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -93,7 +93,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   add(host, "weight staging buffers (" + wt + ")", n_cpu * w);
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (cfg.offload.speculate != "never") add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
+  if (cfg.offload.speculate != "never" && !cfg.offload.delayed_update) add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;

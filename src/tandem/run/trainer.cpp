@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -34,27 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-torch::Device resolve_device(const std::string& s) {
-  if (s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  if (s == "cpu") return torch::Device(torch::kCPU);
-  if (s.rfind("cuda", 0) == 0) {
-    TANDEM_CHECK(torch::cuda::is_available(), "train.device=", s,
-                 " but no CUDA device is visible (or this build has no CUDA); use train.device=cpu or auto");
-    int index = 0;
-    if (s.size() > 4) {
-      TANDEM_CHECK(s[4] == ':' && s.size() > 5, "train.device '", s, "' is not valid; use cuda or cuda:N");
-      try {
-        index = std::stoi(s.substr(5));
-      } catch (const std::exception&) {
-        TANDEM_FAIL("train.device '", s, "' is not valid; use cuda or cuda:N");
-      }
-    }
-    const int n = static_cast<int>(torch::cuda::device_count());
-    TANDEM_CHECK(index >= 0 && index < n, "train.device=", s, " but only ", n, " CUDA device(s) are visible");
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-  }
-  TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
-}
 
 /// Mixed-precision region for the forward pass; restores the previous state on exit.
 class AutocastGuard {
@@ -126,9 +106,15 @@ class EngineOptimizer : public Optimizer {
   OffloadEngine& engine_;
 };
 
+// Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
+// the embedding when layers > 0.
+int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
+
 // How many Blocks (a prefix: the embedding, then decoder layers) the GPU updates, and the memory
 // plan checked against the machine before anything is allocated (Note [ParamStore layout]).
-int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const torch::Device& device) {
+// `range` receives the store-Block prefixes whose plans fit both tiers: the split solver's range.
+int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const torch::Device& device,
+                        std::pair<int64_t, int64_t>* range) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
   cap.host_available = host_available_bytes();
@@ -147,11 +133,49 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_le
                       device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
                       format_bytes(double(plan.gpu_bytes())).c_str(), plan.pinned ? "pinned" : "pageable",
                       format_bytes(double(plan.pinned ? plan.pinned_bytes() : plan.pageable_bytes())).c_str()));
-  // Store Blocks: embedding, layers, head; the GPU prefix includes the embedding when layers > 0.
-  return layers > 0 ? layers + 1 : 0;
+  // The range the split solver may move within: every layer count whose plan fits both tiers.
+  int64_t lo = layers, hi = layers;
+  if (cap.gpu_total > 0) {
+    const auto fits = [&](int64_t l) {
+      const MemoryPlan p = plan_offload_memory(spec, cfg, seq_len, l);
+      const bool gpu_ok = double(p.gpu_bytes()) <= cfg.offload.gpu_memory_fraction * double(cap.gpu_total);
+      const int64_t host = p.pinned ? p.pinned_bytes() : p.pageable_bytes();
+      const bool host_ok =
+          cap.host_available == 0 || double(host) <= cfg.offload.host_memory_fraction * double(cap.host_available);
+      return gpu_ok && host_ok;
+    };
+    while (lo > 0 && fits(lo - 1)) --lo;
+    while (hi < spec.n_layer && fits(hi + 1)) ++hi;
+  } else {
+    lo = 0, hi = spec.n_layer;  // the CPU as the device: one memory, no plan tiers to respect
+  }
+  *range = {store_blocks_of(lo), store_blocks_of(hi)};
+  return store_blocks_of(layers);
 }
 
 }  // namespace
+
+torch::Device resolve_device(const std::string& s) {
+  if (s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (s == "cpu") return torch::Device(torch::kCPU);
+  if (s.rfind("cuda", 0) == 0) {
+    TANDEM_CHECK(torch::cuda::is_available(), "train.device=", s,
+                 " but no CUDA device is visible (or this build has no CUDA); use train.device=cpu or auto");
+    int index = 0;
+    if (s.size() > 4) {
+      TANDEM_CHECK(s[4] == ':' && s.size() > 5, "train.device '", s, "' is not valid; use cuda or cuda:N");
+      try {
+        index = std::stoi(s.substr(5));
+      } catch (const std::exception&) {
+        TANDEM_FAIL("train.device '", s, "' is not valid; use cuda or cuda:N");
+      }
+    }
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(index >= 0 && index < n, "train.device=", s, " but only ", n, " CUDA device(s) are visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
+}
 
 TrainSummary train(Config cfg, const TrainOptions& options) {
   validate_config(cfg);
@@ -160,7 +184,12 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   if (device.is_cuda()) {
     at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
     at::globalContext().setAllowTF32CuDNN(cfg.train.tf32);
-    at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
+    at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark && !cfg.train.deterministic);
+  }
+  if (cfg.train.deterministic) {
+    // cuBLAS needs a fixed workspace layout for reproducible reductions; read at its first handle.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   }
   const bool offload = cfg.offload.optimizer == OffloadTarget::kCpu;
   if (offload) {
@@ -217,8 +246,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                        : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                  : torch::kFloat32;
     so.pin_memory = cfg.offload.pin_memory;
-    so.undo = cfg.offload.speculate != "never";
-    store = std::make_unique<ParamStore>(*model, so, plan_gpu_blocks(spec, cfg, seq_len, device));
+    so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+    std::pair<int64_t, int64_t> range;
+    store = std::make_unique<ParamStore>(*model, so, plan_gpu_blocks(spec, cfg, seq_len, device, &range));
     EngineOptions eo;
     eo.adam.beta1 = cfg.optim.beta1;
     eo.adam.beta2 = cfg.optim.beta2;
@@ -229,6 +259,15 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     eo.speculate = cfg.offload.speculate == "always"  ? EngineOptions::Speculate::kAlways
                    : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
                                                       : EngineOptions::Speculate::kAuto;
+    eo.delayed = cfg.offload.delayed_update;
+    eo.solve_split = true;
+    eo.fixed_k = parse_update_split(cfg.offload.update_split);
+    eo.min_gpu_blocks = range.first;
+    eo.max_gpu_blocks = range.second;
+    eo.resolve_every = cfg.offload.resolve_every;
+    eo.trace_steps = parse_step_list(cfg.offload.trace_steps, "offload.trace_steps");
+    eo.trace_path = (fs::path(run_dir) / "trace.json").string();
+    eo.log = [](const std::string& line) { log::info(line); };
     engine = std::make_unique<OffloadEngine>(*model, *store, eo);
     optimizer_ptr = std::make_unique<EngineOptimizer>(*engine);
   } else {
@@ -400,6 +439,12 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       m["offload_gpu_blocks"] = store->gpu_blocks();
       m["offload_rollbacks"] = es.rollbacks;
       m["offload_cpu_update_s"] = es.cpu_update_s;
+      const auto& sp = engine->split();
+      if (sp.solved) {
+        m["offload_k"] = sp.k;
+        m["offload_alpha"] = sp.alpha;
+        m["offload_predicted_step_s"] = sp.predicted_step_s;
+      }
     }
     metrics.write(m);
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "tandem/core/config.h"
 
 namespace tandem {
@@ -30,5 +32,8 @@ struct TrainSummary {
 
 /// Trains according to a configuration; throws UserError for bad input before any work is lost.
 TrainSummary train(Config config, const TrainOptions& options);
+
+/// train.device: auto (the first GPU, else the CPU), cpu, cuda or cuda:N; UserError otherwise.
+torch::Device resolve_device(const std::string& s);
 
 }  // namespace tandem

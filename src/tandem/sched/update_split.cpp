@@ -78,6 +78,7 @@ int64_t saturating_mul(int64_t a, int64_t b) {
 StepPrediction simulate(const std::vector<BlockTiming>& blocks, const SplitCosts& c, int64_t gpu_blocks) {
   const int64_t n = static_cast<int64_t>(blocks.size());
   std::vector<double> upload_done(blocks.size(), 0.0);  // U_i of CPU-updated Blocks
+  std::vector<double> landed(blocks.size(), 0.0);       // D_i: gradient on the host
   StepPrediction p;
   double compute = 0, d2h = 0, cpu = 0, h2d = 0;  // when each serial resource is next free
   for (int64_t i = n - 1; i >= 0; --i) {
@@ -92,10 +93,36 @@ StepPrediction simulate(const std::vector<BlockTiming>& blocks, const SplitCosts
     } else {
       const double update = c.cpu_update_s_per_param * params;
       d2h = std::max(d2h, compute) + c.d2h_s_per_param * params;
+      landed[i] = d2h;
+      p.cpu_update_s += update;
+      if (c.cpu_start != SplitCosts::CpuStart::kAsGradientsArrive) continue;
       cpu = std::max(cpu, d2h) + update;
       h2d = std::max(h2d, cpu) + c.h2d_s_per_param * params;
       upload_done[i] = h2d;
-      p.cpu_update_s += update;
+    }
+  }
+  if (c.cpu_start != SplitCosts::CpuStart::kAsGradientsArrive) {
+    // After the backward (the norm is known), in forward order so the forward's first Blocks are
+    // ready first.
+    cpu = compute;
+    double h2d_sum = 0;
+    for (int64_t i = gpu_blocks; i < n; ++i) {
+      const double params = static_cast<double>(blocks[i].params);
+      cpu = std::max(cpu, landed[i]) + c.cpu_update_s_per_param * params;
+      h2d = std::max(h2d, cpu) + c.h2d_s_per_param * params;
+      h2d_sum += c.h2d_s_per_param * params;
+      upload_done[i] = h2d;
+    }
+    if (c.cpu_start == SplitCosts::CpuStart::kDelayed) {
+      // Nobody waits for the uploads: the period is the busiest resource's total.
+      double fwd = 0;
+      for (const auto& b : blocks) fwd += b.fwd_s;
+      const double work = compute + fwd;
+      p.compute_s += fwd + p.gpu_update_s;
+      p.step_s = std::max({work, d2h, p.cpu_update_s, h2d_sum});
+      p.gpu_idle_s = p.step_s - work;
+      p.last_upload_s = h2d;
+      return p;
     }
   }
   p.last_upload_s = h2d;

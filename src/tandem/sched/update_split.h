@@ -28,6 +28,12 @@ struct SplitCosts {
   /// Extra GPU bytes per parameter of a GPU-updated Block, e.g. 12 for an fp32 master and two
   /// fp32 Adam states.
   int64_t gpu_bytes_per_param_resident = 0;
+  /// When the CPU updates may start (the engine's mode, Note [Speculative clipping]):
+  /// kAsGradientsArrive: each Block as its gradient lands (speculative updates, or no clipping);
+  /// kAfterBackward: once the whole backward is done and the global norm known, in forward order;
+  /// kDelayed: the next forward does not wait (offload.delayed_update): a step is as long as its
+  /// slowest resource, compute, D2H, CPU or H2D.
+  enum class CpuStart { kAsGradientsArrive, kAfterBackward, kDelayed } cpu_start = CpuStart::kAsGradientsArrive;
 };
 
 /// One predicted steady-state step of a split. Times are in seconds.

@@ -1,0 +1,89 @@
+#include "tandem/bench/step_bench.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/stats.h"
+#include "tandem/core/strings.h"
+#include "tandem/models/model.h"
+#include "tandem/models/spec.h"
+#include "tandem/run/trainer.h"
+
+namespace tandem {
+
+int run_step_bench(const Config& cfg, const std::string& json_path) {
+  const torch::Device device = resolve_device(cfg.train.device);
+  const ModelSpec spec = resolve_model_spec(cfg.model);
+  const int64_t B = cfg.train.micro_batch;
+  const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
+  TANDEM_CHECK(cfg.train.steps >= 3, "bench step needs --steps >= 3 (two untimed), got ", cfg.train.steps);
+  const auto dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
+                     : cfg.train.precision == Precision::kFp16 ? torch::kHalf
+                                                               : torch::kFloat32;
+  if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
+  torch::manual_seed(cfg.train.seed);
+  auto model = build_model(spec, cfg.model.checkpointing);
+  // The offload engine's device side: weights in the compute dtype (fp32 residual stream, Note
+  // [fp32 residual stream]), gradients in the compute dtype, no master, no optimizer state.
+  model->to(device, dtype);
+  for (auto& b : model->buffers()) b.set_data(b.to(device));
+  model->train();
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  auto tokens = torch::randint(0, spec.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  const auto in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+  const bool autocast = dtype != torch::kFloat32;
+  const auto sync = [&] {
+    if (device.is_cuda() && accelerator()) accelerator()->synchronize(device.index());
+  };
+  if (device.is_cuda() && accelerator()) accelerator()->reset_peak_memory(device.index());
+  std::vector<double> times;
+  double loss_v = 0;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor loss;
+    {
+      at::autocast::set_autocast_enabled(device.type(), autocast);
+      at::autocast::set_autocast_dtype(device.type(), dtype == torch::kHalf ? at::kHalf : at::kBFloat16);
+      loss = model->loss(model->forward(in), tgt);
+      at::autocast::set_autocast_enabled(device.type(), false);
+      if (autocast) at::autocast::clear_cache();
+    }
+    loss.backward();
+    for (auto& p : model->parameters()) p.mutable_grad().zero_();
+    sync();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss_v = loss.item<double>();
+    if (s >= 2) times.push_back(dt);
+    std::printf("step %lld: %.1f ms (loss %.4f)%s\n", static_cast<long long>(s + 1), dt * 1e3, loss_v,
+                s < 2 ? " untimed" : "");
+  }
+  const double med = median(times);
+  const double tok_s = double(B * T) / med;
+  const double n = double(spec.num_params_unpadded());
+  const double tflops = 6.0 * n * tok_s / 1e12;
+  int64_t peak = 0;
+  if (device.is_cuda() && accelerator()) peak = accelerator()->memory_stats(device.index()).peak_allocated;
+  std::printf("forward+backward only: %s, B=%lld, T=%lld%s: %.1f ms per step, %s tok/s, %.0f model TFLOP/s (6 N per "
+              "token, N = %s), peak device %s\n",
+              spec.name.c_str(), static_cast<long long>(B), static_cast<long long>(T),
+              cfg.model.checkpointing ? ", checkpointing" : "", med * 1e3, format_count(tok_s).c_str(), tflops,
+              format_count(n).c_str(), format_bytes(double(peak)).c_str());
+  if (!json_path.empty()) {
+    nlohmann::json j = {{"bench", "step"},        {"model", spec.name},  {"params", n},
+                        {"batch", B},             {"seq", T},            {"checkpointing", cfg.model.checkpointing},
+                        {"median_step_s", med},   {"tokens_per_s", tok_s}, {"model_tflops", tflops},
+                        {"peak_device_bytes", peak}, {"loss", loss_v},     {"device", device.str()}};
+    std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace tandem
