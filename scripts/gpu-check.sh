@@ -7,10 +7,12 @@
 #   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating;
 #   bk     the BK-core kernels against LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor
 #          (`tandem bench bk_core`), then ResNet-BK 125M and LLaMA 125M training runs side by side;
-#   offload the offload engine: 125M offload against GPU-only with the same seed (loss agreement),
-#          1B GPU-only against offload at k = 0 and k = auto (speed); OFFLOAD_BIG=7B adds that
-#          preset with checkpointing (capacity and speed).
-# PARTS selects (default "tests optim train bk offload"); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
+#   offload the offload engine: 125M offload against GPU-only AdamW with the same seed on a text
+#          corpus (loss agreement; deterministic kernels, then the non-deterministic noise floor),
+#          1B GPU-only against offload at k = 0 and k = auto (speed, traces);
+#   big    OFFLOAD_BIG (default 7B) with checkpointing: the forward+backward bound (`tandem bench
+#          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
+# PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,6 @@ BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
 PARTS=${PARTS:-tests optim train bk offload}
 OFF_STEPS=${OFF_STEPS:-300}
-OFFLOAD_BIG=${OFFLOAD_BIG:-}
 BK_STEPS=${BK_STEPS:-300}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
@@ -90,29 +91,68 @@ done
 fi
 
 if has offload; then
+# A real text corpus with no download: the Python standard library's sources on the machine
+# (byte-level tokens). Its loss settles near 1.5 nats instead of memorising toward 0.
+corpus="$OUT/corpus.txt"
+[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+echo "corpus: $(du -h "$corpus" | cut -f1) of Python sources"
 off=(--set train.precision=bf16 --set train.eval_every=0 --set train.save_final=false --set train.progress=lines)
-echo "== offload: 125M, bf16, B=8, T=1024, $OFF_STEPS steps: GPU-only, offload k=0 (speculative), k=0.5"
-"$BUILD/tandem" train -p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" \
-  --set train.log_every=100 --run-dir "$OUT/off125-gpu" >"$OUT/off125-gpu.log" 2>&1 || tail -5 "$OUT/off125-gpu.log"
-for k in 0 0.5; do
-  "$BUILD/tandem" train -p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" \
-    --set train.log_every=100 --set offload.optimizer=cpu --set offload.update_split=$k \
-    --run-dir "$OUT/off125-k$k" >"$OUT/off125-k$k.log" 2>&1 || tail -5 "$OUT/off125-k$k.log"
-done
+a125=(-p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" --set train.log_every=100
+      --set data.path="$corpus")
+echo "== offload: 125M, bf16, B=8, T=1024, $OFF_STEPS steps, Python-source corpus"
+# Deterministic kernels: the GPU-only run repeats itself bit for bit, so what differs between the
+# engine and GPU-only AdamW is the engine. Then the same without: the GPU-only noise floor.
+run125() { local name=$1; shift; "$BUILD/tandem" train "${a125[@]}" "$@" --run-dir "$OUT/$name" >"$OUT/$name.log" 2>&1 || tail -5 "$OUT/$name.log"; }
+run125 off125-gpu --set train.deterministic=true
+run125 off125-gpu2 --set train.deterministic=true
+run125 off125-k0 --set train.deterministic=true --set offload.optimizer=cpu --set offload.update_split=0
+run125 off125-k0.5 --set train.deterministic=true --set offload.optimizer=cpu --set offload.update_split=0.5
+run125 off125-delayed --set train.deterministic=true --set offload.optimizer=cpu --set offload.update_split=0 --set offload.delayed_update=true
+run125 off125-nd1
+run125 off125-nd2
 echo "== offload: 1B, bf16, B=8, T=2048, 20 steps: GPU-only, offload k=0, k=auto"
 "$BUILD/tandem" train -p 1B "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 20 \
   --set train.log_every=10 --run-dir "$OUT/off1b-gpu" >"$OUT/off1b-gpu.log" 2>&1 || tail -5 "$OUT/off1b-gpu.log"
 for k in 0 auto; do
   "$BUILD/tandem" train -p 1B "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 20 \
-    --set train.log_every=10 --set offload.optimizer=cpu --set offload.update_split=$k \
+    --set train.log_every=10 --set offload.optimizer=cpu --set offload.update_split=$k --set offload.trace_steps=12,13 \
     --run-dir "$OUT/off1b-k$k" >"$OUT/off1b-k$k.log" 2>&1 || tail -5 "$OUT/off1b-k$k.log"
+  grep -E "update split" "$OUT/off1b-k$k.log" | tail -1
 done
-if [[ -n "$OFFLOAD_BIG" ]]; then
-  echo "== offload: $OFFLOAD_BIG, bf16, checkpointing, B=8, T=2048, 10 steps, k=auto, no speculation"
-  "$BUILD/tandem" train -p "$OFFLOAD_BIG" "${off[@]}" --set train.micro_batch=8 --set train.seq_len=2048 --steps 10 \
-    --set model.checkpointing=true --set train.log_every=1 --set offload.optimizer=cpu --set offload.speculate=false \
-    --run-dir "$OUT/off-big" >"$OUT/off-big.log" 2>&1 || tail -8 "$OUT/off-big.log"
-  grep -E "offload:|step 10/|done" "$OUT/off-big.log"
+fi
+
+if has big; then
+# OFFLOAD_BIG (default 7B), bf16, checkpointing, B=8, T=2048: the forward+backward bound, the
+# engine exact (no speculation: the undo log does not fit the host) and delayed, and DeepSpeed
+# ZeRO-2 with offload_optimizer=cpu on the identical architecture.
+BIG=${OFFLOAD_BIG:-7B}
+BIG_STEPS=${BIG_STEPS:-12}
+BIG_PARTS=${BIG_PARTS:-bound exact delayed deepspeed}
+big_has() { [[ " $BIG_PARTS " == *" $1 "* ]]; }
+bigargs=(-p "$BIG" --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --set model.checkpointing=true)
+if big_has bound; then
+echo "== $BIG: forward+backward bound"
+rm -f "$OUT/big-bound.jsonl"
+"$BUILD/tandem" bench step "${bigargs[@]}" --steps 6 --json "$OUT/big-bound.jsonl" --model-json "$OUT/big-bound.json" 2>&1 | tail -1
+fi
+for mode in exact delayed; do
+  big_has $mode || continue
+  extra=(--set offload.speculate=never)
+  [[ $mode == delayed ]] && extra+=(--set offload.delayed_update=true)
+  echo "== $BIG: offload engine, $mode, $BIG_STEPS steps"
+  "$BUILD/tandem" train "${bigargs[@]}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
+    --steps "$BIG_STEPS" --set train.log_every=1 --set offload.optimizer=cpu --set offload.trace_steps=$((BIG_STEPS - 1)) \
+    "${extra[@]}" --run-dir "$OUT/big-$mode" >"$OUT/big-$mode.log" 2>&1 || tail -8 "$OUT/big-$mode.log"
+  grep -E "offload:|update split|done" "$OUT/big-$mode.log"
+done
+if big_has deepspeed && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+  echo "== $BIG: DeepSpeed ZeRO-2, offload_optimizer=cpu"
+  rm -f "$OUT/big-deepspeed.jsonl"
+  python3 bench/deepspeed_offload.py --model-config "$OUT/big-bound.json" --batch 8 --seq 2048 \
+    --steps 8 --warmup 3 --checkpointing --json "$OUT/big-deepspeed.jsonl" >"$OUT/big-deepspeed.log" 2>&1
+  tail -2 "$OUT/big-deepspeed.log"
 fi
 fi
 
@@ -120,7 +160,9 @@ echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
 has bk && cat "$OUT/bk_core.log" && python3 bench/train_curves.py "$OUT/train-bk-125M" "$OUT/train-125M" --svg "$OUT/bk-125M-loss.svg"
-has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-k0" "$OUT/off125-k0.5" \
+has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-gpu2" "$OUT/off125-k0" "$OUT/off125-k0.5" \
+  "$OUT/off125-delayed" && python3 bench/offload_compare.py "$OUT/off125-nd1" "$OUT/off125-nd2" \
   && python3 bench/offload_compare.py "$OUT/off1b-gpu" "$OUT/off1b-k0" "$OUT/off1b-kauto"
+has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" "$OUT/big-delayed" "$OUT/big-deepspeed.jsonl"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 exit $test_rc

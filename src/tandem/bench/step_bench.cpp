@@ -12,15 +12,18 @@
 #include "tandem/core/error.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
+#include "tandem/io/fs.h"
+#include "tandem/io/hf.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 #include "tandem/run/trainer.h"
 
 namespace tandem {
 
-int run_step_bench(const Config& cfg, const std::string& json_path) {
+int run_step_bench(const Config& cfg, const std::string& json_path, const std::string& model_json) {
   const torch::Device device = resolve_device(cfg.train.device);
   const ModelSpec spec = resolve_model_spec(cfg.model);
+  if (!model_json.empty()) write_file_atomic(model_json, hf_config_json(spec));
   const int64_t B = cfg.train.micro_batch;
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
   TANDEM_CHECK(cfg.train.steps >= 3, "bench step needs --steps >= 3 (two untimed), got ", cfg.train.steps);

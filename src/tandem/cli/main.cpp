@@ -285,8 +285,9 @@ int main(int argc, char** argv) {
       "step", "forward+backward alone, weights and gradients resident on the device, no optimizer: the GPU-only "
               "bound of a training step (same model and batch keys as train)");
   step_args.add_to(bench_step, true);
-  std::string step_json;
+  std::string step_json, step_model_json;
   bench_step->add_option("--json", step_json, "append one JSON object with the result to this file");
+  bench_step->add_option("--model-json", step_model_json, "write the model's HF config.json here (for peers)");
   auto* bench_bk = bench_cmd->add_subcommand(
       "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor");
   bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")->delimiter(',');
@@ -326,7 +327,7 @@ int main(int argc, char** argv) {
       return run_inspect(inspect_args.resolve(""), inspect_opts);
     }
     if (*bench_bk) return run_bk_core_bench(bk_opts);
-    if (*bench_step) return run_step_bench(step_args.resolve(""), step_json);
+    if (*bench_step) return run_step_bench(step_args.resolve(""), step_json, step_model_json);
     if (*bench_optim) {
       if (!bench_sizes.empty()) {
         bench_opts.sizes.clear();
