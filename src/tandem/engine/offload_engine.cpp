@@ -119,10 +119,9 @@ OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions opti
   remaining_.assign(n, 0);
   dispatched_.assign(n, false);
   sqnorm_.resize(n);
-  outstanding_.assign(n, 0);
+  done_.assign(n, 1);
   step_tensor_ = torch::zeros({}, torch::kFloat32);
   pending_upload_.assign(n, false);
-  upload_on_done_.assign(n, false);
   if (cuda_) streams_ = std::make_unique<Streams>(store_.options().device, n);
   stamps_ = std::make_unique<Stamps>(n, cuda_);
   TANDEM_CHECK(!(options_.delayed && options_.speculate == EngineOptions::Speculate::kAlways),
@@ -236,7 +235,7 @@ void OffloadEngine::dispatch(size_t i) {
   if (!speculate_now_) return;  // queued by end_step() once the norm is known
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++outstanding_[i];
+    done_[i] = 0;
     ++in_flight_;
     // Always with an undo log: the non-finite check may roll back even without clipping.
     queue_.push_back({i, 1.0 / loss_scale_, lr_, stats_.steps + 1, true});
@@ -322,26 +321,18 @@ void OffloadEngine::upload(size_t i) {
 // backward's tail and the next forward; what it costs is convergence: the gradient of step t+1 is
 // taken at weights one update old (the one-step staleness of ZeRO-Offload's delayed parameter
 // update), measured against the exact engine in docs/benchmarks.md. GPU-updated Blocks are never
-// delayed. The updates are queued in backward order, the order the next backward's dispatches
-// upload them; a dispatch whose update is still running leaves the upload to the updater thread,
-// so the backward never waits on the CPU. wait_all() (evaluation, checkpoints, split solves,
-// traced steps, the end) uploads what is pending, so checkpoints hold consistent weights and a
-// resumed run repeats the uninterrupted one.
-// The backward never waits here: if the Block's update is still running, the updater thread
-// uploads it when done (upload_on_done_), behind the same event.
+// delayed. wait_all() (evaluation, checkpoints, the end) uploads what is pending, so checkpoints
+// hold consistent weights and a resumed run repeats the uninterrupted one.
 void OffloadEngine::upload_after_backward(size_t i) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[i] != 0; });
+  }
+  pending_upload_[i] = false;
   if (cuda_) {
     auto& s = *streams_;
     s.grad_ready[i]->record(s.compute());  // the backward is done with the Block's weights
     s.h2d.wait(*s.grad_ready[i]);
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_upload_[i] = false;  // consumed: uploaded now, or by the updater
-    if (outstanding_[i] > 0) {
-      upload_on_done_[i] = true;
-      return;
-    }
   }
   upload(i);
 }
@@ -365,11 +356,7 @@ void OffloadEngine::updater_loop() {
     if (job.upload) upload(job.block);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (upload_on_done_[job.block]) {  // delayed mode: the backward has passed this Block already
-        upload_on_done_[job.block] = false;
-        upload(job.block);  // behind the h2d stream's wait on the Block's backward
-      }
-      --outstanding_[job.block];
+      done_[job.block] = 1;
       --in_flight_;
     }
     cv_.notify_all();
@@ -377,14 +364,9 @@ void OffloadEngine::updater_loop() {
 }
 
 void OffloadEngine::wait_block(size_t i) {
-  {
+  if (!options_.delayed || !pending_upload_[i]) {
     std::unique_lock<std::mutex> lock(mu_);
-    // Delayed mode: the update of the step before last must be uploaded (issued) by now; the last
-    // step's may still run. Otherwise every update of the Block must be done and uploaded.
-    if (options_.delayed)
-      cv_.wait(lock, [&] { return !upload_on_done_[i]; });
-    else
-      cv_.wait(lock, [&] { return outstanding_[i] == 0; });
+    cv_.wait(lock, [&] { return done_[i] != 0; });
   }
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
 }
@@ -483,11 +465,9 @@ StepOutcome OffloadEngine::end_step() {
     // The CPU Blocks in forward order, so the next forward's first Blocks are ready first.
     {
       std::lock_guard<std::mutex> lock(mu_);
-      // Delayed mode: in backward order instead, the order the next backward's dispatches upload them.
-      for (size_t k = 0; k < blocks.size(); ++k) {
-        const size_t i = options_.delayed ? blocks.size() - 1 - k : k;
+      for (size_t i = 0; i < blocks.size(); ++i) {
         if (blocks[i].side != UpdateSide::kCpu) continue;
-        ++outstanding_[i];
+        done_[i] = 0;
         ++in_flight_;
         queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false, !options_.delayed});
         if (options_.delayed) pending_upload_[i] = true;
@@ -513,7 +493,7 @@ StepOutcome OffloadEngine::end_step() {
         continue;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      ++outstanding_[i];
+      done_[i] = 0;
       ++in_flight_;
       queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false});
     }

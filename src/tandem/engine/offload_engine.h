@@ -166,7 +166,6 @@ class OffloadEngine {
   double live_cpu_s_ = 0;
   int64_t live_cpu_params_ = 0;
   std::vector<bool> pending_upload_;  // delayed mode: staging holds an update not yet uploaded
-  std::vector<bool> upload_on_done_;  // delayed mode: the updater uploads when the update finishes (guarded by mu_)
   bool tracing_ = false;
   int64_t traced_step_ = 0;
   double trace_ref_host_ = 0;
@@ -176,7 +175,7 @@ class OffloadEngine {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
-  std::vector<int> outstanding_;  // per Block: queued CPU updates not yet finished (and uploaded, unless delayed)
+  std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
   int64_t in_flight_ = 0;
   bool stop_ = false;
   std::thread updater_;
