@@ -321,8 +321,13 @@ void OffloadEngine::upload(size_t i) {
 // backward's tail and the next forward; what it costs is convergence: the gradient of step t+1 is
 // taken at weights one update old (the one-step staleness of ZeRO-Offload's delayed parameter
 // update), measured against the exact engine in docs/benchmarks.md. GPU-updated Blocks are never
-// delayed. wait_all() (evaluation, checkpoints, the end) uploads what is pending, so checkpoints
-// hold consistent weights and a resumed run repeats the uninterrupted one.
+// delayed. The dispatch waits on the host for the Block's previous update before anything else:
+// that update reads the landing buffer the new gradient is about to overwrite, and its upload must
+// follow the backward. With updates queued in forward order, the backward's first dispatches (the
+// last Blocks) wait for nearly all of them; a second landing buffer per Block would remove that
+// wait (docs/benchmarks.md). wait_all() (evaluation, checkpoints, split solves, traced steps, the
+// end) uploads what is pending, so checkpoints hold consistent weights and a resumed run repeats
+// the uninterrupted one.
 void OffloadEngine::upload_after_backward(size_t i) {
   {
     std::unique_lock<std::mutex> lock(mu_);
