@@ -312,5 +312,18 @@ TEST(UpdateSplit, WaitingForTheNormAndDelayedUpdatesAreModelled) {
   EXPECT_EQ(predict_step(two_blocks(), c, 0).step_s, 8.0);
 }
 
+TEST(UpdateSplit, AFloorRaisesTheChoiceToTheFastestSplitAboveIt) {
+  // With a fast CPU every update stays on the CPU; a floor of 2 takes the fastest of 2..8 instead,
+  // and a fixed k below the floor is raised to it. The floor never exceeds what fits.
+  const auto blocks = uniform_blocks(8, 1000, 0.5, 1.0);
+  const SplitCosts fast_cpu{1e-5, 1e-4, 1e-5, 1e-5, 12};
+  EXPECT_EQ(solve_update_split(blocks, fast_cpu, kRoomy).gpu_blocks, 0);
+  const SplitDecision d = solve_update_split(blocks, fast_cpu, kRoomy, std::nullopt, 2);
+  EXPECT_GE(d.gpu_blocks, 2);
+  for (int64_t g = 2; g <= 8; ++g) EXPECT_LE(d.predicted_step_s, d.predicted_by_gpu_blocks[g] * (1 + 1e-9));
+  EXPECT_EQ(solve_update_split(blocks, fast_cpu, kRoomy, 0.0, 3).gpu_blocks, 3);
+  EXPECT_EQ(solve_update_split(blocks, fast_cpu, 12 * 1000 * 2, std::nullopt, 5).gpu_blocks, 2);
+}
+
 }  // namespace
 }  // namespace tandem

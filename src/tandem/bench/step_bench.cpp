@@ -1,6 +1,5 @@
 #include "tandem/bench/step_bench.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -16,6 +15,7 @@
 #include "tandem/io/hf.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
+#include "tandem/run/autocast.h"
 #include "tandem/run/trainer.h"
 
 namespace tandem {
@@ -41,7 +41,6 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
   auto tokens = torch::randint(0, spec.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   const auto in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
-  const bool autocast = dtype != torch::kFloat32;
   const auto sync = [&] {
     if (device.is_cuda() && accelerator()) accelerator()->synchronize(device.index());
   };
@@ -53,11 +52,8 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor loss;
     {
-      at::autocast::set_autocast_enabled(device.type(), autocast);
-      at::autocast::set_autocast_dtype(device.type(), dtype == torch::kHalf ? at::kHalf : at::kBFloat16);
+      AutocastGuard ac(device.type(), cfg.train.precision);
       loss = model->loss(model->forward(in), tgt);
-      at::autocast::set_autocast_enabled(device.type(), false);
-      if (autocast) at::autocast::clear_cache();
     }
     loss.backward();
     for (auto& p : model->parameters()) p.mutable_grad().zero_();

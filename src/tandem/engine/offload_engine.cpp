@@ -160,6 +160,15 @@ UpdateHyper OffloadEngine::hyper(double lr, int64_t step, double grad_scale) con
   return h;
 }
 
+void OffloadEngine::mark_on_compute(Stamp& st) {
+  if (cuda_) {
+    const auto compute = streams_->compute();
+    mark(st, &compute, 0);
+  } else {
+    mark(st, nullptr, host_now());
+  }
+}
+
 double OffloadEngine::host_now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
 }
@@ -207,12 +216,7 @@ void OffloadEngine::dispatch(size_t i) {
   dispatched_[i] = true;
   auto& b = store_.blocks()[i];
   auto& st = *stamps_;
-  if (cuda_) {
-    const auto compute = streams_->compute();
-    mark(st.bwd[i], &compute, 0);
-  } else {
-    mark(st.bwd[i], nullptr, host_now());
-  }
+  mark_on_compute(st.bwd[i]);
   if (options_.delayed && pending_upload_[i]) upload_after_backward(i);
   sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
   if (b.side == UpdateSide::kGpu) return;  // updated in end_step(), once the clip is known
@@ -333,10 +337,14 @@ void OffloadEngine::upload_after_backward(size_t i) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_[i] != 0; });
   }
+  upload_pending(i);
+}
+
+void OffloadEngine::upload_pending(size_t i) {
   pending_upload_[i] = false;
   if (cuda_) {
     auto& s = *streams_;
-    s.grad_ready[i]->record(s.compute());  // the backward is done with the Block's weights
+    s.grad_ready[i]->record(s.compute());  // nothing queued before may still read the old weights
     s.h2d.wait(*s.grad_ready[i]);
   }
   upload(i);
@@ -378,13 +386,7 @@ void OffloadEngine::wait_block(size_t i) {
 
 void OffloadEngine::before_block(size_t i) {
   wait_block(i);
-  if (!in_forward_) return;
-  if (cuda_) {
-    const auto compute = streams_->compute();
-    mark(stamps_->fwd[i], &compute, 0);
-  } else {
-    mark(stamps_->fwd[i], nullptr, host_now());
-  }
+  if (in_forward_) mark_on_compute(stamps_->fwd[i]);
 }
 
 void OffloadEngine::wait_cpu_jobs() {
@@ -395,15 +397,7 @@ void OffloadEngine::wait_cpu_jobs() {
 void OffloadEngine::wait_all() {
   wait_cpu_jobs();
   for (size_t i = 0; i < store_.blocks().size(); ++i) {
-    if (pending_upload_[i]) {
-      pending_upload_[i] = false;
-      if (cuda_) {
-        auto& s = *streams_;
-        s.grad_ready[i]->record(s.compute());  // nothing queued may still read the old weights
-        s.h2d.wait(*s.grad_ready[i]);
-      }
-      upload(i);
-    }
+    if (pending_upload_[i]) upload_pending(i);
     wait_block(i);
   }
 }
@@ -427,9 +421,7 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
   }
   if (gpu.empty()) return;
   const auto dev = store_.options().device;
-  std::optional<c10::Stream> compute;
-  if (cuda_) compute = streams_->compute();
-  mark(stamps_->gpu0, compute ? &*compute : nullptr, host_now());
+  mark_on_compute(stamps_->gpu0);
   for (int k = 0; k < 2; ++k) {
     if (params[k].empty()) continue;
     // _fused_adamw_ reads its step tensors as this update's 1-based count (FusedAdamW increments
@@ -445,7 +437,7 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
                        wd, options_.adam.eps, false, false, std::nullopt, std::nullopt);
   }
   for (const size_t i : gpu) store_.blocks()[i].working.copy_(store_.blocks()[i].master);
-  mark(stamps_->gpu1, compute ? &*compute : nullptr, host_now());
+  mark_on_compute(stamps_->gpu1);
 }
 
 StepOutcome OffloadEngine::end_step() {
@@ -634,21 +626,14 @@ void OffloadEngine::resolve_split() {
   const int64_t lo = std::clamp<int64_t>(options_.min_gpu_blocks, 0, hi);
   int64_t budget = 0;
   for (int64_t i = 0; i < hi; ++i) budget += blocks[i].numel * c.gpu_bytes_per_param_resident;
-  const SplitDecision d = solve_update_split(timing, c, budget, options_.fixed_k);
+  const SplitDecision d = solve_update_split(timing, c, budget, options_.fixed_k, lo);
   const int64_t current = store_.gpu_blocks();
   int64_t g = d.gpu_blocks;
-  if (!options_.fixed_k) {
-    g = lo;
-    for (int64_t x = lo; x < static_cast<int64_t>(d.predicted_by_gpu_blocks.size()); ++x)
-      if (d.predicted_by_gpu_blocks[x] < d.predicted_by_gpu_blocks[g] * (1 - 1e-9)) g = x;
-    // Moving Blocks costs a synchronisation and copies: keep the split in force unless the new one
-    // is predicted at least 2% faster (or the split in force is outside the memory range).
-    if (current >= lo && current <= hi && g != current &&
-        d.predicted_by_gpu_blocks[g] > 0.98 * predict_step(timing, c, current).step_s)
-      g = current;
-  } else {
-    g = std::clamp(g, lo, hi);
-  }
+  // Moving Blocks costs a synchronisation and copies: keep the split in force unless the new one
+  // is predicted at least 2% faster (or the split in force is outside the memory range).
+  if (!options_.fixed_k && current >= lo && current <= hi && g != current &&
+      d.predicted_step_s > 0.98 * predict_step(timing, c, current).step_s)
+    g = current;
   std::vector<double> sorted = step_times_;
   std::sort(sorted.begin(), sorted.end());
   split_.measured_step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];

@@ -25,6 +25,7 @@
 namespace tandem {
 
 class CpuThreadPool;
+struct Stamp;  // a timing point on a stream (offload_engine.cpp)
 
 struct EngineOptions {
   AdamWOptions adam;
@@ -129,13 +130,15 @@ class OffloadEngine {
   UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
   void update_gpu_blocks(double grad_scale);
   void before_block(size_t block);
-  void upload_after_backward(size_t block);  // delayed mode
+  void upload_after_backward(size_t block);  // delayed mode: waits for the Block's update first
+  void upload_pending(size_t block);         // delayed mode: staging up, behind the compute stream
   void sync_streams();
   void resolve_split();
   void calibrate_costs(int64_t cpu_blocks_params, int64_t gpu_blocks_params);
   void start_trace();
   void collect_trace();
   double host_now() const;
+  void mark_on_compute(Stamp& st);  // on the compute stream, or the host clock
 
   Model& model_;
   ParamStore& store_;

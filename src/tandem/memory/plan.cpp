@@ -99,14 +99,21 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   return plan;
 }
 
+bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const OffloadConfig& offload) {
+  const bool gpu_over = plan.gpu_bytes() > budget(cap.gpu_total, offload.gpu_memory_fraction);
+  const bool host_over =
+      cap.host_available > 0 && plan.pinned_bytes() > budget(cap.host_available, offload.host_memory_fraction);
+  return !gpu_over && !host_over;
+}
+
 void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const OffloadConfig& offload,
                      const TrainConfig& train) {
+  if (plan_fits(plan, cap, offload)) return;
   const int64_t gpu = plan.gpu_bytes(), pinned = plan.pinned_bytes();
   const int64_t gpu_budget = budget(cap.gpu_total, offload.gpu_memory_fraction);
   const int64_t host_budget = budget(cap.host_available, offload.host_memory_fraction);
   const bool gpu_over = gpu > gpu_budget;
   const bool host_over = cap.host_available > 0 && pinned > host_budget;
-  if (!gpu_over && !host_over) return;
 
   std::string msg = "the offload memory plan does not fit";
   if (gpu_over) {

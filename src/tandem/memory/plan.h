@@ -68,6 +68,10 @@ struct MemoryCapacity {
   int64_t host_available = 0;  ///< MemAvailable of the host; 0 = unknown, the pinned tier is not checked
 };
 
+/// Whether the plan's GPU rows fit offload.gpu_memory_fraction x gpu_total and its pinned rows fit
+/// offload.host_memory_fraction x host_available (not checked when host_available is 0).
+bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const OffloadConfig& offload);
+
 /// UserError, one message with the numbers and what to change, when the GPU rows exceed
 /// offload.gpu_memory_fraction x gpu_total or the pinned rows exceed offload.host_memory_fraction x
 /// host_available.

@@ -1,7 +1,5 @@
 #include "tandem/run/trainer.h"
 
-#include <ATen/autocast_mode.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -25,6 +23,7 @@
 #include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/run/autocast.h"
 #include "tandem/run/lr_schedule.h"
 #include "tandem/run/progress.h"
 
@@ -36,30 +35,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 
-/// Mixed-precision region for the forward pass; restores the previous state on exit.
-class AutocastGuard {
- public:
-  AutocastGuard(torch::DeviceType device, Precision p) : device_(device), on_(p != Precision::kFp32) {
-    if (!on_) return;
-    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, p == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastGuard() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_, prev_enabled_);
-    at::autocast::set_autocast_dtype(device_, prev_dtype_);
-  }
-
- private:
-  torch::DeviceType device_;
-  bool on_;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kFloat;
-};
 
 std::string default_run_dir(const std::string& preset) {
   const std::time_t now = std::time(nullptr);
@@ -136,14 +111,7 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_le
   // The range the split solver may move within: every layer count whose plan fits both tiers.
   int64_t lo = layers, hi = layers;
   if (cap.gpu_total > 0) {
-    const auto fits = [&](int64_t l) {
-      const MemoryPlan p = plan_offload_memory(spec, cfg, seq_len, l);
-      const bool gpu_ok = double(p.gpu_bytes()) <= cfg.offload.gpu_memory_fraction * double(cap.gpu_total);
-      const int64_t host = p.pinned ? p.pinned_bytes() : p.pageable_bytes();
-      const bool host_ok =
-          cap.host_available == 0 || double(host) <= cfg.offload.host_memory_fraction * double(cap.host_available);
-      return gpu_ok && host_ok;
-    };
+    const auto fits = [&](int64_t l) { return plan_fits(plan_offload_memory(spec, cfg, seq_len, l), cap, cfg.offload); };
     while (lo > 0 && fits(lo - 1)) --lo;
     while (hi < spec.n_layer && fits(hi + 1)) ++hi;
   } else {

@@ -159,7 +159,7 @@ StepPrediction predict_step(const std::vector<BlockTiming>& blocks, const SplitC
 }
 
 SplitDecision solve_update_split(const std::vector<BlockTiming>& blocks, const SplitCosts& costs,
-                                 int64_t gpu_bytes_budget, std::optional<double> fixed_k) {
+                                 int64_t gpu_bytes_budget, std::optional<double> fixed_k, int64_t min_gpu_blocks) {
   check_inputs(blocks, costs);
   TANDEM_CHECK(costs.cpu_update_s_per_param > 0,
                "update split: SplitCosts.cpu_update_s_per_param = ", costs.cpu_update_s_per_param,
@@ -225,6 +225,15 @@ SplitDecision solve_update_split(const std::vector<BlockTiming>& blocks, const S
                                  " GPU blocks would predict ", unconstrained_s, " s but need ", resident[unconstrained],
                                  " bytes");
     }
+  }
+  const int64_t floor = std::clamp<int64_t>(min_gpu_blocks, 0, max_fit);
+  if (d.gpu_blocks < floor) {
+    // The fastest split at or above the floor.
+    int64_t best = floor;
+    for (int64_t g = floor + 1; g <= max_fit && !fixed_k; ++g)
+      if (d.predicted_by_gpu_blocks[g] < d.predicted_by_gpu_blocks[best] * (1 - kTieRelTol)) best = g;
+    d.reason += detail::concat("; raised to ", best, " GPU blocks by the floor of ", min_gpu_blocks);
+    d.gpu_blocks = best;
   }
   d.k = static_cast<double>(d.gpu_blocks) / static_cast<double>(n);
   d.predicted_step_s = d.predicted_by_gpu_blocks[d.gpu_blocks];

@@ -68,9 +68,12 @@ struct SplitDecision {
 /// fastest predicted split whose resident bytes (params of the first g Blocks x
 /// gpu_bytes_per_param_resident) fit `gpu_bytes_budget`; on a tie the fewer GPU Blocks. With
 /// `fixed_k` in [0, 1]: round(k x Blocks), halves up, clamped down to what fits the budget.
+/// Either choice is then raised to `min_gpu_blocks` (clamped to what fits): a floor set by other
+/// tiers, e.g. host memory that cannot hold every Block's states.
 /// UserError for bad timings or costs, cpu_update_s_per_param == 0, a negative budget or a
 /// fixed_k outside [0, 1].
 SplitDecision solve_update_split(const std::vector<BlockTiming>& blocks, const SplitCosts& costs,
-                                 int64_t gpu_bytes_budget, std::optional<double> fixed_k = std::nullopt);
+                                 int64_t gpu_bytes_budget, std::optional<double> fixed_k = std::nullopt,
+                                 int64_t min_gpu_blocks = 0);
 
 }  // namespace tandem

@@ -1,0 +1,36 @@
+#pragma once
+// The autocast region the trainer and the step benchmark run forward passes in.
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include "tandem/core/config.h"
+
+namespace tandem {
+
+/// Mixed-precision region for the forward pass; restores the previous state on exit.
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, Precision p) : device_(device), on_(p != Precision::kFp32) {
+    if (!on_) return;
+    prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, p == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(device_, prev_enabled_);
+    at::autocast::set_autocast_dtype(device_, prev_dtype_);
+  }
+
+ private:
+  torch::DeviceType device_;
+  bool on_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kFloat;
+};
+
+}  // namespace tandem
