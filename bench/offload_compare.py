@@ -5,7 +5,7 @@
 
 Prints, per run: median tokens/s, step time, peak GPU memory, host peak, the offload split and
 rollbacks, and the loss's largest relative difference from the reference over the common steps
-(and how many steps differ by more than 1%), and the largest relative difference of 25-step means.
+(how many steps differ by more than 1%, and the first that does), and the largest relative difference of 25-step means.
 """
 import json
 import os
@@ -22,8 +22,8 @@ def load(run):
 def main():
     runs = sys.argv[1:]
     ref_steps, _ = load(runs[0])
-    print("| run | tokens/s | step ms | peak GPU GiB | peak host GiB | GPU blocks | rollbacks | max loss diff vs ref | steps > 1% | 25-step means, max diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | tokens/s | step ms | peak GPU GiB | peak host GiB | GPU blocks | rollbacks | max loss diff vs ref | steps > 1% | first > 1% | 25-step means, max diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         steps, s = load(run)
         common = sorted(set(steps) & set(ref_steps))
@@ -36,7 +36,8 @@ def main():
               f"{s['median_step_time_s'] * 1e3:.1f} | {s['peak_device_bytes'] / 2**30:.2f} | "
               f"{s['peak_host_bytes'] / 2**30:.2f} | {last.get('offload_gpu_blocks', '-')} | "
               f"{last.get('offload_rollbacks', '-')} | {max(diffs) * 100 if diffs else 0:.3f}% | "
-              f"{sum(d > 0.01 for d in diffs)} of {len(diffs)} | {max(wdiff) * 100 if wdiff else 0:.2f}% |")
+              f"{sum(d > 0.01 for d in diffs)} of {len(diffs)} | "
+              f"{next((k for k, d in zip(common, diffs) if d > 0.01), '-')} | {max(wdiff) * 100 if wdiff else 0:.2f}% |")
 
 
 if __name__ == "__main__":

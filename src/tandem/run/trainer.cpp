@@ -158,6 +158,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     // cuBLAS needs a fixed workspace layout for reproducible reductions; read at its first handle.
     ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    // The fused attention kernels accumulate dQ with atomics in their backward, which the flag
+    // does not change (only warns, once): the reference path is two matmuls and a softmax.
+    if (device.is_cuda()) {
+      at::globalContext().setSDPUseFlash(false);
+      at::globalContext().setSDPUseMemEfficient(false);
+      at::globalContext().setSDPUseCuDNN(false);
+      at::globalContext().setSDPUseMath(true);
+    }
   }
   const bool offload = cfg.offload.optimizer == OffloadTarget::kCpu;
   if (offload) {
