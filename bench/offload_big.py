@@ -42,6 +42,7 @@ def engine(run):
         "peak_gpu": max(r.get("mem_device_peak_bytes", 0) for r in rows),
         "peak_host": max(r.get("mem_host_peak_bytes", 0) for r in rows),
         "loss": late[-1]["loss"],
+        "loss0": rows[0]["loss"],
     }
 
 
@@ -50,12 +51,12 @@ def main():
     bound = last_json(bound_path)
     ds = last_json(ds_path)
     runs = {"tandem exact": engine(exact), "tandem delayed update": engine(delayed)}
-    print("| run | step s | tokens/s | model TFLOP/s | vs bound | GPU busy | k | alpha | predicted s | peak GPU GiB | peak host GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | step s | tokens/s | model TFLOP/s | vs bound | GPU busy | k | alpha | predicted s | peak GPU GiB | peak host GiB | loss first -> last |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     if bound:
         n = bound["params"]
         print(f"| forward+backward bound | {bound['median_step_s']:.3f} | {bound['tokens_per_s']:,.0f} | "
-              f"{bound['model_tflops']:.0f} | 1.00x | 100% | - | - | - | {bound['peak_device_bytes'] / 2**30:.1f} | - |")
+              f"{bound['model_tflops']:.0f} | 1.00x | 100% | - | - | - | {bound['peak_device_bytes'] / 2**30:.1f} | - | - |")
     else:
         n = None
         print("| forward+backward bound | (missing) |")
@@ -67,12 +68,13 @@ def main():
         vs = f"{r['step_s'] / bound['median_step_s']:.2f}x" if bound else "-"
         busy = f"{100 * bound['median_step_s'] / r['step_s']:.0f}%" if bound else "-"
         print(f"| {name} | {r['step_s']:.3f} | {r['tok_s']:,.0f} | {tfl} | {vs} | {busy} | {r['k']:.2f} | "
-              f"{r['alpha']:.3f} | {r['pred_s']:.3f} | {r['peak_gpu'] / 2**30:.1f} | {r['peak_host'] / 2**30:.1f} |")
+              f"{r['alpha']:.3f} | {r['pred_s']:.3f} | {r['peak_gpu'] / 2**30:.1f} | {r['peak_host'] / 2**30:.1f} | "
+              f"{r['loss0']:.3f} -> {r['loss']:.3f} |")
     if ds and "error" not in ds:
         print(f"| DeepSpeed ZeRO-{ds.get('stage', 2)} offload (ratio {ds.get('ratio', 1)}) | {ds['median_step_s']:.3f} | "
               f"{ds['tokens_per_s']:,.0f} | {ds['model_tflops']:.0f} | "
               f"{ds['median_step_s'] / bound['median_step_s'] if bound else float('nan'):.2f}x | - | - | - | - | "
-              f"{ds['peak_gpu_bytes'] / 2**30:.1f} | {ds['peak_host_bytes'] / 2**30:.1f} |")
+              f"{ds['peak_gpu_bytes'] / 2**30:.1f} | {ds['peak_host_bytes'] / 2**30:.1f} | - |")
         for name, r in runs.items():
             if r:
                 print(f"{name}: {r['tok_s'] / ds['tokens_per_s']:.2f}x DeepSpeed's tokens/s")

@@ -10,7 +10,7 @@
 #   offload the offload engine: 125M offload against GPU-only AdamW with the same seed on a text
 #          corpus (loss agreement; deterministic kernels, then the non-deterministic noise floor),
 #          1B GPU-only against offload at k = 0 and k = auto (speed, traces);
-#   big    OFFLOAD_BIG (default 7B) with checkpointing: the forward+backward bound (`tandem bench
+#   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
 #          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
@@ -135,7 +135,10 @@ BIG=${OFFLOAD_BIG:-7B}
 BIG_STEPS=${BIG_STEPS:-12}
 BIG_PARTS=${BIG_PARTS:-bound exact delayed deepspeed}
 big_has() { [[ " $BIG_PARTS " == *" $1 "* ]]; }
-bigargs=(-p "$BIG" --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --set model.checkpointing=true)
+bigargs=(-p "$BIG" --set train.precision=bf16 --set train.micro_batch=${BIG_BATCH:-8} --set train.seq_len=2048
+         --set model.checkpointing=true --set optim.lr=${BIG_LR:-3e-4})
+bigset=()  # BIG_SET="key=value ..." adds settings to the engine runs (e.g. optim.state_dtype=bf16)
+for kv in ${BIG_SET:-}; do bigset+=(--set "$kv"); done
 if big_has bound; then
 echo "== $BIG: forward+backward bound"
 rm -f "$OUT/big-bound.jsonl"
@@ -143,20 +146,20 @@ rm -f "$OUT/big-bound.jsonl"
 fi
 for mode in exact delayed; do
   big_has $mode || continue
-  extra=(--set offload.speculate=never)
+  extra=(--set offload.speculate=never "${bigset[@]}")
   [[ $mode == delayed ]] && extra+=(--set offload.delayed_update=true)
   echo "== $BIG: offload engine, $mode, $BIG_STEPS steps"
   "$BUILD/tandem" train "${bigargs[@]}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
     --steps "$BIG_STEPS" --set train.log_every=1 --set offload.optimizer=cpu --set offload.trace_steps=$((BIG_STEPS - 1)) \
     "${extra[@]}" --run-dir "$OUT/big-$mode" >"$OUT/big-$mode.log" 2>&1 || tail -8 "$OUT/big-$mode.log"
-  grep -E "offload:|update split|done" "$OUT/big-$mode.log"
+  grep -E "offload:|update split|done|error" "$OUT/big-$mode.log"
 done
 if big_has deepspeed && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
   echo "== $BIG: DeepSpeed ZeRO-2, offload_optimizer=cpu"
   rm -f "$OUT/big-deepspeed.jsonl"
-  python3 bench/deepspeed_offload.py --model-config "$OUT/big-bound.json" --batch 8 --seq 2048 \
+  python3 bench/deepspeed_offload.py --model-config "$OUT/big-bound.json" --batch "${BIG_BATCH:-8}" --seq 2048 \
     --steps 8 --warmup 3 --checkpointing --json "$OUT/big-deepspeed.jsonl" >"$OUT/big-deepspeed.log" 2>&1
   tail -2 "$OUT/big-deepspeed.log"
 fi

@@ -18,6 +18,7 @@
 #include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
+#include "tandem/optim/cpu_optimizer.h"
 
 namespace tandem {
 namespace {
@@ -112,13 +113,15 @@ struct EngineRun {
 EngineRun engine_losses(int steps, int accum, double clip, int64_t gpu_blocks,
                         torch::ScalarType compute = torch::kFloat32,
                         EngineOptions::Speculate speculate = EngineOptions::Speculate::kAlways,
-                        const std::function<void(EngineOptions&)>& tweak = nullptr) {
+                        const std::function<void(EngineOptions&)>& tweak = nullptr,
+                        const std::function<void(ParamStoreOptions&)>& store_tweak = nullptr) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
   ParamStoreOptions so;
   so.compute_dtype = compute;
   so.undo = speculate != EngineOptions::Speculate::kNever;
+  if (store_tweak) store_tweak(so);
   ParamStore store(*model, so, gpu_blocks);
   EngineOptions eo;
   eo.adam.beta1 = kB1;
@@ -214,12 +217,16 @@ TEST(OffloadEngine, Bf16WorkingCopyStaysCloseToFp32) {
 }
 
 TEST(OffloadEngine, NonFiniteGradientsSkipTheStepAndRestoreEverything) {
-  for (const auto mode : {EngineOptions::Speculate::kAlways, EngineOptions::Speculate::kNever}) {
+  using S = EngineOptions::Speculate;
+  for (const auto& [mode, ring] : std::vector<std::pair<S, int64_t>>{{S::kAlways, 0}, {S::kNever, 0}, {S::kNever, 2}}) {
     const bool spec = mode == EngineOptions::Speculate::kAlways;
     const auto spec_ = small_spec();
     torch::manual_seed(7);
     auto model = build_model(spec_, false);
-    ParamStore store(*model, {}, 1);
+    ParamStoreOptions so;
+    so.undo = spec;
+    so.ring_slots = ring;
+    ParamStore store(*model, so, 1);
     EngineOptions eo;
     eo.speculate = mode;
     OffloadEngine engine(*model, store, eo);
@@ -255,10 +262,15 @@ TEST(OffloadEngine, NonFiniteGradientsSkipTheStepAndRestoreEverything) {
 }
 
 TEST(OffloadEngine, BlockMigrationKeepsMasterAndStatesBitExact) {
+  // fp32 host states, and bf16 ones (widened exactly on the way up, rounded back to the same bits).
+  for (const auto state : {torch::kFloat32, torch::kBFloat16}) {
+  SCOPED_TRACE(state == torch::kFloat32 ? "fp32 host states" : "bf16 host states");
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
-  ParamStore store(*model, {}, 0);
+  ParamStoreOptions so;
+  so.host_state_dtype = state;
+  ParamStore store(*model, so, 0);
   {
     OffloadEngine engine(*model, store, {});
     for (int step = 0; step < 3; ++step) {
@@ -285,6 +297,86 @@ TEST(OffloadEngine, BlockMigrationKeepsMasterAndStatesBitExact) {
   store.set_gpu_blocks(0);
   EXPECT_EQ(store.gpu_blocks(), 0);
   check("after moving back");
+  EXPECT_EQ(store.blocks()[0].m.scalar_type(), state);
+  }
+}
+
+TEST(OffloadEngine, AHostRingGivesTheSameBitsAsPerBlockBuffers) {
+  // Note [Host ring]: the same kernel on the same data, so the losses are equal, not close; with
+  // one slot (no prefetch), two, and more slots than CPU-updated Blocks; fp32 and bf16 weights; a
+  // GPU-updated prefix; gradient accumulation and clipping.
+  for (const auto compute : {torch::kFloat32, torch::kBFloat16}) {
+    const auto want = engine_losses(12, 2, 1.0, 1, compute, EngineOptions::Speculate::kNever);
+    for (const int64_t slots : {1, 2, 8}) {
+      const auto got = engine_losses(12, 2, 1.0, 1, compute, EngineOptions::Speculate::kNever, nullptr,
+                                     [&](ParamStoreOptions& o) { o.ring_slots = slots; });
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t i = 0; i < want.losses.size(); ++i)
+        EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1 << ", " << slots << " slots, " << compute;
+    }
+  }
+  // Speculation needs per-Block landing buffers and an undo log: refused with a ring.
+  const auto spec = small_spec();
+  auto model = build_model(spec, false);
+  ParamStoreOptions so;
+  so.undo = false;
+  so.ring_slots = 2;
+  ParamStore store(*model, so, 0);
+  EngineOptions eo;
+  eo.speculate = EngineOptions::Speculate::kAuto;
+  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.speculate=never"),
+            std::string::npos);
+}
+
+// A plain loop over the CPU optimizer with bf16 states: the engine's CPU side must do the same.
+std::vector<double> cpu_optimizer_losses(int steps, double clip, Rounding rounding) {
+  const auto spec = small_spec();
+  torch::manual_seed(7);
+  auto model = build_model(spec, false);
+  CpuOptimizerOptions o;
+  o.hyper.rule = UpdateRule::kAdamW;
+  o.hyper.beta1 = kB1;
+  o.hyper.beta2 = kB2;
+  o.hyper.eps = kEps;
+  o.hyper.weight_decay = kWd;
+  o.hyper.rounding = rounding;
+  o.state_dtype = Dtype::kBF16;
+  CpuOptimizer opt(model->hf_parameters(), o);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    auto b = batch(step, 0, spec);
+    auto loss = model->loss(model->forward(b.in), b.tgt);
+    loss.backward();
+    if (clip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), clip);
+    opt.step(kLr);
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+TEST(OffloadEngine, Bf16HostStatesMatchTheCpuOptimizerWithBf16States) {
+  const auto bf16_states = [](ParamStoreOptions& o) { o.host_state_dtype = torch::kBFloat16; };
+  for (const auto rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+    SCOPED_TRACE(rounding == Rounding::kNearestEven ? "nearest" : "stochastic");
+    const auto with = [&](EngineOptions& e) { e.state_rounding = rounding; };
+    // Without clipping both run the same kernel on the same gradients: the same bits.
+    const auto plain = engine_losses(30, 1, 0.0, 0, torch::kFloat32, EngineOptions::Speculate::kAlways, with, bf16_states);
+    expect_same_losses(plain.losses, cpu_optimizer_losses(30, 0.0, rounding), 0.0);
+    // With clipping (speculative updates rolled back through a bf16 undo log): the clip
+    // coefficient is rounded once by the engine and by torch's clip_grad_norm_ each, and a last-bit
+    // difference can flip a bf16 state's rounding, so close rather than equal.
+    const auto got = engine_losses(30, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kAlways, with, bf16_states);
+    const auto want = cpu_optimizer_losses(30, 1.0, rounding);
+    expect_same_losses(got.losses, want, 1e-4);
+    EXPECT_GT(got.stats.rollbacks, 0);
+    // And the equality above is not one of fp32 states: those part from bf16 ones.
+    const auto fp32 = engine_losses(30, 1, 0.0, 0);
+    double most = 0;
+    for (size_t i = 0; i < fp32.losses.size(); ++i)
+      most = std::max(most, std::abs(fp32.losses[i] - plain.losses[i]) / fp32.losses[i]);
+    EXPECT_GT(most, 1e-5);
+  }
 }
 
 TEST(OffloadEngine, ParametersAreViewsOfTheFlatBuffers) {

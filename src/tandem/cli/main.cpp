@@ -89,7 +89,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 /// The offload plan for `cfg`: the split from offload.update_split (auto = the most GPU-updated
 /// Blocks that fit), the table, then check_plan_fits (a UserError when it does not fit).
-int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const InspectOptions& opts) {
+int print_offload_plan(const Config& config, const ModelSpec& s, int64_t T, const InspectOptions& opts) {
+  Config cfg = config;
   MemoryCapacity cap;
   std::string gpu_source;
   const bool cuda =
@@ -123,6 +124,11 @@ int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const I
                             (long long)g, (long long)s.n_layer)
                 : std::string("offload.update_split=auto: not even 0 GPU-updated blocks fit");
   }
+  const bool ring_auto = cfg.offload.host_ring < 0;
+  cfg.offload = resolve_host_ring(s, cfg, T, g, cap);
+  if (ring_auto && cfg.offload.host_ring > 0)
+    split += strprintf("; offload.host_ring=auto: a ring of %lld slots (per-block buffers do not fit the host)",
+                       (long long)cfg.offload.host_ring);
   const MemoryPlan plan = plan_offload_memory(s, cfg, T, g);
   std::printf("\nGPU: %s (%s); host: %s available (%s)\n%s\n\n%s", format_bytes(double(cap.gpu_total)).c_str(),
               gpu_source.c_str(), format_bytes(double(cap.host_available)).c_str(), host_source.c_str(), split.c_str(),

@@ -279,6 +279,10 @@ const std::vector<Field>& fields() {
                    "non-finite rollbacks (12 host bytes per CPU-updated parameter); never waits for the global "
                    "norm; auto speculates after 8 steps in a row without clipping",
                    F(offload.speculate)),
+      int_field("offload.host_ring",
+                "host gradient and weight buffers: -1 = auto (per block when the memory plan fits the host, "
+                "else a ring of 4), 0 = per block, N = a ring of N block-sized slots (updates wait for the norm)",
+                F(offload.host_ring)),
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),
@@ -639,6 +643,12 @@ void validate_config(const Config& c) {
   (void)parse_step_list(c.offload.trace_steps, "offload.trace_steps");
   TANDEM_CHECK(c.offload.speculate == "auto" || c.offload.speculate == "always" || c.offload.speculate == "never",
                "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
+  TANDEM_CHECK(c.offload.host_ring >= -1, "offload.host_ring must be -1 (auto), 0 (per block) or a slot count; got ",
+               c.offload.host_ring);
+  TANDEM_CHECK(c.offload.host_ring <= 0 || (c.offload.speculate != "always" && !c.offload.delayed_update),
+               "offload.host_ring=", c.offload.host_ring,
+               " updates each block once the norm is known; it cannot speculate or delay: set offload.speculate=auto "
+               "or never and offload.delayed_update=false, or offload.host_ring=0");
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,

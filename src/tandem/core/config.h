@@ -106,6 +106,9 @@ struct OffloadConfig {
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
   std::string trace_steps;            ///< steps (1-based, comma list) traced into <run dir>/trace.json
+  /// Host landing/staging buffers: -1 auto (per Block when the plan fits the host, else a ring of
+  /// 4 slots), 0 per Block, N > 0 a ring of N slots shared by the CPU-updated Blocks.
+  int64_t host_ring = -1;
 };
 
 /// The whole configuration of a run.

@@ -25,6 +25,9 @@ class AcceleratorBackend {
   /// The device's default generator state as bytes (for checkpoints), and its restore.
   virtual std::string rng_state(int index) const = 0;
   virtual void set_rng_state(int index, const std::string& state) = 0;
+  /// Page-locked host memory of exactly `bytes` (no rounding), or nullptr when the driver refuses.
+  virtual void* host_alloc_pinned(size_t bytes) = 0;
+  virtual void host_free_pinned(void* ptr) = 0;
 };
 
 /// The registered accelerator backend, or nullptr (CPU-only build or no device).

@@ -114,7 +114,11 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions options)
-    : model_(model), store_(store), options_(options), cuda_(store.options().device.is_cuda()) {
+    : model_(model),
+      store_(store),
+      options_(options),
+      cuda_(store.options().device.is_cuda()),
+      ring_(store.options().ring_slots > 0) {
   const size_t n = store_.blocks().size();
   remaining_.assign(n, 0);
   dispatched_.assign(n, false);
@@ -127,6 +131,10 @@ OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions opti
   TANDEM_CHECK(!(options_.delayed && options_.speculate == EngineOptions::Speculate::kAlways),
                "offload.delayed_update=true updates once the norm is known; it does not speculate. Set "
                "offload.speculate=auto or never");
+  TANDEM_CHECK(!ring_ || (options_.speculate == EngineOptions::Speculate::kNever && !options_.delayed),
+               "a host ring (offload.host_ring) updates each Block once the norm is known, one slot at a time: set "
+               "offload.speculate=never and offload.delayed_update=false, or offload.host_ring=0");
+  slot_owner_.assign(static_cast<size_t>(store_.options().ring_slots), -1);
   for (size_t i = 0; i < n; ++i)
     for (auto& f : store_.blocks()[i].params)
       torch::autograd::impl::set_post_acc_grad_hooks(f.param,
@@ -157,6 +165,7 @@ UpdateHyper OffloadEngine::hyper(double lr, int64_t step, double grad_scale) con
   h.weight_decay = options_.adam.weight_decay;
   h.step = step;
   h.grad_scale = grad_scale;
+  h.rounding = options_.state_rounding;
   return h;
 }
 
@@ -220,6 +229,10 @@ void OffloadEngine::dispatch(size_t i) {
   if (options_.delayed && pending_upload_[i]) upload_after_backward(i);
   sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
   if (b.side == UpdateSide::kGpu) return;  // updated in end_step(), once the clip is known
+  if (ring_) {  // the updater copies it down when a slot is free (Note [Host ring])
+    if (cuda_) streams_->grad_ready[i]->record(streams_->compute());
+    return;
+  }
   if (cuda_) {
     auto& s = *streams_;
     s.grad_ready[i]->record(s.compute());
@@ -247,23 +260,25 @@ void OffloadEngine::dispatch(size_t i) {
   cv_.notify_all();
 }
 
-std::vector<UpdateSpan> OffloadEngine::spans(size_t i) {
+std::vector<UpdateSpan> OffloadEngine::spans(size_t i, int64_t slot) {
   auto& b = store_.blocks()[i];
+  const auto landing = store_.landing(i, slot), staging = store_.staging(i, slot);
   const bool bf16 = store_.options().compute_dtype == torch::kBFloat16;
-  const bool grad_bf16 = b.landing.scalar_type() == torch::kBFloat16;
-  TANDEM_ASSERT(grad_bf16 || b.landing.scalar_type() == torch::kFloat32, "landing buffer dtype ",
-                b.landing.scalar_type(), " (the CPU kernels take fp32 or bf16 gradients)");
-  const int64_t gsize = grad_bf16 ? 2 : 4;
+  const bool grad_bf16 = landing.scalar_type() == torch::kBFloat16;
+  TANDEM_ASSERT(grad_bf16 || landing.scalar_type() == torch::kFloat32, "landing buffer dtype ",
+                landing.scalar_type(), " (the CPU kernels take fp32 or bf16 gradients)");
+  const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16;
+  const int64_t gsize = grad_bf16 ? 2 : 4, ssize = state_bf16 ? 2 : 4;
   std::vector<UpdateSpan> out;
   for (const auto& f : b.params) {
     UpdateSpan s;
     s.master = b.master.data_ptr<float>() + f.offset;
-    s.grad = static_cast<const char*>(b.landing.data_ptr()) + f.offset * gsize;
+    s.grad = static_cast<const char*>(landing.data_ptr()) + f.offset * gsize;
     s.grad_dtype = grad_bf16 ? Dtype::kBF16 : Dtype::kF32;
-    s.m = b.m.data_ptr<float>() + f.offset;
-    s.v = b.v.data_ptr<float>() + f.offset;
-    s.state_dtype = Dtype::kF32;
-    s.bf16_out = bf16 ? reinterpret_cast<uint16_t*>(b.staging.data_ptr()) + f.offset : nullptr;
+    s.m = static_cast<char*>(b.m.data_ptr()) + f.offset * ssize;
+    s.v = static_cast<char*>(b.v.data_ptr()) + f.offset * ssize;
+    s.state_dtype = state_bf16 ? Dtype::kBF16 : Dtype::kF32;
+    s.bf16_out = bf16 ? reinterpret_cast<uint16_t*>(staging.data_ptr()) + f.offset : nullptr;
     s.n = f.numel;
     s.index_base = b.index_base + f.offset;
     s.weight_decay_scale = f.weight_decay_scale;
@@ -272,23 +287,30 @@ std::vector<UpdateSpan> OffloadEngine::spans(size_t i) {
   return out;
 }
 
+std::vector<UndoLog> OffloadEngine::undo_logs(BlockStore& b) {
+  const int64_t ssize = b.undo_m.element_size();
+  std::vector<UndoLog> logs;
+  for (const auto& f : b.params)
+    logs.push_back({b.undo_master.data_ptr<float>() + f.offset, static_cast<char*>(b.undo_m.data_ptr()) + f.offset * ssize,
+                    static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize});
+  return logs;
+}
+
 void OffloadEngine::run_cpu_update(const Job& job) {
   const size_t i = job.block;
   const bool undo = job.undo;
   auto& b = store_.blocks()[i];
   const auto t0 = std::chrono::steady_clock::now();
-  const auto sp = spans(i);
+  const auto sp = spans(i, job.slot);
   std::vector<UndoLog> logs;
   if (undo) {
     TANDEM_ASSERT(b.undo_master.defined(), "block ", b.name, " has no undo buffers");
-    for (const auto& f : b.params)
-      logs.push_back({b.undo_master.data_ptr<float>() + f.offset, b.undo_m.data_ptr<float>() + f.offset,
-                      b.undo_v.data_ptr<float>() + f.offset});
+    logs = undo_logs(b);
   }
   UpdateHyper h = hyper(job.lr, job.step, job.grad_scale);
   h.check_finite = false;  // the global norm decides (Note [Speculative clipping])
   cpu_update(sp, h, undo ? &logs : nullptr, options_.pool);
-  if (!sp.empty() && sp[0].bf16_out == nullptr) b.staging.copy_(b.master);
+  if (!sp.empty() && sp[0].bf16_out == nullptr) store_.staging(i, job.slot).copy_(b.master);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.cpu_update_s += dt;
@@ -299,19 +321,20 @@ void OffloadEngine::run_cpu_update(const Job& job) {
   }
 }
 
-void OffloadEngine::upload(size_t i) {
+void OffloadEngine::upload(size_t i, int64_t slot) {
   auto& b = store_.blocks()[i];
+  const auto staging = store_.staging(i, slot);
   torch::NoGradGuard no_grad;
   if (cuda_) {
     auto& s = *streams_;
     const c10::StreamGuard guard(s.h2d);
     mark(stamps_->h2d0[i], &s.h2d, 0);
-    b.working.copy_(b.staging, /*non_blocking=*/true);
+    b.working.copy_(staging, /*non_blocking=*/true);
     s.uploaded[i]->record(s.h2d);
     mark(stamps_->h2d1[i], &s.h2d, 0);
   } else {
     mark(stamps_->h2d0[i], nullptr, host_now());
-    b.working.copy_(b.staging);
+    b.working.copy_(staging);
     mark(stamps_->h2d1[i], nullptr, host_now());
   }
 }
@@ -350,15 +373,62 @@ void OffloadEngine::upload_pending(size_t i) {
   upload(i);
 }
 
+// Note [Host ring]
+// Per-Block landing and staging buffers cost 2 x the CPU-updated parameters in the compute dtype
+// of pinned memory (26 GB at 13B) for buffers that are busy a fraction of the step. With
+// offload.host_ring = N the CPU-updated Blocks share N slots instead, each the size of the largest
+// Block. The updates then start once the norm is known (no speculation, no delayed update), in
+// forward order, and the gradient stays in the device's gradient buffer until the updater takes a
+// slot for it: it waits until the slot's previous Block has been uploaded from it, queues the D2H
+// behind that Block's backward (G_i), zeroes the device gradient on the same stream, and queues
+// the D2H of the next Block before running this one's update, so copies down overlap updates. The
+// next backward writes Block i's gradient only after the forward waited for U_i, which follows the
+// zeroing. The cost is the overlap with backward that speculation would give; the CPU update is
+// the same kernel on the same data, so the result is identical to the per-Block buffers.
+void OffloadEngine::ring_d2h(Job& job) {
+  const size_t i = job.block;
+  const int64_t n = store_.options().ring_slots;
+  job.slot = next_slot_++ % n;
+  auto& owner = slot_owner_[static_cast<size_t>(job.slot)];
+  if (owner >= 0 && cuda_) streams_->uploaded[static_cast<size_t>(owner)]->synchronize();
+  owner = static_cast<int64_t>(i);
+  auto& b = store_.blocks()[i];
+  auto landing = store_.landing(i, job.slot);
+  torch::NoGradGuard no_grad;
+  if (cuda_) {
+    auto& s = *streams_;
+    s.d2h.wait(*s.grad_ready[i]);
+    const c10::StreamGuard guard(s.d2h);
+    mark(stamps_->d2h0[i], &s.d2h, 0);
+    landing.copy_(b.grad, /*non_blocking=*/true);
+    s.landed[i]->record(s.d2h);
+    mark(stamps_->d2h1[i], &s.d2h, 0);
+    b.grad.zero_();
+  } else {
+    mark(stamps_->d2h0[i], nullptr, host_now());
+    landing.copy_(b.grad);
+    mark(stamps_->d2h1[i], nullptr, host_now());
+    b.grad.zero_();
+  }
+}
+
 void OffloadEngine::updater_loop() {
   for (;;) {
     Job job;
+    Job* next = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_ && queue_.empty()) return;
       job = queue_.front();
       queue_.pop_front();
+      // Only this thread pops or edits queued jobs; push_back keeps references to the others valid.
+      // With one slot the next Block has nowhere to land before this update is uploaded.
+      if (ring_ && slot_owner_.size() > 1 && !queue_.empty() && queue_.front().slot < 0) next = &queue_.front();
+    }
+    if (ring_) {
+      if (job.slot < 0) ring_d2h(job);
+      if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
     }
     if (cuda_) {
       streams_->landed[job.block]->synchronize();
@@ -366,7 +436,7 @@ void OffloadEngine::updater_loop() {
       if (options_.delayed) streams_->uploaded[job.block]->synchronize();
     }
     run_cpu_update(job);
-    if (job.upload) upload(job.block);
+    if (job.upload) upload(job.block, job.slot);
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_[job.block] = 1;
@@ -478,12 +548,8 @@ StepOutcome OffloadEngine::end_step() {
     for (size_t i = 0; i < blocks.size(); ++i) {
       auto& b = blocks[i];
       if (b.side != UpdateSide::kCpu) continue;
-      const auto sp = spans(i);
-      std::vector<UndoLog> logs;
-      for (const auto& f : b.params)
-        logs.push_back({b.undo_master.data_ptr<float>() + f.offset, b.undo_m.data_ptr<float>() + f.offset,
-                        b.undo_v.data_ptr<float>() + f.offset});
-      cpu_rollback(sp, logs, options_.pool);
+      const auto sp = spans(i, -1);
+      cpu_rollback(sp, undo_logs(b), options_.pool);
       if (!sp.empty() && sp[0].bf16_out == nullptr) b.staging.copy_(b.master);
       if (out.skipped) {
         upload(i);
@@ -504,10 +570,16 @@ StepOutcome OffloadEngine::end_step() {
     step_tensor_.fill_(static_cast<double>(stats_.steps));
   }
   // The D2H copies read the gradient buffers: the compute stream waits for them before zeroing.
-  if (cuda_)
-    for (size_t i = 0; i < blocks.size(); ++i)
-      if (blocks[i].side == UpdateSide::kCpu && dispatched_[i]) streams_->compute().wait(*streams_->landed[i]);
-  store_.zero_grad();
+  // With a host ring the updater zeroes a CPU-updated Block's gradient after its D2H instead.
+  const bool ring_zeroes = ring_ && !out.skipped;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (b.side == UpdateSide::kCpu) {
+      if (ring_zeroes) continue;
+      if (cuda_ && dispatched_[i] && !ring_) streams_->compute().wait(*streams_->landed[i]);
+    }
+    b.grad.zero_();
+  }
   return out;
 }
 

@@ -40,6 +40,8 @@ struct EngineOptions {
   /// the CPU updates; a CPU-updated Block's new weights go up once the following backward is done
   /// with it, so its weights lag one update. Clipping stays exact (the norm is known first).
   bool delayed = false;
+  /// Rounding of bf16 host states (ParamStoreOptions::host_state_dtype); seed 0 as CpuOptimizer.
+  Rounding state_rounding = Rounding::kNearestEven;
 
   /// The update split (Note [Update split]): solved from measured times when `solve_split`.
   bool solve_split = false;
@@ -113,6 +115,7 @@ class OffloadEngine {
     int64_t step;  ///< 1-based update count (bias correction)
     bool undo;
     bool upload = true;  ///< false in delayed mode: the next backward's dispatch uploads
+    int64_t slot = -1;   ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
   };
   struct CpuSpan {  // one CPU update, for the trace
     size_t block;
@@ -123,10 +126,12 @@ class OffloadEngine {
   void dispatch(size_t block);
   void updater_loop();
   void run_cpu_update(const Job& job);
-  void upload(size_t block);
+  void upload(size_t block, int64_t slot = -1);
   void wait_block(size_t block);
   void wait_cpu_jobs();
-  std::vector<UpdateSpan> spans(size_t block);
+  std::vector<UpdateSpan> spans(size_t block, int64_t slot);
+  void ring_d2h(Job& job);
+  static std::vector<UndoLog> undo_logs(BlockStore& b);  // host ring: a slot, the gradient's D2H into it, the gradient zeroed
   UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
   void update_gpu_blocks(double grad_scale);
   void before_block(size_t block);
@@ -169,6 +174,9 @@ class OffloadEngine {
   double live_cpu_s_ = 0;
   int64_t live_cpu_params_ = 0;
   std::vector<bool> pending_upload_;  // delayed mode: staging holds an update not yet uploaded
+  const bool ring_;                   // Note [Host ring]
+  int64_t next_slot_ = 0;             // updater thread only
+  std::vector<int64_t> slot_owner_;   // per ring slot: the Block whose upload last read it, or -1
   bool tracing_ = false;
   int64_t traced_step_ = 0;
   double trace_ref_host_ = 0;

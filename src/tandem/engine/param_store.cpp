@@ -1,6 +1,9 @@
 #include "tandem/engine/param_store.h"
 
+#include <algorithm>
+
 #include "tandem/core/error.h"
+#include "tandem/memory/pinned.h"
 
 namespace tandem {
 
@@ -13,8 +16,19 @@ torch::Tensor view_of(const torch::Tensor& flat, const FlatParam& p) {
 }  // namespace
 
 torch::Tensor ParamStore::host_buffer(int64_t n, torch::ScalarType t) const {
-  const bool pin = options_.pin_memory && options_.device.is_cuda();
-  return torch::empty({n}, torch::TensorOptions().dtype(t).pinned_memory(pin));
+  return host_tensor(n, t, options_.pin_memory && options_.device.is_cuda());  // Note [Exact pinned buffers]
+}
+
+torch::Tensor ParamStore::landing(size_t i, int64_t slot) const {
+  const auto& b = blocks_.at(i);
+  if (options_.ring_slots == 0) return b.landing;
+  return ring_.at(static_cast<size_t>(slot)).landing.narrow(0, 0, b.numel);
+}
+
+torch::Tensor ParamStore::staging(size_t i, int64_t slot) const {
+  const auto& b = blocks_.at(i);
+  if (options_.ring_slots == 0) return b.staging;
+  return ring_.at(static_cast<size_t>(slot)).staging.narrow(0, 0, b.numel);
 }
 
 ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks) : options_(options) {
@@ -22,6 +36,9 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
   const auto& blocks = model.blocks();
   TANDEM_CHECK(gpu_blocks >= 0 && gpu_blocks <= static_cast<int64_t>(blocks.size()), "gpu_blocks=", gpu_blocks,
                " is outside 0 .. ", blocks.size());
+  TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16,
+                "host state dtype ", options_.host_state_dtype);
+  TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
   const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
   const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
   int64_t base = 0;
@@ -45,8 +62,9 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
     const bool gpu = b.side == UpdateSide::kGpu;
     b.master = gpu ? torch::empty({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32);
     for (const auto& f : b.params) view_of(b.master, f).copy_(f.param.detach());
-    b.m = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32).zero_();
-    b.v = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32).zero_();
+    const auto st = options_.host_state_dtype;
+    b.m = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, st).zero_();
+    b.v = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, st).zero_();
     b.working = torch::empty({b.numel}, dopts);
     b.grad = torch::zeros({b.numel}, dopts);
     b.working.copy_(b.master);
@@ -57,17 +75,28 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
     if (!gpu) allocate_host_side(b);
     blocks_.push_back(std::move(b));
   }
+  if (options_.ring_slots > 0) {
+    int64_t largest = 0;
+    for (const auto& b : blocks_) largest = std::max(largest, b.numel);
+    for (int64_t s = 0; s < options_.ring_slots; ++s)
+      ring_.push_back({host_buffer(largest, landing_dtype()), host_buffer(largest, options_.compute_dtype)});
+  }
+}
+
+torch::ScalarType ParamStore::landing_dtype() const {
+  // The CPU kernels read bf16 or fp32 gradients: fp16 ones are widened by the D2H copy.
+  return options_.compute_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32;
 }
 
 void ParamStore::allocate_host_side(BlockStore& b) {
-  if (b.landing.defined()) return;
-  // The CPU kernels read bf16 or fp32 gradients: fp16 ones are widened by the D2H copy.
-  b.landing = host_buffer(b.numel, options_.compute_dtype == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
-  b.staging = host_buffer(b.numel, options_.compute_dtype);
-  if (options_.undo) {
+  if (options_.ring_slots == 0 && !b.landing.defined()) {
+    b.landing = host_buffer(b.numel, landing_dtype());
+    b.staging = host_buffer(b.numel, options_.compute_dtype);
+  }
+  if (options_.undo && !b.undo_master.defined()) {
     b.undo_master = torch::empty({b.numel}, torch::kFloat32);
-    b.undo_m = torch::empty({b.numel}, torch::kFloat32);
-    b.undo_v = torch::empty({b.numel}, torch::kFloat32);
+    b.undo_m = torch::empty({b.numel}, options_.host_state_dtype);
+    b.undo_v = torch::empty({b.numel}, options_.host_state_dtype);
   }
 }
 
@@ -90,16 +119,18 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   auto& b = blocks_[i];
   if (b.side == side) return;
   torch::NoGradGuard no_grad;
-  // Copies only: fp32 to fp32, so the move is exact in both directions.
-  const auto move = [&](const torch::Tensor& t) {
-    if (side == UpdateSide::kGpu) return t.to(options_.device, /*non_blocking=*/false, /*copy=*/true);
-    auto h = host_buffer(t.numel(), torch::kFloat32);
+  // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states widen
+  // exactly on the way up and round to nearest on the way down).
+  const auto move = [&](const torch::Tensor& t, torch::ScalarType host_dtype) {
+    if (side == UpdateSide::kGpu)
+      return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+    auto h = host_buffer(t.numel(), host_dtype);
     h.copy_(t);
     return h;
   };
-  b.master = move(b.master);
-  b.m = move(b.m);
-  b.v = move(b.v);
+  b.master = move(b.master, torch::kFloat32);
+  b.m = move(b.m, options_.host_state_dtype);
+  b.v = move(b.v, options_.host_state_dtype);
   b.side = side;
   if (side == UpdateSide::kCpu) allocate_host_side(b);
 }

@@ -8,11 +8,14 @@
 //   device  working (numel) compute dtype   the module's parameters are views of it
 //           grad    (numel) compute dtype   the parameters' .grad are views of it, so autograd
 //                                           accumulates straight into one flat buffer per Block
-//   master  (numel) fp32, m and v (numel) fp32: pinned host memory for CPU-updated Blocks, device
-//           memory for GPU-updated ones (the update split, Note [Update split])
+//   master  (numel) fp32, m and v (numel): pinned host memory for CPU-updated Blocks (m and v in
+//           fp32, or bf16 with optim.state_dtype=bf16), device memory in fp32 for GPU-updated
+//           ones (the update split, Note [Update split])
 //   host    landing (numel) bf16 or fp32    gradients coming down (CPU-updated Blocks)
 //           staging (numel) compute dtype   new weights going up (CPU-updated Blocks)
 //           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
+// With a host ring (Note [Host ring]) landing and staging are not per Block: a few slots, each the
+// size of the largest Block, are shared by the CPU-updated Blocks in turn.
 // One flat range per Block is also the seam for sharding (a rank owns a contiguous slice of every
 // Block's range: reduce-scatter before the landing buffer, all-gather after staging). With the CPU
 // as the device, "device" and "pinned host" are both plain host memory and the copies are memcpy.
@@ -47,8 +50,8 @@ struct BlockStore {
   int64_t index_base = 0;  ///< offset of this Block in the whole parameter space (stochastic rounding)
   UpdateSide side = UpdateSide::kCpu;
   torch::Tensor working, grad;  // (numel) compute dtype, device
-  torch::Tensor master, m, v;   // (numel) fp32; pinned host (kCpu) or device (kGpu)
-  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated
+  torch::Tensor master, m, v;   // (numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
+  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
   torch::Tensor undo_master, undo_m, undo_v;  // (numel) fp32 host; kCpu with speculation only
 };
 
@@ -57,6 +60,17 @@ struct ParamStoreOptions {
   torch::ScalarType compute_dtype = torch::kFloat32;  ///< working weights and gradients
   bool pin_memory = true;  ///< pinned host buffers (ignored when the device is the CPU)
   bool undo = true;        ///< keep undo buffers for speculative updates of CPU-updated Blocks
+  /// m and v of CPU-updated Blocks: kFloat32, or kBFloat16 (half the host memory; the CPU kernels
+  /// round them as optim.state_rounding says). GPU-updated Blocks keep fp32 states.
+  torch::ScalarType host_state_dtype = torch::kFloat32;
+  /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots
+  /// (Note [Host ring]); needs updates that start after the norm is known (no undo log).
+  int64_t ring_slots = 0;
+};
+
+/// One slot of the host ring: a landing and a staging buffer the size of the largest Block.
+struct RingSlot {
+  torch::Tensor landing, staging;
 };
 
 /// Owns every Block's flat buffers and keeps the module's parameters bound to them.
@@ -67,10 +81,16 @@ class ParamStore {
   ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks);
 
   std::vector<BlockStore>& blocks() { return blocks_; }
+  std::vector<RingSlot>& ring() { return ring_; }
+  /// Block i's landing and staging buffers: its own, or ring slot `slot`'s first numel elements.
+  torch::Tensor landing(size_t i, int64_t slot) const;
+  torch::Tensor staging(size_t i, int64_t slot) const;
   const ParamStoreOptions& options() const { return options_; }
   int64_t gpu_blocks() const;
 
-  /// Moves Block i's master and states to the other side, bit for bit (no rounding anywhere).
+  /// Moves Block i's master and states to the other side: bit for bit with fp32 host states; with
+  /// bf16 host states the move to the GPU widens exactly and the move back rounds m and v to
+  /// nearest (the master stays exact).
   void move_block(size_t i, UpdateSide side);
   /// Sets the prefix [0, gpu_blocks) GPU-updated and the rest CPU-updated, moving what changes.
   void set_gpu_blocks(int64_t gpu_blocks);
@@ -93,8 +113,10 @@ class ParamStore {
   void bind_working();
   void allocate_host_side(BlockStore& b);  // landing, staging and undo of a CPU-updated Block
   torch::Tensor host_buffer(int64_t n, torch::ScalarType t) const;
+  torch::ScalarType landing_dtype() const;
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;
+  std::vector<RingSlot> ring_;
 };
 
 }  // namespace tandem

@@ -61,6 +61,16 @@ class CudaBackend : public AcceleratorBackend {
     std::memcpy(t.data_ptr(), state.data(), state.size());
     gen.set_state(t);
   }
+  void* host_alloc_pinned(size_t bytes) override {
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error state
+      return nullptr;
+    }
+    return p;
+  }
+  void host_free_pinned(void* ptr) override { (void)cudaFreeHost(ptr); }
 };
 
 const bool kRegistered = [] {

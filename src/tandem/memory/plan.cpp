@@ -1,5 +1,7 @@
 #include "tandem/memory/plan.h"
 
+#include <algorithm>
+
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/memory/estimate.h"
@@ -62,6 +64,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
 
   const int64_t w = working_bytes(cfg.train.precision);
   const int64_t s = cfg.optim.state_dtype == "bf16" ? 2 : 4;
+  plan.state_bytes = s;
   const std::string wt = to_string(cfg.train.precision);
   const std::string st = cfg.optim.state_dtype;
   const std::string host = plan.pinned ? kTierPinned : kTierPageable;
@@ -75,7 +78,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   add(kTierGpu, "gradients (" + wt + "), all blocks", n_all * w);
   if (gpu_blocks > 0) {
     add(kTierGpu, "fp32 master, GPU-updated blocks", 4 * n_gpu);
-    add(kTierGpu, "optimizer states m, v (" + st + "), GPU-updated blocks", 2 * s * n_gpu);
+    add(kTierGpu, "optimizer states m, v (fp32), GPU-updated blocks", 2 * 4 * n_gpu);
   }
   const auto e =
       estimate_training_memory(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);
@@ -89,11 +92,23 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   add(host, "optimizer states m, v (" + st + "), CPU-updated blocks", 2 * s * n_cpu);
   // The CPU kernels read bf16 or fp32 gradients: fp16 ones land widened to fp32.
   const bool bf16 = cfg.train.precision == Precision::kBf16;
-  add(host, std::string("gradient landing buffers (") + (bf16 ? "bf16" : "fp32") + ")", n_cpu * (bf16 ? 2 : 4));
-  add(host, "weight staging buffers (" + wt + ")", n_cpu * w);
+  const std::string gt = bf16 ? "bf16" : "fp32";
+  const int64_t g = bf16 ? 2 : 4;
+  const int64_t ring = std::max<int64_t>(cfg.offload.host_ring, 0);  // auto plans per-block buffers
+  plan.host_ring = ring;
+  if (ring == 0) {
+    add(host, "gradient landing buffers (" + gt + ")", n_cpu * g);
+    add(host, "weight staging buffers (" + wt + ")", n_cpu * w);
+  } else {
+    int64_t largest = 0;
+    for (const auto& b : plan.blocks) largest = std::max(largest, b.params);
+    add(host, strprintf("gradient landing ring (%lld slots, %s)", (long long)ring, gt.c_str()), ring * largest * g);
+    add(host, strprintf("weight staging ring (%lld slots, %s)", (long long)ring, wt.c_str()), ring * largest * w);
+  }
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (cfg.offload.speculate != "never" && !cfg.offload.delayed_update) add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
+  if (ring == 0 && cfg.offload.speculate != "never" && !cfg.offload.delayed_update)
+    add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;
@@ -137,11 +152,24 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
   if (host_over)
     msg += strprintf(
         "%s the pinned host tier needs %s, offload.host_memory_fraction=%.2f of %s available host memory allows "
-        "%s; set offload.pin_memory=false or run with more available host memory",
+        "%s; set %s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
-        gib(host_budget).c_str());
+        gib(host_budget).c_str(), plan.state_bytes == 4 ? "optim.state_dtype=bf16 (half the optimizer states), " : "",
+        plan.host_ring == 0 ? "offload.host_ring=4 (a ring instead of per-block buffers), " : "");
   msg += " (tandem inspect --plan lists every buffer)";
   TANDEM_FAIL(msg);
+}
+
+OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                                const MemoryCapacity& cap) {
+  OffloadConfig o = cfg.offload;
+  if (o.host_ring >= 0) return o;
+  o.host_ring = 0;
+  if (cap.host_available == 0 || o.speculate == "always" || o.delayed_update) return o;
+  if (plan_fits(plan_offload_memory(spec, cfg, seq_len, gpu_blocks), cap, o)) return o;
+  o.host_ring = 4;
+  o.speculate = "never";
+  return o;
 }
 
 int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len,

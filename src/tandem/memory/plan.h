@@ -48,6 +48,8 @@ struct MemoryPlan {
   bool checkpointing = false;
   bool pinned = true;           ///< offload.pin_memory: the host buffers are pinned, else pageable
   int64_t gpu_floor_bytes = 0;  ///< GPU weights + gradients + reserve: no batch or split setting lowers it
+  int64_t state_bytes = 4;      ///< bytes per host optimizer-state element (optim.state_dtype)
+  int64_t host_ring = 0;        ///< slots of the host ring, 0 = per-block buffers
 
   /// Sum of the rows of one tier.
   int64_t tier_bytes(const std::string& tier) const;
@@ -59,7 +61,8 @@ struct MemoryPlan {
 /// The plan for training `spec` under `cfg` (precision, micro-batch, checkpointing, optimizer state
 /// dtype, clipping, accumulation, pin_memory) with sequence length `seq_len`, when the embedding and
 /// decoder Blocks 0..gpu_blocks-1 are updated on the GPU (embedding only if gpu_blocks > 0) and
-/// every other Block, the head always, on the CPU. gpu_blocks must be in [0, spec.n_layer].
+/// every other Block, the head always, on the CPU. gpu_blocks must be in [0, spec.n_layer];
+/// offload.host_ring = -1 (auto) plans per-block buffers, as resolve_host_ring starts from.
 MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks);
 
 /// Memory of the machine a plan must fit, in bytes.
@@ -77,6 +80,12 @@ bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const Off
 /// host_available.
 void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const OffloadConfig& offload,
                      const TrainConfig& train);
+
+/// offload.host_ring = -1 resolved for a plan at `gpu_blocks`: per-block buffers (0) when that plan's
+/// pinned tier fits (or the host is unknown), else a ring of 4 slots with offload.speculate=never
+/// (an explicit speculate=always or delayed_update keeps per-block buffers). Other values as set.
+OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                                const MemoryCapacity& capacity);
 
 /// The largest number of GPU-updated decoder Blocks whose plan's GPU tier fits
 /// offload.gpu_memory_fraction x capacity.gpu_total; -1 when not even 0 fits.

@@ -88,7 +88,7 @@ int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
 // How many Blocks (a prefix: the embedding, then decoder layers) the GPU updates, and the memory
 // plan checked against the machine before anything is allocated (Note [ParamStore layout]).
 // `range` receives the store-Block prefixes whose plans fit both tiers: the split solver's range.
-int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const torch::Device& device,
+int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const torch::Device& device,
                         std::pair<int64_t, int64_t>* range) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
@@ -101,6 +101,12 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_le
     // auto: the largest prefix the memory plan allows; the measured re-solve refines it later.
     layers = std::max<int64_t>(0, largest_fitting_gpu_blocks(spec, cfg, seq_len, cap));
   }
+  const bool ring_auto = cfg.offload.host_ring < 0;
+  cfg.offload = resolve_host_ring(spec, cfg, seq_len, layers, cap);
+  if (ring_auto && cfg.offload.host_ring > 0)
+    log::info(strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
+                        "after the norm (offload.host_ring=auto, Note [Host ring])",
+                        static_cast<long long>(cfg.offload.host_ring)));
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
   if (cap.gpu_total > 0) check_plan_fits(plan, cap, cfg.offload, cfg.train);
   log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
@@ -172,8 +178,6 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     TANDEM_CHECK(cfg.optim.type == "adamw" || cfg.optim.type == "adam",
                  "offload.optimizer=cpu runs optim.type=adamw or adam; got '", cfg.optim.type,
                  "'; use offload.optimizer=none for sgd and lion");
-    TANDEM_CHECK(cfg.optim.state_dtype == "fp32", "offload.optimizer=cpu keeps fp32 optimizer states; set ",
-                 "optim.state_dtype=fp32 (bf16 states run with offload.optimizer=none on the CPU)");
   }
 
   // Checkpoint to resume from, before anything is created.
@@ -222,9 +226,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                        : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                  : torch::kFloat32;
     so.pin_memory = cfg.offload.pin_memory;
-    so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+    so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     std::pair<int64_t, int64_t> range;
-    store = std::make_unique<ParamStore>(*model, so, plan_gpu_blocks(spec, cfg, seq_len, device, &range));
+    const int64_t gpu_blocks = plan_gpu_blocks(spec, cfg, seq_len, device, &range);  // resolves offload.host_ring
+    if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
+    if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+    so.ring_slots = cfg.offload.host_ring;
+    so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+    store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
     EngineOptions eo;
     eo.adam.beta1 = cfg.optim.beta1;
     eo.adam.beta2 = cfg.optim.beta2;
@@ -236,6 +245,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                    : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
                                                       : EngineOptions::Speculate::kAuto;
     eo.delayed = cfg.offload.delayed_update;
+    eo.state_rounding = cfg.optim.state_rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearestEven;
     eo.solve_split = true;
     eo.fixed_k = parse_update_split(cfg.offload.update_split);
     eo.min_gpu_blocks = range.first;
