@@ -206,6 +206,16 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   ensure_writable_directory(run_dir, "run directory");
   const std::string ckpt_parent = (fs::path(run_dir) / "checkpoints").string();
 
+  // The offload memory plan, checked against the machine before anything is allocated (the
+  // model's own fp32 build would otherwise count against the host memory it is about to free).
+  std::pair<int64_t, int64_t> range;
+  int64_t gpu_blocks = 0;
+  if (offload) {
+    gpu_blocks = plan_gpu_blocks(spec, cfg, seq_len, device, &range);  // resolves offload.host_ring
+    if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;       // no plan to choose from (the CPU as the device)
+    if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+  }
+
   // Model, weights and optimizer.
   torch::manual_seed(cfg.train.seed);
   auto model = build_model(spec, cfg.model.checkpointing);
@@ -227,10 +237,6 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                                                                  : torch::kFloat32;
     so.pin_memory = cfg.offload.pin_memory;
     so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    std::pair<int64_t, int64_t> range;
-    const int64_t gpu_blocks = plan_gpu_blocks(spec, cfg, seq_len, device, &range);  // resolves offload.host_ring
-    if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
-    if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
     so.ring_slots = cfg.offload.host_ring;
     so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
     store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
