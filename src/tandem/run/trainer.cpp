@@ -217,8 +217,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
 
   // Model, weights and optimizer.
+  const auto t_build = std::chrono::steady_clock::now();
   torch::manual_seed(cfg.train.seed);
   auto model = build_model(spec, cfg.model.checkpointing);
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_build).count();
   if (!cfg.model.init_from.empty() && resume_dir.empty()) {
     load_hf_weights(*model, cfg.model.init_from);
     log::info("initialised from " + cfg.model.init_from);
@@ -239,7 +241,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     so.ring_slots = cfg.offload.host_ring;
     so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+    const auto t_store = std::chrono::steady_clock::now();
     store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
+    log::info(strprintf("offload: model built in %.1f s, parameter store (%s host buffers) in %.1f s", build_s,
+                        so.pin_memory && device.is_cuda() ? "pinned" : "plain",
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count()));
     EngineOptions eo;
     eo.adam.beta1 = cfg.optim.beta1;
     eo.adam.beta2 = cfg.optim.beta2;
