@@ -52,6 +52,16 @@ TEST(Config, BadValuesAreUserErrors) {
   EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps takes step numbers"), std::string::npos);
   apply_override(t, "offload.trace_steps=0");
   EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps"), std::string::npos);
+  Config r;
+  apply_override(r, "offload.host_ring=-2");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("offload.host_ring must be -1"), std::string::npos);
+  apply_override(r, "offload.host_ring=4");
+  validate_config(r);  // speculate=auto runs as never with a ring
+  apply_override(r, "offload.speculate=always");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("cannot speculate or delay"), std::string::npos);
+  apply_override(r, "offload.speculate=never");
+  apply_override(r, "offload.delayed_update=true");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("cannot speculate or delay"), std::string::npos);
 }
 
 TEST(Config, OverridesAndOptionalReset) {

@@ -172,6 +172,54 @@ TEST(MemoryPlan, ThirteenBRefusedOn24GiBWithTheGpuNumbers) {
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }
 
+TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
+  // 13B, layer = 317204480 parameters (the largest Block), bf16 states, 3 GPU-updated layers.
+  constexpr int64_t k13bLayer = 317204480;
+  const ModelSpec s = preset_spec("13B");
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  c.optim.state_dtype = "bf16";
+  c.offload.host_ring = 0;
+  c.offload.speculate = "never";  // no undo log: the two plans differ in the buffers alone
+  const MemoryPlan per_block = plan_offload_memory(s, c, 2048, 3);
+  int64_t n_cpu = 0;
+  for (const auto& b : per_block.blocks) n_cpu += b.update == UpdateSide::kCpu ? b.params : 0;
+  EXPECT_EQ(row_bytes(per_block, kTierPinned, "gradient landing buffers"), 2 * n_cpu);
+  EXPECT_EQ(row_bytes(per_block, kTierPinned, "weight staging buffers"), 2 * n_cpu);
+  c.offload.host_ring = 4;
+  const MemoryPlan ring = plan_offload_memory(s, c, 2048, 3);
+  EXPECT_EQ(row_bytes(ring, kTierPinned, "gradient landing ring"), 4 * k13bLayer * 2);
+  EXPECT_EQ(row_bytes(ring, kTierPinned, "weight staging ring"), 4 * k13bLayer * 2);
+  EXPECT_EQ(row_bytes(ring, kTierPinned, "gradient landing buffers"), -1);
+  EXPECT_EQ(row_bytes(ring, kTierPinned, "undo log"), -1);  // a ring never speculates
+  EXPECT_EQ(per_block.pinned_bytes() - ring.pinned_bytes(), 4 * n_cpu - 16 * k13bLayer);
+
+  // Auto: per-Block buffers where they fit, the ring (and no speculation) where they do not.
+  c.offload.host_ring = -1;
+  c.offload.speculate = "auto";
+  const MemoryCapacity big{80 * kGiB, 400 * kGiB}, host125{80 * kGiB, 124 * kGiB}, unknown{80 * kGiB, 0};
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).host_ring, 0);
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).speculate, "auto");
+  const OffloadConfig small = resolve_host_ring(s, c, 2048, 3, host125);
+  EXPECT_EQ(small.host_ring, 4);
+  EXPECT_EQ(small.speculate, "never");
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, unknown).host_ring, 0);
+  Config delayed = c;
+  delayed.offload.delayed_update = true;  // needs per-Block landing buffers: kept, and the check says so
+  EXPECT_EQ(resolve_host_ring(s, delayed, 2048, 3, host125).host_ring, 0);
+  c.offload = small;
+  EXPECT_TRUE(plan_fits(plan_offload_memory(s, c, 2048, 3), host125, c.offload));
+
+  // The refusal names bf16 states and the ring when they are not in use yet.
+  Config f = bf16_config();
+  f.model.checkpointing = true;
+  f.offload.host_ring = 0;
+  const std::string msg =
+      error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
+  EXPECT_NE(msg.find("optim.state_dtype=bf16"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("offload.host_ring=4"), std::string::npos) << msg;
+}
+
 TEST(MemoryPlan, FitsAndNamesWhatToChangePerTier) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
