@@ -265,6 +265,9 @@ const std::vector<Field>& fields() {
       int_field("scaler.growth_interval", "fp16 clean steps before the scale grows", F(scaler.growth_interval)),
       double_field("scaler.min_scale", "fp16 smallest loss scale", F(scaler.min_scale)),
       bool_field("scaler.dynamic", "fp16 dynamic loss scaling (false: fixed at init_scale)", F(scaler.dynamic)),
+      bool_field("monitor.enabled", "sample GPU (NVML) and host (/proc, RAPL) telemetry and energy per step",
+                 F(monitor.enabled)),
+      double_field("monitor.period_s", "telemetry sampling period in seconds", F(monitor.period_s)),
 
       enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets,
                  F(offload.optimizer)),
@@ -643,6 +646,8 @@ void validate_config(const Config& c) {
   (void)parse_step_list(c.offload.trace_steps, "offload.trace_steps");
   TANDEM_CHECK(c.offload.speculate == "auto" || c.offload.speculate == "always" || c.offload.speculate == "never",
                "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
+  TANDEM_CHECK(c.monitor.period_s >= 0.01 && c.monitor.period_s <= 3600,
+               "monitor.period_s must be in [0.01, 3600] seconds, got ", c.monitor.period_s);
   TANDEM_CHECK(c.offload.host_ring >= -1, "offload.host_ring must be -1 (auto), 0 (per block) or a slot count; got ",
                c.offload.host_ring);
   TANDEM_CHECK(c.offload.host_ring <= 0 || (c.offload.speculate != "always" && !c.offload.delayed_update),

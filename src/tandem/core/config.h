@@ -95,6 +95,12 @@ struct ScalerConfig {
   bool dynamic = true;  ///< false: the scale stays at init_scale
 };
 
+/// Telemetry (monitor/): the sampler thread and what it feeds.
+struct MonitorConfig {
+  bool enabled = true;    ///< GPU (NVML) and host (/proc, RAPL) sampling, energy per step
+  double period_s = 0.5;  ///< sampling period
+};
+
 /// Offload settings (consumed by the heterogeneous engine).
 struct OffloadConfig {
   OffloadTarget optimizer = OffloadTarget::kNone;
@@ -118,6 +124,7 @@ struct Config {
   TrainConfig train;
   OptimConfig optim;
   ScalerConfig scaler;
+  MonitorConfig monitor;
   OffloadConfig offload;
 };
 

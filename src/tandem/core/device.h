@@ -28,6 +28,8 @@ class AcceleratorBackend {
   /// Page-locked host memory of exactly `bytes` (no rounding), or nullptr when the driver refuses.
   virtual void* host_alloc_pinned(size_t bytes) = 0;
   virtual void host_free_pinned(void* ptr) = 0;
+  /// "0000:3B:00.0", for matching the device in NVML; "" when unknown.
+  virtual std::string pci_bus_id(int index) const = 0;
 };
 
 /// The registered accelerator backend, or nullptr (CPU-only build or no device).

@@ -71,6 +71,10 @@ class CudaBackend : public AcceleratorBackend {
     return p;
   }
   void host_free_pinned(void* ptr) override { (void)cudaFreeHost(ptr); }
+  std::string pci_bus_id(int index) const override {
+    char buf[32] = {0};
+    return cudaDeviceGetPCIBusId(buf, sizeof buf, index) == cudaSuccess ? std::string(buf) : std::string();
+  }
 };
 
 const bool kRegistered = [] {

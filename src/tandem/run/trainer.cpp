@@ -16,6 +16,7 @@
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/engine/offload_engine.h"
+#include "tandem/monitor/sampler.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/fs.h"
@@ -83,6 +84,33 @@ class EngineOptimizer : public Optimizer {
 
 // Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
 // the embedding when layers > 0.
+// Note [Telemetry]
+// With monitor.enabled the trainer starts a Sampler (monitor/sampler.h): a thread that reads the
+// training GPU through NVML (loaded with dlopen) and the host through /proc and RAPL every
+// monitor.period_s. Each metrics.jsonl step row gets the latest reading (gpu_*, cpu_*, host_*
+// keys) and the energy the step used, from the cumulative counters read at the step's end (NVML's
+// total-energy counter for the GPU, RAPL for the CPU packages): energy_gpu_j, energy_cpu_j and
+// their per-token shares. summary.json's "telemetry" holds the run's totals and the sampler's own
+// CPU time. A missing source (no driver, RAPL readable by root only) leaves its keys out and is
+// said once in the log and in telemetry.missing.
+void add_telemetry(nlohmann::json& m, const TelemetrySample& s) {
+  if (!s.gpus.empty()) {
+    const auto& g = s.gpus.front();
+    if (g.util_pct) m["gpu_util_pct"] = *g.util_pct;
+    if (g.mem_util_pct) m["gpu_mem_util_pct"] = *g.mem_util_pct;
+    if (g.mem_used_bytes) m["gpu_mem_used_bytes"] = *g.mem_used_bytes;
+    if (g.mem_total_bytes) m["gpu_mem_total_bytes"] = *g.mem_total_bytes;
+    if (g.temp_c) m["gpu_temp_c"] = *g.temp_c;
+    if (g.power_w) m["gpu_power_w"] = *g.power_w;
+    if (g.sm_clock_mhz) m["gpu_sm_clock_mhz"] = *g.sm_clock_mhz;
+  }
+  const auto& h = s.host;
+  if (h.cpu_pct) m["cpu_util_pct"] = *h.cpu_pct;
+  if (h.process_cpu_pct) m["cpu_process_pct"] = *h.process_cpu_pct;
+  if (h.mem_used_bytes) m["host_mem_used_bytes"] = *h.mem_used_bytes;
+  if (h.mem_total_bytes) m["host_mem_total_bytes"] = *h.mem_total_bytes;
+}
+
 int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
 
 // How many Blocks (a prefix: the embedding, then decoder layers) the GPU updates, and the memory
@@ -356,6 +384,21 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   };
 
   const auto run_start = Clock::now();
+  // Telemetry (Note [Telemetry]): GPU and host readings beside each step, energy per step.
+  std::unique_ptr<Sampler> sampler;
+  if (cfg.monitor.enabled) {
+    SamplerOptions so;
+    so.period_s = cfg.monitor.period_s;
+    if (device_index >= 0) so.cuda_devices = {device_index};
+    sampler = std::make_unique<Sampler>(so);
+    for (const auto& why : sampler->why_missing()) log::info("telemetry: " + why);
+  }
+  EnergyCounters energy0 = sampler ? sampler->energy_now() : EnergyCounters{};
+  EnergyCounters energy_prev = energy0;
+  const double sampler_cpu0 = sampler ? sampler->thread_cpu_s() : 0.0;
+  const auto loop_start = Clock::now();
+  int64_t tokens_run = 0;
+
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
@@ -432,6 +475,20 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     if (fp16) m["loss_scale"] = scale_v;
     if (skipped) m["skipped"] = true;
+    tokens_run += tokens_per_step;
+    if (sampler) {
+      const EnergyCounters e = sampler->energy_now();
+      if (e.gpu_j && energy_prev.gpu_j) {
+        m["energy_gpu_j"] = *e.gpu_j - *energy_prev.gpu_j;
+        m["energy_gpu_j_per_token"] = (*e.gpu_j - *energy_prev.gpu_j) / double(tokens_per_step);
+      }
+      if (e.cpu_j && energy_prev.cpu_j) {
+        m["energy_cpu_j"] = *e.cpu_j - *energy_prev.cpu_j;
+        m["energy_cpu_j_per_token"] = (*e.cpu_j - *energy_prev.cpu_j) / double(tokens_per_step);
+      }
+      energy_prev = e;
+      add_telemetry(m, sampler->latest());
+    }
     if (engine) {
       const auto& es = engine->stats();
       m["offload_gpu_blocks"] = store->gpu_blocks();
@@ -479,6 +536,26 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   if (cfg.train.save_final && state.step > summary.first_step) checkpoint();
 
   summary.final_step = state.step;
+  nlohmann::json telemetry = nlohmann::json::object();
+  if (sampler) {
+    const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start).count();
+    const EnergyCounters e = sampler->energy_now();
+    if (e.gpu_j && energy0.gpu_j && tokens_run > 0) {
+      telemetry["energy_gpu_j"] = *e.gpu_j - *energy0.gpu_j;
+      telemetry["energy_gpu_j_per_token"] = (*e.gpu_j - *energy0.gpu_j) / double(tokens_run);
+    }
+    if (e.cpu_j && energy0.cpu_j && tokens_run > 0) {
+      telemetry["energy_cpu_j"] = *e.cpu_j - *energy0.cpu_j;
+      telemetry["energy_cpu_j_per_token"] = (*e.cpu_j - *energy0.cpu_j) / double(tokens_run);
+    }
+    telemetry["samples"] = sampler->samples();
+    telemetry["period_s"] = cfg.monitor.period_s;
+    // The sampler's own cost: its thread's CPU time over the loop's wall time (one core's share).
+    telemetry["sampler_cpu_s"] = sampler->thread_cpu_s() - sampler_cpu0;
+    telemetry["sampler_cpu_fraction"] = loop_s > 0 ? (sampler->thread_cpu_s() - sampler_cpu0) / loop_s : 0.0;
+    telemetry["missing"] = sampler->why_missing();
+    sampler.reset();
+  }
   // Median over steps after the first few (warm-up: allocator, cuDNN/cuBLAS heuristics).
   std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
   summary.median_step_time_s = median(steady);
@@ -504,8 +581,17 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"skipped_steps", summary.skipped_steps},
                       {"peak_device_bytes", summary.peak_device_bytes},
                       {"peak_host_bytes", summary.peak_host_bytes},
-                      {"checkpoint", summary.last_checkpoint}};
+                      {"checkpoint", summary.last_checkpoint},
+                      {"telemetry", telemetry}};
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  if (telemetry.contains("energy_gpu_j_per_token"))
+    log::info(strprintf("energy: GPU %.1f kJ, %.3f J/token%s", telemetry["energy_gpu_j"].get<double>() / 1e3,
+                        telemetry["energy_gpu_j_per_token"].get<double>(),
+                        telemetry.contains("energy_cpu_j_per_token")
+                            ? strprintf(" | CPU %.1f kJ, %.3f J/token", telemetry["energy_cpu_j"].get<double>() / 1e3,
+                                        telemetry["energy_cpu_j_per_token"].get<double>())
+                                  .c_str()
+                            : ""));
   if (!summary.losses.empty()) {
     log::info(strprintf(
         "done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
