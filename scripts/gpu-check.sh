@@ -10,6 +10,7 @@
 #   offload the offload engine: 125M offload against GPU-only AdamW with the same seed on a text
 #          corpus (loss agreement; deterministic kernels, then the non-deterministic noise floor),
 #          1B GPU-only against offload at k = 0 and k = auto (speed, traces);
+#   telemetry the sampler's cost (1B with monitor.enabled on and off, alternating) and joules per token;
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
 #          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -165,6 +166,21 @@ if big_has deepspeed && compgen -G ".whl/*.whl" >/dev/null; then
 fi
 fi
 
+if has telemetry; then
+# The sampler's cost and energy per token: 1B GPU-only, sampler on and off alternating.
+echo "== telemetry: 1B, bf16, B=8, T=2048, $STEPS steps per run, monitor.enabled on/off"
+tel=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --steps "$STEPS"
+     --set train.eval_every=0 --set train.save_final=false --set train.progress=lines --set train.log_every=10)
+tel_on=() tel_off=()
+for i in 1 2; do
+  "$BUILD/tandem" train "${tel[@]}" --run-dir "$OUT/tel-on-$i" >"$OUT/tel-on-$i.log" 2>&1 || tail -3 "$OUT/tel-on-$i.log"
+  "$BUILD/tandem" train "${tel[@]}" --set monitor.enabled=false --run-dir "$OUT/tel-off-$i" >"$OUT/tel-off-$i.log" 2>&1 \
+    || tail -3 "$OUT/tel-off-$i.log"
+  tel_on+=("$OUT/tel-on-$i") tel_off+=("$OUT/tel-off-$i")
+done
+grep -hE "telemetry:|energy:" "$OUT/tel-on-1.log"
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
@@ -174,5 +190,6 @@ has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-g
   && python3 bench/offload_compare.py "$OUT/off125-nd1" "$OUT/off125-nd2" \
   && { [[ ${OFF_1B:-1} != 1 ]] || python3 bench/offload_compare.py "$OUT/off1b-gpu" "$OUT/off1b-k0" "$OUT/off1b-kauto"; }
 has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" "$OUT/big-delayed" "$OUT/big-deepspeed.jsonl"
+has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 exit $test_rc

@@ -55,6 +55,8 @@ TEST(Config, BadValuesAreUserErrors) {
   Config r;
   apply_override(r, "offload.host_ring=-2");
   EXPECT_NE(error_of([&] { validate_config(r); }).find("offload.host_ring must be -1"), std::string::npos);
+  apply_override(r, "offload.host_ring=65");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("up to 64"), std::string::npos);
   apply_override(r, "offload.host_ring=4");
   validate_config(r);  // speculate=auto runs as never with a ring
   apply_override(r, "offload.speculate=always");

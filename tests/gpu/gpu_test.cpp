@@ -102,7 +102,7 @@ TEST(Gpu, ResumeOnCudaContinuesFromTheSavedState) {
 TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
   REQUIRE_CUDA();
   // Streams, events, exact pinned buffers and the ring's slot reuse on a real device: with
-  // deterministic kernels the ring (one and two slots) gives the per-block buffers' losses exactly.
+  // deterministic kernels the ring (one, two and four slots) gives the per-block buffers' losses exactly.
   const auto run = [](int64_t ring, const std::string& states) {
     test::TempDir dir;
     Config c = cuda_run(dir, 12);
@@ -117,7 +117,7 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
     return train(c, {}).losses;
   };
   const auto want = run(0, "fp32");
-  for (const int64_t ring : {1, 2}) {
+  for (const int64_t ring : {1, 2, 4}) {
     const auto got = run(ring, "fp32");
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1 << ", " << ring << " slots";

@@ -204,6 +204,12 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(small.host_ring, 4);
   EXPECT_EQ(small.speculate, "never");
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, unknown).host_ring, 0);
+  // The host decides, not the GPU: a GPU tier over budget, or no GPU at all (the CPU as the
+  // device), keeps per-Block buffers and speculation.
+  const MemoryCapacity tiny_gpu{8 * kGiB, 400 * kGiB}, no_gpu{0, 124 * kGiB};
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, tiny_gpu).host_ring, 0);
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).host_ring, 0);
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).speculate, "auto");
   Config delayed = c;
   delayed.offload.delayed_update = true;  // needs per-Block landing buffers: kept, and the check says so
   EXPECT_EQ(resolve_host_ring(s, delayed, 2048, 3, host125).host_ring, 0);
@@ -218,6 +224,10 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
   EXPECT_NE(msg.find("optim.state_dtype=bf16"), std::string::npos) << msg;
   EXPECT_NE(msg.find("offload.host_ring=4"), std::string::npos) << msg;
+  f.offload.delayed_update = true;  // a ring cannot delay: not suggested then
+  const std::string msg2 =
+      error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
+  EXPECT_EQ(msg2.find("offload.host_ring"), std::string::npos) << msg2;
 }
 
 TEST(MemoryPlan, FitsAndNamesWhatToChangePerTier) {

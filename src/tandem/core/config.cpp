@@ -648,7 +648,8 @@ void validate_config(const Config& c) {
                "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
   TANDEM_CHECK(c.monitor.period_s >= 0.01 && c.monitor.period_s <= 3600,
                "monitor.period_s must be in [0.01, 3600] seconds, got ", c.monitor.period_s);
-  TANDEM_CHECK(c.offload.host_ring >= -1, "offload.host_ring must be -1 (auto), 0 (per block) or a slot count; got ",
+  TANDEM_CHECK(c.offload.host_ring >= -1 && c.offload.host_ring <= 64,
+               "offload.host_ring must be -1 (auto), 0 (per block) or a slot count up to 64; got ",
                c.offload.host_ring);
   TANDEM_CHECK(c.offload.host_ring <= 0 || (c.offload.speculate != "always" && !c.offload.delayed_update),
                "offload.host_ring=", c.offload.host_ring,

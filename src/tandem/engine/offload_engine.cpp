@@ -375,22 +375,25 @@ void OffloadEngine::upload_pending(size_t i) {
 
 // Note [Host ring]
 // Per-Block landing and staging buffers cost 2 x the CPU-updated parameters in the compute dtype
-// of pinned memory (26 GB at 13B) for buffers that are busy a fraction of the step. With
+// of pinned memory (about 48 GB at 13B) for buffers that are busy a fraction of the step. With
 // offload.host_ring = N the CPU-updated Blocks share N slots instead, each the size of the largest
 // Block. The updates then start once the norm is known (no speculation, no delayed update), in
 // forward order, and the gradient stays in the device's gradient buffer until the updater takes a
-// slot for it: it waits until the slot's previous Block has been uploaded from it, queues the D2H
-// behind that Block's backward (G_i), zeroes the device gradient on the same stream, and queues
-// the D2H of the next Block before running this one's update, so copies down overlap updates. The
-// next backward writes Block i's gradient only after the forward waited for U_i, which follows the
-// zeroing. The cost is the overlap with backward that speculation would give; the CPU update is
+// slot for it, queues the D2H behind that Block's backward (G_i), zeroes the device gradient on
+// the same stream and records D_i after the zeroing, and queues the D2H of the next Block before
+// running this one's update, so copies down overlap updates; the update waits for the upload of
+// the slot's previous Block (its staging half) only when it is about to write it. The next
+// backward writes Block i's gradient only after the forward waited for U_i, which follows D_i
+// (the host waited for it), so the zeroing. The cost is the overlap with backward that speculation would give; the CPU update is
 // the same kernel on the same data, so the result is identical to the per-Block buffers.
 void OffloadEngine::ring_d2h(Job& job) {
   const size_t i = job.block;
   const int64_t n = store_.options().ring_slots;
   job.slot = next_slot_++ % n;
+  // The slot's landing half was last read by its previous Block's CPU update, already done; its
+  // staging half may still be going up: run_cpu_update waits for that upload (job.prev_owner).
   auto& owner = slot_owner_[static_cast<size_t>(job.slot)];
-  if (owner >= 0 && cuda_) streams_->uploaded[static_cast<size_t>(owner)]->synchronize();
+  job.prev_owner = owner;
   owner = static_cast<int64_t>(i);
   auto& b = store_.blocks()[i];
   auto landing = store_.landing(i, job.slot);
@@ -401,9 +404,9 @@ void OffloadEngine::ring_d2h(Job& job) {
     const c10::StreamGuard guard(s.d2h);
     mark(stamps_->d2h0[i], &s.d2h, 0);
     landing.copy_(b.grad, /*non_blocking=*/true);
-    s.landed[i]->record(s.d2h);
     mark(stamps_->d2h1[i], &s.d2h, 0);
     b.grad.zero_();
+    s.landed[i]->record(s.d2h);  // after the zeroing: U_i follows it, and the next backward U_i
   } else {
     mark(stamps_->d2h0[i], nullptr, host_now());
     landing.copy_(b.grad);
@@ -434,6 +437,8 @@ void OffloadEngine::updater_loop() {
       streams_->landed[job.block]->synchronize();
       // Delayed mode: the previous update's upload must have read staging before it is rewritten.
       if (options_.delayed) streams_->uploaded[job.block]->synchronize();
+      // Host ring: the slot's previous Block must have gone up before staging is rewritten.
+      if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
     }
     run_cpu_update(job);
     if (job.upload) upload(job.block, job.slot);

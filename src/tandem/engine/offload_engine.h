@@ -116,6 +116,7 @@ class OffloadEngine {
     bool undo;
     bool upload = true;  ///< false in delayed mode: the next backward's dispatch uploads
     int64_t slot = -1;   ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
+    int64_t prev_owner = -1;  ///< host ring: the Block whose upload last read the slot's staging
   };
   struct CpuSpan {  // one CPU update, for the trace
     size_t block;

@@ -188,12 +188,27 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     at::globalContext().setAllowTF32CuDNN(cfg.train.tf32);
     at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark && !cfg.train.deterministic);
   }
+  // Process-wide switches: restored when train() returns, so later runs in the process get theirs.
+  struct DeterminismGuard {
+    at::Context& c = at::globalContext();
+    bool det = c.deterministicAlgorithms(), warn = c.deterministicAlgorithmsWarnOnly();
+    bool flash = c.userEnabledFlashSDP(), mem = c.userEnabledMemEfficientSDP(), cudnn = c.userEnabledCuDNNSDP(),
+         math = c.userEnabledMathSDP();
+    ~DeterminismGuard() {
+      c.setDeterministicAlgorithms(det, warn);
+      c.setSDPUseFlash(flash);
+      c.setSDPUseMemEfficient(mem);
+      c.setSDPUseCuDNN(cudnn);
+      c.setSDPUseMath(math);
+    }
+  } determinism_guard;
   if (cfg.train.deterministic) {
     // cuBLAS needs a fixed workspace layout for reproducible reductions; read at its first handle.
     ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
     // The fused attention kernels accumulate dQ with atomics in their backward, which the flag
-    // does not change (only warns, once): the reference path is two matmuls and a softmax.
+    // does not change (only warns, once): the reference path is two matmuls and a softmax, whose
+    // B x H x T x T scores the memory estimate does not count (deterministic runs are for checks).
     if (device.is_cuda()) {
       at::globalContext().setSDPUseFlash(false);
       at::globalContext().setSDPUseMemEfficient(false);
