@@ -75,21 +75,11 @@ import statistics
 import sys
 import time
 
+from bench_util import one_line
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 STAGE2_IMPL, STAGE3_IMPL = "deepspeed_zero2_offload", "deepspeed_zero3_offload_ratio"
-
-
-def one_line(exc):
-    """Condenses an exception chain (compiler output included) into one short line."""
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-        errs = [l for l in lines if "error" in l.lower()]
-        parts.append(f"{type(exc).__name__}: " + " / ".join((errs or lines or [""])[:3]))
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(parts)[:600]
 
 
 def free_port():

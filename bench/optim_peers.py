@@ -45,6 +45,8 @@ import statistics
 import sys
 import time
 
+from bench_util import one_line
+
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.1
 CHECK_N = 1 << 20  # elements in the correctness check
 BYTES = {  # byte model per parameter
@@ -73,17 +75,6 @@ def parse_sizes(text):
     return out
 
 
-def one_line(exc):
-    """Condenses an exception chain (compiler output included) into one short line."""
-    parts = []
-    while exc is not None:
-        lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-        errs = [l for l in lines if "error" in l.lower()]
-        parts.append(f"{type(exc).__name__}: " + " / ".join((errs or lines or [""])[:3]))
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(parts)[:400]
-
-
 def load_deepspeed():
     """Returns (DeepSpeedCPUAdam class, info string) or (None, reason)."""
     try:
@@ -91,7 +82,7 @@ def load_deepspeed():
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         from deepspeed.ops.op_builder import CPUAdamBuilder
     except Exception as e:  # ImportError, or a missing dependency raising something else
-        return None, f"deepspeed import failed: {one_line(e)}"
+        return None, f"deepspeed import failed: {one_line(e, 400)}"
     try:
         b = CPUAdamBuilder()
         t0 = time.perf_counter()
@@ -99,7 +90,7 @@ def load_deepspeed():
         dt = time.perf_counter() - t0
         simd = b.simd_width()
     except Exception as e:
-        return None, f"deepspeed {deepspeed.__version__} cpu_adam op failed to build/load: {one_line(e)}"
+        return None, f"deepspeed {deepspeed.__version__} cpu_adam op failed to build/load: {one_line(e, 400)}"
     return DeepSpeedCPUAdam, f"deepspeed {deepspeed.__version__}: cpu_adam op loaded in {dt:.1f} s ({simd})"
 
 

@@ -145,10 +145,6 @@ void ParamStore::sync_working_from_master() {
   for (auto& b : blocks_) b.working.copy_(b.master);
 }
 
-void ParamStore::zero_grad() {
-  for (auto& b : blocks_) b.grad.zero_();
-}
-
 void ParamStore::with_masters_bound(const std::function<void()>& fn) {
   for (auto& b : blocks_)
     for (auto& f : b.params) f.param.set_data(view_of(b.master, f));

@@ -97,8 +97,6 @@ class ParamStore {
 
   /// working = master (cast to the compute dtype), for every Block; synchronous.
   void sync_working_from_master();
-  /// Sets every gradient buffer to zero (on the device's current stream).
-  void zero_grad();
 
   /// Runs `fn` with the module's parameters bound to fp32 masters on the host (CPU-updated) or the
   /// device (GPU-updated), so checkpoint code reads and writes full-precision weights; then binds
