@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
@@ -78,6 +79,22 @@ inline Config tiny_cpu_config(const std::string& dir, int64_t steps) {
   c.optim.warmup_steps = 10;
   c.data.synthetic_bytes = 200000;
   return c;
+}
+
+/// A whole file as text ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// Where tests leave files for people to look at (screenshots): test-artifacts/ beside the binary.
+inline std::string artifact_dir() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  buf[n > 0 ? n : 0] = 0;
+  const auto dir = std::filesystem::path(buf).parent_path() / "test-artifacts";
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 /// Path of the tandem CLI next to the test binary.

@@ -3,8 +3,11 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "tandem/bench/bk_core_bench.h"
@@ -19,6 +22,9 @@
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/plan.h"
+#include "tandem/monitor/report.h"
+#include "tandem/monitor/run_feed.h"
+#include "tandem/monitor/web_server.h"
 #include "tandem/models/spec.h"
 #include "tandem/run/trainer.h"
 
@@ -33,6 +39,8 @@ struct ConfigArgs {
   std::vector<std::string> sets;
   std::string preset, device, init_from, run_dir;
   int64_t steps = -1;
+  int64_t metrics_port = -1, dashboard_port = -1;
+  bool tensorboard = false;
 
   void add_to(CLI::App* app, bool training) {
     app->add_option("-c,--config", config_files,
@@ -47,6 +55,10 @@ struct ConfigArgs {
     if (training) {
       app->add_option("--steps", steps, "optimizer steps (train.steps)");
       app->add_option("--run-dir", run_dir, "run directory (default runs/<date>-<time>-<preset>)");
+      app->add_option("--metrics-port", metrics_port,
+                      "serve Prometheus /metrics on this port (loopback; monitor.bind to change)");
+      app->add_option("--dashboard", dashboard_port, "serve the live dashboard on this port (loopback)");
+      app->add_flag("--tensorboard", tensorboard, "write TensorBoard scalars to <run dir>/tensorboard");
     }
   }
 
@@ -66,6 +78,10 @@ struct ConfigArgs {
     if (!init_from.empty()) set_config_key(cfg, "model.init_from", init_from, "--init-from");
     if (steps >= 0) set_config_key(cfg, "train.steps", std::to_string(steps), "--steps");
     if (!run_dir.empty()) set_config_key(cfg, "train.run_dir", run_dir, "--run-dir");
+    if (metrics_port >= 0) set_config_key(cfg, "monitor.metrics_port", std::to_string(metrics_port), "--metrics-port");
+    if (dashboard_port >= 0)
+      set_config_key(cfg, "monitor.dashboard_port", std::to_string(dashboard_port), "--dashboard");
+    if (tensorboard) set_config_key(cfg, "monitor.tensorboard", "true", "--tensorboard");
     for (const auto& s : sets) apply_override(cfg, s);
     validate_config(cfg);
     return cfg;
@@ -221,6 +237,34 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// `tandem dashboard RUN_DIR`: the live page over a run's metrics.jsonl, re-read on each poll, until
+// SIGINT or SIGTERM.
+int run_dashboard(const std::string& dir, int port, const std::string& bind, const std::string& chartjs) {
+  namespace fs = std::filesystem;
+  TANDEM_CHECK(fs::is_directory(dir), "'", dir, "' is not a directory; give a run directory (runs/<name>)");
+  TANDEM_CHECK(fs::exists(fs::path(dir) / "metrics.jsonl") || fs::exists(fs::path(dir) / "config.yaml"), "'", dir,
+               "' holds no metrics.jsonl or config.yaml; give the directory a `tandem train` run writes");
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before the server's thread starts: it inherits the mask
+  RunFeed feed;
+  feed.set_info({{"run_dir", dir}, {"mode", "viewing metrics.jsonl"}});
+  WebServerOptions o;
+  o.host = bind;
+  o.port = port;
+  o.chartjs_path = chartjs;
+  o.follow_metrics = (fs::path(dir) / "metrics.jsonl").string();
+  o.run_label = fs::absolute(dir).lexically_normal().filename().string();
+  WebServer server(feed, o);
+  if (!server.warning().empty()) log::warn(server.warning());
+  log::info("dashboard for " + dir + " at " + server.url() + " (Ctrl-C to stop)");
+  int sig = 0;
+  sigwait(&set, &sig);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -268,6 +312,20 @@ int main(int argc, char** argv) {
   auto* config_cmd = app.add_subcommand("config", "print the resolved configuration as YAML, or list every key");
   config_args.add_to(config_cmd, true);
   config_cmd->add_flag("--keys", list_keys, "list every key with its type and meaning");
+
+  std::string report_dir, report_out;
+  auto* report_cmd = app.add_subcommand("report", "write RUN_DIR/report.html: plots, summary and config, offline");
+  report_cmd->add_option("run_dir", report_dir, "run directory")->required();
+  report_cmd->add_option("-o,--output", report_out, "where to write it (default RUN_DIR/report.html)");
+
+  std::string view_dir, view_bind = "127.0.0.1", view_chartjs;
+  int view_port = 8080;
+  auto* dashboard_cmd =
+      app.add_subcommand("dashboard", "serve the dashboard for a run directory (finished, or written by another process)");
+  dashboard_cmd->add_option("run_dir", view_dir, "run directory")->required();
+  dashboard_cmd->add_option("--port", view_port, "port (default 8080)");
+  dashboard_cmd->add_option("--bind", view_bind, "address to listen on (default 127.0.0.1: this machine only)");
+  dashboard_cmd->add_option("--chartjs", view_chartjs, "Chart.js file to serve (default Debian's libjs-chart.js)");
 
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
@@ -332,6 +390,11 @@ int main(int argc, char** argv) {
       inspect_opts.gpu_memory_given = gpu_memory_opt->count() > 0;
       return run_inspect(inspect_args.resolve(""), inspect_opts);
     }
+    if (*report_cmd) {
+      std::printf("%s\n", write_report(report_dir, report_out).c_str());
+      return 0;
+    }
+    if (*dashboard_cmd) return run_dashboard(view_dir, view_port, view_bind, view_chartjs);
     if (*bench_bk) return run_bk_core_bench(bk_opts);
     if (*bench_step) return run_step_bench(step_args.resolve(""), step_json, step_model_json);
     if (*bench_optim) {

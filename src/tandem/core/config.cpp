@@ -268,6 +268,16 @@ const std::vector<Field>& fields() {
       bool_field("monitor.enabled", "sample GPU (NVML) and host (/proc, RAPL) telemetry and energy per step",
                  F(monitor.enabled)),
       double_field("monitor.period_s", "telemetry sampling period in seconds", F(monitor.period_s)),
+      int_field("monitor.metrics_port", "serve Prometheus /metrics on this port (0 = off; --metrics-port)",
+                F(monitor.metrics_port)),
+      int_field("monitor.dashboard_port", "serve the live dashboard on this port (0 = off; --dashboard)",
+                F(monitor.dashboard_port)),
+      string_field("monitor.bind", "address the dashboard and /metrics listen on (127.0.0.1 = this machine only)",
+                   F(monitor.bind)),
+      bool_field("monitor.tensorboard", "write TensorBoard scalars to <run dir>/tensorboard (--tensorboard)",
+                 F(monitor.tensorboard)),
+      string_field("monitor.chartjs", "Chart.js file served by the dashboard (default: Debian's libjs-chart.js)",
+                   F(monitor.chartjs)),
 
       enum_field("offload.optimizer", "where the optimizer state lives: none (with the model) | cpu", kOffloadTargets,
                  F(offload.optimizer)),
@@ -648,6 +658,10 @@ void validate_config(const Config& c) {
                "offload.speculate must be auto, always or never; got '", c.offload.speculate, "'");
   TANDEM_CHECK(c.monitor.period_s >= 0.01 && c.monitor.period_s <= 3600,
                "monitor.period_s must be in [0.01, 3600] seconds, got ", c.monitor.period_s);
+  for (const auto& [key, port] : {std::pair<const char*, int64_t>{"monitor.metrics_port", c.monitor.metrics_port},
+                                  {"monitor.dashboard_port", c.monitor.dashboard_port}})
+    TANDEM_CHECK(port >= 0 && port <= 65535, key, " must be a TCP port in 1..65535, or 0 for off; got ", port);
+  TANDEM_CHECK(!c.monitor.bind.empty(), "monitor.bind must be an address such as 127.0.0.1");
   TANDEM_CHECK(c.offload.host_ring >= -1 && c.offload.host_ring <= 64,
                "offload.host_ring must be -1 (auto), 0 (per block) or a slot count up to 64; got ",
                c.offload.host_ring);

@@ -99,6 +99,11 @@ struct ScalerConfig {
 struct MonitorConfig {
   bool enabled = true;    ///< GPU (NVML) and host (/proc, RAPL) sampling, energy per step
   double period_s = 0.5;  ///< sampling period
+  int64_t metrics_port = 0;     ///< Prometheus /metrics on this port; 0 = off (--metrics-port)
+  int64_t dashboard_port = 0;   ///< live dashboard on this port; 0 = off (--dashboard)
+  std::string bind = "127.0.0.1";  ///< address the endpoints listen on (loopback by default)
+  bool tensorboard = false;     ///< TensorBoard scalars in <run dir>/tensorboard (--tensorboard)
+  std::string chartjs;          ///< Chart.js UMD file the dashboard serves; "" = Debian's libjs-chart.js
 };
 
 /// Offload settings (consumed by the heterogeneous engine).

@@ -105,6 +105,12 @@ double between(const Stamp& a, const Stamp& b) {
   return b.host - a.host;
 }
 
+// The time of a span whose end has completed; 0 while either end is unset or still pending.
+double completed_between(const Stamp& a, const Stamp& b) {
+  if (!a.set || !b.set || (b.ev && !b.ev->query())) return 0.0;
+  return between(a, b);
+}
+
 struct ReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn;
   explicit ReadyHook(std::function<void()> f) : fn(std::move(f)) {}
@@ -440,6 +446,15 @@ void OffloadEngine::updater_loop() {
       // Host ring: the slot's previous Block must have gone up before staging is rewritten.
       if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
     }
+    {
+      // This Block's gradient copy has landed; its previous upload finished before the forward
+      // that preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
+      const size_t i = job.block;
+      const double xfer = completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
+                          (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.transfer_s += xfer;
+    }
     run_cpu_update(job);
     if (job.upload) upload(job.block, job.slot);
     {
@@ -741,7 +756,9 @@ void OffloadEngine::resolve_split() {
 // The next begin_step waits again and reads every stamp of the step: per Block the forward and
 // backward on the compute stream, the D2H and H2D copies on their streams, the GPU updates, and
 // the updater thread's CPU updates by the host clock. Chrome's JSON trace format, one track per
-// stream and per updater thread; Perfetto and chrome://tracing load it.
+// stream and per updater thread; Perfetto and chrome://tracing load it. With telemetry on, the
+// sampler's readings around the traced steps (GPU power, utilisation, memory; CPU utilisation)
+// become counter tracks ("ph":"C") on the same clock.
 void OffloadEngine::start_trace() {
   wait_all();
   sync_streams();
@@ -796,6 +813,17 @@ void OffloadEngine::collect_trace() {
   for (const auto& c : cpu_spans_)
     span(kUpdater, std::string(c.undo ? "CPU update (speculative) " : "CPU update ") + blocks[c.block].name,
          base_us + c.t0 * 1e6, base_us + c.t1 * 1e6);
+  // Counter tracks (Note [Offload trace]): the sampler's readings from just before the step to now.
+  if (options_.trace_counters) {
+    const auto to_tp = [&](double host_s) {
+      return epoch_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(host_s));
+    };
+    for (const auto& c : options_.trace_counters(to_tp(trace_ref_host_ - 1.0), std::chrono::steady_clock::now())) {
+      const double us = std::max(0.0, std::chrono::duration<double>(c.t - epoch_).count() * 1e6);
+      trace_events_.push_back(strprintf(R"({"name":"%s","ph":"C","pid":1,"tid":0,"ts":%.3f,"args":{"value":%.6g}})",
+                                        c.track.c_str(), us, c.value));
+    }
+  }
   const bool last = options_.trace_steps.empty() || traced_step_ >= options_.trace_steps.back();
   if (!last || options_.trace_path.empty()) return;
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";

@@ -53,6 +53,15 @@ struct EngineOptions {
 
   std::vector<int64_t> trace_steps;  ///< 1-based steps written to `trace_path` (Chrome trace JSON)
   std::string trace_path;
+  /// A reading for the trace's counter tracks (power, utilisation, memory).
+  struct CounterPoint {
+    std::chrono::steady_clock::time_point t;
+    std::string track;  ///< e.g. "GPU power (W)"
+    double value;
+  };
+  /// Telemetry between two times (the traced steps), for counter tracks; unset = no counters.
+  std::function<std::vector<CounterPoint>(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
+      trace_counters;
   std::function<void(const std::string&)> log;  ///< one line per split decision and trace written
 };
 
@@ -79,6 +88,9 @@ struct EngineStats {
   int64_t steps = 0, skipped = 0, rollbacks = 0;
   int64_t speculative_steps = 0;  ///< steps whose CPU updates ran speculatively
   double cpu_update_s = 0.0;    ///< summed CPU update time (updater thread)
+  /// Summed D2H and H2D stream time of CPU-updated Blocks' transfers (each counted once complete;
+  /// delayed mode's uploads, issued by the step loop, are not counted).
+  double transfer_s = 0.0;
   int64_t cpu_updated_params = 0;
   int64_t delayed_steps = 0;  ///< steps whose CPU-updated weights lagged one update
 };
@@ -101,7 +113,11 @@ class OffloadEngine {
   /// checkpoints and the end of training).
   void wait_all();
 
-  const EngineStats& stats() const { return stats_; }
+  /// A consistent copy of the counters (the updater thread adds to them).
+  EngineStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
   const SplitStatus& split() const { return split_; }
   /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
@@ -184,7 +200,7 @@ class OffloadEngine {
   std::vector<CpuSpan> cpu_spans_;
   std::vector<std::string> trace_events_;
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
   std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)

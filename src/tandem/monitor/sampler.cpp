@@ -80,15 +80,20 @@ void Sampler::loop() {
       if (cv_.wait_until(lock, next, [&] { return stop_; })) return;
     }
     const double c0 = thread_cpu_now();
-    TelemetrySample s = take();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      history_.push_back(std::move(s));
-      while (history_.size() > options_.history) history_.pop_front();
-    }
-    ++samples_;
+    sample_now();
     thread_cpu_s_.store(thread_cpu_s_.load() + thread_cpu_now() - c0);
   }
+}
+
+void Sampler::sample_now() {
+  TelemetrySample s = take();
+  if (options_.on_sample) options_.on_sample(s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    history_.push_back(std::move(s));
+    while (history_.size() > options_.history) history_.pop_front();
+  }
+  ++samples_;
 }
 
 TelemetrySample Sampler::latest() const {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +30,8 @@ struct SamplerOptions {
   size_t history = 4096;          ///< samples kept
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string proc_root = "/proc", powercap_root = "/sys/class/powercap";
+  /// Called on the sampler's thread with each new sample (feeds the live endpoints).
+  std::function<void(const TelemetrySample&)> on_sample;
 };
 
 /// Cumulative energy counters read at one moment.
@@ -51,6 +54,10 @@ class Sampler {
   TelemetrySample latest() const;
   /// Samples newer than `t` (seconds since start).
   std::vector<TelemetrySample> since(double t) const;
+  /// Takes a sample now, on the calling thread, as the thread would (history and on_sample).
+  void sample_now();
+  /// The sampler's time origin on the steady clock, in seconds (a sample's t is relative to it).
+  double start_s() const { return t0_; }
   /// Reads the energy counters now, on the calling thread (for per-step energy).
   EnergyCounters energy_now();
   /// CPU time the sampler thread has used so far, and the samples taken.

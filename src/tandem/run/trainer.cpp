@@ -6,6 +6,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/device.h"
@@ -16,7 +18,10 @@
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/engine/offload_engine.h"
+#include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/sampler.h"
+#include "tandem/monitor/tensorboard.h"
+#include "tandem/monitor/web_server.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/fs.h"
@@ -27,6 +32,7 @@
 #include "tandem/run/autocast.h"
 #include "tandem/run/lr_schedule.h"
 #include "tandem/run/progress.h"
+#include "tandem/run/step_timer.h"
 
 namespace fs = std::filesystem;
 
@@ -82,8 +88,6 @@ class EngineOptimizer : public Optimizer {
   OffloadEngine& engine_;
 };
 
-// Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
-// the embedding when layers > 0.
 // Note [Telemetry]
 // With monitor.enabled the trainer starts a Sampler (monitor/sampler.h): a thread that reads the
 // training GPU through NVML (loaded with dlopen) and the host through /proc and RAPL every
@@ -92,25 +96,26 @@ class EngineOptimizer : public Optimizer {
 // total-energy counter for the GPU, RAPL for the CPU packages): energy_gpu_j, energy_cpu_j and
 // their per-token shares. summary.json's "telemetry" holds the run's totals and the sampler's own
 // CPU time. A missing source (no driver, RAPL readable by root only) leaves its keys out and is
-// said once in the log and in telemetry.missing.
-void add_telemetry(nlohmann::json& m, const TelemetrySample& s) {
-  if (!s.gpus.empty()) {
-    const auto& g = s.gpus.front();
-    if (g.util_pct) m["gpu_util_pct"] = *g.util_pct;
-    if (g.mem_util_pct) m["gpu_mem_util_pct"] = *g.mem_util_pct;
-    if (g.mem_used_bytes) m["gpu_mem_used_bytes"] = *g.mem_used_bytes;
-    if (g.mem_total_bytes) m["gpu_mem_total_bytes"] = *g.mem_total_bytes;
-    if (g.temp_c) m["gpu_temp_c"] = *g.temp_c;
-    if (g.power_w) m["gpu_power_w"] = *g.power_w;
-    if (g.sm_clock_mhz) m["gpu_sm_clock_mhz"] = *g.sm_clock_mhz;
+// said once in the log and in telemetry.missing. Rows also carry t_s (seconds since the loop began)
+// and the step's time split (Note [Step time split]). The same rows, and every sample as it is
+// taken, go to a RunFeed for the dashboard and /metrics, and optionally to TensorBoard.
+// The live endpoints (--dashboard, --metrics-port) read a RunFeed that the step loop and the
+// sampler fill; TensorBoard gets each step row's numbers as scalars under <group>/<key>.
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::json& row) {
+  std::vector<std::pair<std::string, double>> out;
+  for (auto it = row.begin(); it != row.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "step" || k == "t_s" || !it->is_number()) continue;
+    std::string group = "train";
+    for (const char* g : {"gpu", "cpu", "host", "energy", "time", "offload", "mem"})
+      if (k.rfind(std::string(g) + "_", 0) == 0) group = g;
+    out.emplace_back(group + "/" + k, it->get<double>());
   }
-  const auto& h = s.host;
-  if (h.cpu_pct) m["cpu_util_pct"] = *h.cpu_pct;
-  if (h.process_cpu_pct) m["cpu_process_pct"] = *h.process_cpu_pct;
-  if (h.mem_used_bytes) m["host_mem_used_bytes"] = *h.mem_used_bytes;
-  if (h.mem_total_bytes) m["host_mem_total_bytes"] = *h.mem_total_bytes;
+  return out;
 }
 
+// Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
+// the embedding when layers > 0.
 int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
 
 // How many Blocks (a prefix: the embedding, then decoder layers) the GPU updates, and the memory
@@ -270,6 +275,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   model->train();
   std::unique_ptr<ParamStore> store;
+  RunFeed feed;                      // read by the live endpoints; outlives the sampler feeding it
+  std::unique_ptr<Sampler> sampler;  // started with the loop (Note [Telemetry])
   std::unique_ptr<OffloadEngine> engine;
   std::unique_ptr<Optimizer> optimizer_ptr;
   if (offload) {
@@ -309,6 +316,28 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     eo.trace_steps = parse_step_list(cfg.offload.trace_steps, "offload.trace_steps");
     eo.trace_path = (fs::path(run_dir) / "trace.json").string();
     eo.log = [](const std::string& line) { log::info(line); };
+    eo.trace_counters = [&sampler](std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+      std::vector<EngineOptions::CounterPoint> out;
+      if (!sampler) return out;
+      sampler->sample_now();  // a reading at the traced steps' end
+      const auto at = [&](double t) {
+        return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(sampler->start_s() + t)));
+      };
+      for (const auto& smp : sampler->since(0)) {
+        const auto tp = at(smp.t);
+        if (tp < from || tp > to) continue;
+        const nlohmann::json j = telemetry_json(smp);
+        for (const auto& [key, track, scale] :
+             {std::tuple<const char*, const char*, double>{"gpu_power_w", "GPU power (W)", 1.0},
+              {"gpu_util_pct", "GPU utilisation (%)", 1.0},
+              {"gpu_mem_used_bytes", "GPU memory used (GiB)", 1.0 / double(1 << 30)},
+              {"cpu_util_pct", "CPU utilisation (%)", 1.0},
+              {"host_mem_used_bytes", "host memory used (GiB)", 1.0 / double(1 << 30)}})
+          if (j.contains(key)) out.push_back({tp, track, j[key].get<double>() * scale});
+      }
+      return out;
+    };
     engine = std::make_unique<OffloadEngine>(*model, *store, eo);
     optimizer_ptr = std::make_unique<EngineOptimizer>(*engine);
   } else {
@@ -364,6 +393,44 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       run_dir.c_str()));
 
   MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  feed.set_info({{"run_dir", run_dir},
+                 {"model", strprintf("%s (%s params)", spec.name.c_str(), format_count(double(spec.num_params_unpadded())).c_str())},
+                 {"device", device.str()},
+                 {"precision", to_string(cfg.train.precision)},
+                 {"mode", engine ? "offload engine" : "GPU-resident"}});
+  std::vector<std::unique_ptr<WebServer>> servers;
+  const auto serve = [&](int64_t port, bool dashboard, bool metrics_endpoint) {
+    WebServerOptions wo;
+    wo.host = cfg.monitor.bind;
+    wo.port = static_cast<int>(port);
+    wo.dashboard = dashboard;
+    wo.metrics = metrics_endpoint;
+    wo.chartjs_path = cfg.monitor.chartjs;
+    wo.run_label = fs::absolute(run_dir).lexically_normal().filename().string();
+    servers.push_back(std::make_unique<WebServer>(feed, wo));
+    if (!servers.back()->warning().empty()) log::warn(servers.back()->warning());
+    log::info(std::string(dashboard ? "dashboard" : "Prometheus metrics") + " at " + servers.back()->url() +
+              (dashboard ? "" : "metrics") + (dashboard && metrics_endpoint ? " (and /metrics)" : ""));
+  };
+  if (cfg.monitor.dashboard_port > 0)
+    serve(cfg.monitor.dashboard_port, true, cfg.monitor.metrics_port == cfg.monitor.dashboard_port);
+  if (cfg.monitor.metrics_port > 0 && cfg.monitor.metrics_port != cfg.monitor.dashboard_port)
+    serve(cfg.monitor.metrics_port, false, true);
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (cfg.monitor.tensorboard) {
+    tensorboard = std::make_unique<TensorBoardWriter>((fs::path(run_dir) / "tensorboard").string());
+    log::info("TensorBoard scalars: " + tensorboard->path());
+  }
+  const auto wall_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  // Every metrics row goes to the file, the live feed and TensorBoard.
+  const auto publish = [&](const nlohmann::json& row) {
+    metrics.write(row);
+    feed.add_row(row);
+    if (tensorboard) tensorboard->scalars(row.value("step", int64_t{0}), tensorboard_scalars(row), wall_now());
+  };
+  StepTimer timer(device);
   Progress progress(cfg.train.progress, cfg.train.log_every);
   TrainSummary summary;
   summary.run_dir = run_dir;
@@ -400,11 +467,15 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
 
   const auto run_start = Clock::now();
   // Telemetry (Note [Telemetry]): GPU and host readings beside each step, energy per step.
-  std::unique_ptr<Sampler> sampler;
   if (cfg.monitor.enabled) {
     SamplerOptions so;
     so.period_s = cfg.monitor.period_s;
     if (device_index >= 0) so.cuda_devices = {device_index};
+    so.on_sample = [&feed, run_start](const TelemetrySample& smp) {
+      nlohmann::json j = telemetry_json(smp);
+      j["t_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
+      feed.add_sample(std::move(j));
+    };
     sampler = std::make_unique<Sampler>(so);
     for (const auto& why : sampler->why_missing()) log::info("telemetry: " + why);
   }
@@ -417,6 +488,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
+    const double cpu_update0 = engine ? engine->stats().cpu_update_s : 0.0;
+    const double transfer0 = engine ? engine->stats().transfer_s : 0.0;
+    timer.begin();
     torch::Tensor loss_sum = torch::zeros({}, fopts);
     if (engine) engine->begin_step(lr, fp16 ? scale.item<double>() : 1.0);
     for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
@@ -427,12 +501,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         AutocastGuard ac(device.type(), cfg.train.precision);
         loss = model->loss(model->forward(b.inputs), b.targets);
       }
+      timer.mark(StepTimer::Phase::kForward);
       // Gradients accumulate in the fp32 .grad of the fp32 parameters (autocast casts weights
       // per op; their gradients arrive in fp32), so accumulation adds no rounding beyond fp32.
       torch::Tensor scaled = loss / double(cfg.train.grad_accum);
       if (fp16) scaled = scaled * scale;
       scaled.backward();
       loss_sum += loss.detach();
+      timer.mark(StepTimer::Phase::kBackward);
     }
     torch::Tensor found_inf = torch::zeros({}, fopts), norm;
     if (engine) {
@@ -460,6 +536,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                              cfg.scaler.growth_interval);
       scale.clamp_min_(cfg.scaler.min_scale);
     }
+    timer.mark(StepTimer::Phase::kUpdate);
     // One host synchronisation per step.
     auto host =
         torch::stack({loss_sum / double(cfg.train.grad_accum), norm.to(torch::kFloat32), found_inf, scale.squeeze()})
@@ -481,7 +558,13 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                         {"step_time_s", dt},
                         {"tokens_per_s", tokens_per_step / dt},
                         {"tokens", state.tokens_seen},
-                        {"mem_host_peak_bytes", host_peak_rss_bytes()}};
+                        {"mem_host_peak_bytes", host_peak_rss_bytes()},
+                        {"t_s", std::chrono::duration<double>(Clock::now() - run_start).count()}};
+    const StepPhases phases = timer.read(dt);
+    m["time_forward_s"] = phases.forward_s;
+    m["time_backward_s"] = phases.backward_s;
+    m["time_update_s"] = phases.update_s;
+    m["time_idle_s"] = phases.idle_s;
     if (device_index >= 0 && accelerator()) {
       const auto ms = accelerator()->memory_stats(device_index);
       m["mem_device_bytes"] = ms.allocated;
@@ -502,10 +585,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         m["energy_cpu_j_per_token"] = (*e.cpu_j - *energy_prev.cpu_j) / double(tokens_per_step);
       }
       energy_prev = e;
-      add_telemetry(m, sampler->latest());
+      nlohmann::json t = telemetry_json(sampler->latest());
+      t.erase("cpu_core_pct");  // per core: live endpoints only, not one column per core per row
+      m.update(t);
     }
     if (engine) {
-      const auto& es = engine->stats();
+      const EngineStats es = engine->stats();
+      m["time_cpu_update_s"] = es.cpu_update_s - cpu_update0;
+      m["time_transfer_s"] = es.transfer_s - transfer0;
       m["offload_gpu_blocks"] = store->gpu_blocks();
       m["offload_rollbacks"] = es.rollbacks;
       m["offload_cpu_update_s"] = es.cpu_update_s;
@@ -516,7 +603,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         m["offload_predicted_step_s"] = sp.predicted_step_s;
       }
     }
-    metrics.write(m);
+    publish(m);
 
     ProgressSample ps;
     ps.step = state.step, ps.total = cfg.train.steps, ps.loss = loss_v, ps.lr = lr;
@@ -533,7 +620,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
 
     if (val_loader && state.step % cfg.train.eval_every == 0) {
       summary.last_eval_loss = evaluate();
-      metrics.write({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
+      publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
       progress.message(
           strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
     }
@@ -546,7 +633,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   if (val_loader && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
       state.step > summary.first_step) {
     summary.last_eval_loss = evaluate();
-    metrics.write({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
+    publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }
   if (cfg.train.save_final && state.step > summary.first_step) checkpoint();
 
@@ -599,6 +686,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"checkpoint", summary.last_checkpoint},
                       {"telemetry", telemetry}};
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  feed.finish();
+  // An open dashboard polls every second: give it the last rows before the server goes.
+  if (cfg.monitor.dashboard_port > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   if (telemetry.contains("energy_gpu_j_per_token"))
     log::info(strprintf("energy: GPU %.1f kJ, %.3f J/token%s", telemetry["energy_gpu_j"].get<double>() / 1e3,
                         telemetry["energy_gpu_j_per_token"].get<double>(),

@@ -1,0 +1,142 @@
+#include "tandem/monitor/web_server.h"
+
+#include <chrono>
+#include <thread>
+
+#include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+#include "tandem/monitor/prometheus.h"
+#include "tandem/monitor/run_feed.h"
+#include "tandem/monitor/series.h"
+
+#ifdef TANDEM_WITH_HTTP
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#endif
+
+namespace tandem {
+
+const char* const kDefaultChartJs = "/usr/share/javascript/chart.js/chart.min.js";
+
+#ifdef TANDEM_WITH_HTTP
+
+struct WebServer::Impl {
+  RunFeed& feed;
+  WebServerOptions options;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  std::string chartjs, page, warning;
+  Impl(RunFeed& f, WebServerOptions o) : feed(f), options(std::move(o)) {}
+};
+
+namespace {
+
+int64_t query_int(const httplib::Request& req, const char* key) {
+  if (!req.has_param(key)) return 0;
+  try {
+    return std::stoll(req.get_param_value(key));
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+WebServer::WebServer(RunFeed& feed, WebServerOptions options) : impl_(std::make_unique<Impl>(feed, std::move(options))) {
+  auto& im = *impl_;
+  const auto& o = im.options;
+  if (o.dashboard) {
+    const std::string path = o.chartjs_path.empty() ? kDefaultChartJs : o.chartjs_path;
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      im.chartjs = ss.str();
+    } else {
+      im.warning = "dashboard: Chart.js not found at " + path +
+                   "; the page shows figures without charts (install Debian's libjs-chart.js or set monitor.chartjs)";
+      im.chartjs = "window.tandemChartJsMissing = " + nlohmann::json(path).dump() + ";\n";
+    }
+    im.page = dashboard_page();
+    const std::string marker = "/*CHARTS*/null";
+    im.page.replace(im.page.find(marker), marker.size(), chart_specs_json().dump());
+    im.server.Get("/", [&im](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(im.page, "text/html; charset=utf-8");
+    });
+    im.server.Get("/chart.js", [&im](const httplib::Request&, httplib::Response& res) {
+      res.set_content(im.chartjs, "application/javascript");
+    });
+    im.server.Get("/api/series", [&im](const httplib::Request& req, httplib::Response& res) {
+      if (!im.options.follow_metrics.empty()) {
+        im.feed.follow(im.options.follow_metrics);
+        // A run that wrote its summary has finished: the page stops polling.
+        if (std::filesystem::exists(std::filesystem::path(im.options.follow_metrics).parent_path() / "summary.json"))
+          im.feed.finish();
+      }
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(im.feed.since(query_int(req, "row"), query_int(req, "sample")).dump(), "application/json");
+    });
+  }
+  if (o.metrics) {
+    im.server.Get("/metrics", [&im](const httplib::Request&, httplib::Response& res) {
+      if (!im.options.follow_metrics.empty()) im.feed.follow(im.options.follow_metrics);
+      res.set_content(prometheus_text(im.feed, im.options.run_label), "text/plain; version=0.0.4; charset=utf-8");
+    });
+  }
+  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which would let a second run
+  // share a taken port silently instead of being told.
+  im.server.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+  });
+  im.server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  if (o.port == 0) {
+    im.port = im.server.bind_to_any_port(o.host);
+    TANDEM_CHECK(im.port > 0, "cannot listen on ", o.host, ": no free port (check monitor.bind)");
+  } else {
+    TANDEM_CHECK(o.port > 0 && o.port < 65536, "port ", o.port, " is not a TCP port; give one in 1..65535");
+    TANDEM_CHECK(im.server.bind_to_port(o.host, o.port), "cannot listen on ", o.host, ":", o.port,
+                 " (in use, or not an address of this machine); pick another port or check monitor.bind");
+    im.port = o.port;
+  }
+  im.thread = std::thread([&im] { im.server.listen_after_bind(); });
+  // stop() is a no-op until the accept loop runs: wait for it, so a destructor never waits forever.
+  for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  TANDEM_ASSERT(im.server.is_running(), "the HTTP server on port ", im.port, " did not start");
+}
+
+WebServer::~WebServer() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int WebServer::port() const { return impl_->port; }
+std::string WebServer::url() const {
+  const std::string& h = impl_->options.host;
+  return "http://" + (h == "0.0.0.0" ? std::string("127.0.0.1") : h) + ":" + std::to_string(impl_->port) + "/";
+}
+const std::string& WebServer::warning() const { return impl_->warning; }
+
+#else  // no cpp-httplib at build time
+
+struct WebServer::Impl {
+  std::string warning;
+};
+
+WebServer::WebServer(RunFeed&, WebServerOptions) {
+  TANDEM_FAIL("this tandem was built without cpp-httplib, so it has no dashboard or /metrics endpoint; install "
+              "Debian's libcpp-httplib-dev and rebuild (scripts/setup.sh)");
+}
+WebServer::~WebServer() = default;
+int WebServer::port() const { return 0; }
+std::string WebServer::url() const { return ""; }
+const std::string& WebServer::warning() const { return impl_->warning; }
+
+#endif
+
+}  // namespace tandem
