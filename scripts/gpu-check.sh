@@ -11,6 +11,9 @@
 #          corpus (loss agreement; deterministic kernels, then the non-deterministic noise floor),
 #          1B GPU-only against offload at k = 0 and k = auto (speed, traces);
 #   telemetry the sampler's cost (1B with monitor.enabled on and off, alternating) and joules per token;
+#          then a 1B offload run with the dashboard, /metrics and TensorBoard on: the page's data and
+#          /metrics captured while it trains, the trace with counter tracks, report.html, and the
+#          event file read back by TensorBoard's own reader;
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
 #          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -28,6 +31,13 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 
 prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# Debian packages the image lacks (cpp-httplib, Chart.js), carried as .debs and unpacked aside.
+if compgen -G ".debs/*.deb" >/dev/null; then
+  for f in .debs/*.deb; do dpkg -x "$f" /tmp/debs; done
+  prefix="$prefix;/tmp/debs/usr"
+  export LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export TANDEM_CHARTJS=/tmp/debs/usr/share/javascript/chart.js/chart.min.js
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$OUT/gpu.txt"
 echo "== build"
 t0=$(date +%s)
@@ -179,6 +189,42 @@ for i in 1 2; do
   tel_on+=("$OUT/tel-on-$i") tel_off+=("$OUT/tel-off-$i")
 done
 grep -hE "telemetry:|energy:" "$OUT/tel-on-1.log"
+echo "== live: 1B offload (k auto), dashboard + /metrics on 127.0.0.1:8601, TensorBoard, trace of steps 20-21"
+live="$OUT/live-1b"
+"$BUILD/tandem" train -p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 \
+  --steps "${LIVE_STEPS:-80}" --set train.eval_every=20 --set train.save_final=false --set train.progress=lines \
+  --set train.log_every=20 --set offload.optimizer=cpu --set offload.trace_steps=20,21 \
+  --set monitor.chartjs="${TANDEM_CHARTJS:-}" --dashboard 8601 --metrics-port 8601 --tensorboard \
+  --run-dir "$live" >"$OUT/live-1b.log" 2>&1 &
+live_pid=$!
+polls=0
+while kill -0 $live_pid 2>/dev/null; do
+  sleep 5
+  if curl -sf "http://127.0.0.1:8601/api/series?row=0&sample=0" -o "$OUT/live-series.json.tmp"; then
+    mv "$OUT/live-series.json.tmp" "$OUT/live-series.json"
+    curl -sf http://127.0.0.1:8601/metrics -o "$OUT/live-metrics.txt"
+    curl -sf http://127.0.0.1:8601/ -o "$OUT/live-page.html"
+    polls=$((polls + 1))
+  fi
+done
+wait $live_pid; echo "live run exit $?, $polls captures while training"
+tail -2 "$OUT/live-1b.log"
+"$BUILD/tandem" report "$live" && cp "$live/report.html" "$OUT/report-1b.html"
+python3 - "$live" <<'PY'
+import glob, json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+run = sys.argv[1]
+ea = EventAccumulator(run + "/tensorboard"); ea.Reload()
+tags = ea.Tags()["scalars"]
+loss = ea.Scalars("train/loss")
+print(f"tensorboard reader: {len(tags)} scalar tags, train/loss {len(loss)} points, last {loss[-1].value:.4f}")
+t = json.load(open(run + "/trace.json"))["traceEvents"]
+ph = {}
+for e in t: ph[e["ph"]] = ph.get(e["ph"], 0) + 1
+print("trace events by ph:", ph, "| counter tracks:", sorted({e["name"] for e in t if e["ph"] == "C"}))
+s = json.load(open(sys.argv[1] + "/../live-series.json"))
+print(f"captured mid-run: {len(s['rows'])} rows, {len(s['samples'])} samples, done={s['done']}")
+PY
 fi
 
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
