@@ -16,6 +16,7 @@
 #include "tandem/core/config.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
@@ -290,7 +291,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "train a model (no options: the embedded default job)");
   train_args.add_to(train_cmd, true);
   train_cmd->add_option("--resume", resume,
-                        "continue from a checkpoint directory or a run directory's newest checkpoint");
+                        "continue from a checkpoint directory, a run directory's newest intact checkpoint, or auto (the "
+                        "--run-dir's newest intact one; a fresh start when there is none)");
 
   auto* inspect_cmd =
       app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
@@ -379,8 +381,21 @@ int main(int argc, char** argv) {
 
   try {
     if (*train_cmd) {
-      std::string resume_dir = resume.empty() ? "" : resolve_checkpoint_dir(resume);
+      std::string resume_dir;
+      if (resume == "auto") {
+        // The newest intact checkpoint of the run directory the flags name, or a fresh start.
+        const Config plain = train_args.resolve("");
+        TANDEM_CHECK(!plain.train.run_dir.empty(),
+                     "--resume auto looks in the run directory: give --run-dir (or train.run_dir)");
+        std::vector<std::string> skipped;
+        resume_dir = newest_intact_checkpoint(plain.train.run_dir, &skipped);
+        for (const auto& s : skipped) log::warn("--resume auto: passing over damaged checkpoint " + s);
+        if (resume_dir.empty()) log::info("--resume auto: no intact checkpoint in " + plain.train.run_dir + "; starting at step 0");
+      } else if (!resume.empty()) {
+        resume_dir = resolve_checkpoint_dir(resume);
+      }
       Config cfg = train_args.resolve(resume_dir);
+      install_stop_handlers();
       TrainOptions opts;
       opts.resume = resume_dir;
       train(cfg, opts);

@@ -2,13 +2,18 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/io/digest.h"
 #include "tandem/io/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
@@ -25,11 +30,14 @@ namespace {
 //   optimizer.safetensors  "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step"
 //   rng.safetensors        CPU (and CUDA) generator states as U8
 //   tandem.yaml            the full run configuration
-//   trainer_state.json     step, data position, scaler, config hash, and every file's size;
-//                          written last, so its presence marks a complete directory
-// The directory is built as .step_XXXXXXXX.tmp, each file fsynced, then renamed into place.
+//   trainer_state.json     step, data position, scaler, config hash, and the manifest: every
+//                          file's size and SHA-256; written last, so its presence marks a
+//                          complete directory
+// The directory is built as .step_XXXXXXXX.tmp, each file fsynced, then renamed into place. A
+// checkpoint is intact when its manifest parses and every file has its size and checksum
+// (verify_checkpoint); loading refuses any other, and `--resume auto` takes the newest intact one.
 constexpr const char* kStateFile = "trainer_state.json";
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 1: sizes only (still read)
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -62,6 +70,9 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
   TANDEM_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
   try {
     save_hf_model(model, tmp_dir.string());
+    // Fault injection for the tests of Note [Checkpoint layout]: a kill -9 in the middle of a write.
+    if (const char* k = std::getenv("TANDEM_FAULT_KILL_IN_CHECKPOINT"); k && std::atoll(k) == state.step)
+      ::raise(SIGKILL);
     write_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state());
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     torch::Tensor cpu_state;
@@ -84,7 +95,8 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
     j["growth_tracker"] = state.growth_tracker;
     j["config_hash"] = state.config_hash;
     nlohmann::json files = nlohmann::json::object();
-    for (const auto& e : fs::directory_iterator(tmp_dir)) files[e.path().filename().string()] = fs::file_size(e.path());
+    for (const auto& e : fs::directory_iterator(tmp_dir))
+      files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())}, {"sha256", sha256_file(e.path().string())}};
     j["files"] = files;
     write_file_synced((tmp_dir / kStateFile).string(), j.dump(2) + "\n");
     fsync_directory(tmp_dir.string());
@@ -114,6 +126,12 @@ std::vector<std::string> list_checkpoints(const std::string& parent) {
 void prune_checkpoints(const std::string& parent, int64_t keep) {
   auto all = list_checkpoints(parent);
   std::error_code ec;
+  // Temporary directories of writes that never finished (a process killed mid-write).
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() > 5 && n.front() == '.' && n.rfind("step_", 1) == 1 && n.substr(n.size() - 4) == ".tmp")
+      fs::remove_all(e.path(), ec);
+  }
   for (int64_t i = 0; i + keep < static_cast<int64_t>(all.size()); ++i) fs::remove_all(all[i], ec);
 }
 
@@ -121,10 +139,16 @@ std::string resolve_checkpoint_dir(const std::string& path) {
   std::error_code ec;
   TANDEM_CHECK(fs::is_directory(path, ec), "--resume: '", path,
                "' is not a directory; give a checkpoint or run directory");
-  if (fs::exists(fs::path(path) / kStateFile)) return path;
-  for (const auto& sub : {fs::path(path) / "checkpoints", fs::path(path)}) {
-    auto all = list_checkpoints(sub.string());
-    if (!all.empty()) return all.back();
+  if (fs::exists(fs::path(path) / kStateFile)) return path;  // a checkpoint: load_checkpoint verifies it
+  // A run directory (or its checkpoints/): the newest intact checkpoint, passing over damaged ones.
+  for (const auto& run : {fs::path(path), fs::path(path).parent_path()}) {
+    if (list_checkpoints((run / "checkpoints").string()).empty()) continue;
+    std::vector<std::string> skipped;
+    const std::string found = newest_intact_checkpoint(run.string(), &skipped);
+    for (const auto& s : skipped) log::warn("--resume: passing over damaged checkpoint " + s);
+    TANDEM_CHECK(!found.empty(), "--resume: every checkpoint in '", path, "' is damaged (", skipped.front(),
+                 "); start without --resume or restore the directory");
+    return found;
   }
   if (fs::path(path).filename().string().rfind("step_", 0) == 0)
     TANDEM_FAIL("--resume: '", path, "' has no ", kStateFile,
@@ -138,26 +162,51 @@ void load_checkpoint_config(Config& cfg, const std::string& dir) {
   load_yaml_config_text(cfg, read_file(p, "checkpoint config"), p);
 }
 
+std::string verify_checkpoint(const std::string& dir) {
+  const fs::path d(dir);
+  const fs::path state_path = d / kStateFile;
+  std::error_code ec;
+  if (!fs::exists(state_path, ec)) return std::string("no ") + kStateFile + " (cut off while being written?)";
+  const auto j = nlohmann::json::parse(read_file(state_path.string(), "checkpoint state"), nullptr, false);
+  if (!j.is_object()) return std::string(kStateFile) + " is not valid JSON";
+  const int version = j.value("format_version", 0);
+  if (version < 1 || version > kFormatVersion)
+    return "unsupported checkpoint format version " + std::to_string(version);
+  if (!j.contains("files") || !j["files"].is_object()) return std::string(kStateFile) + " has no file manifest";
+  for (const char* required : {"model.safetensors", "optimizer.safetensors", "rng.safetensors", "tandem.yaml"})
+    if (!j["files"].contains(required)) return std::string("the manifest does not list ") + required;
+  for (const auto& [name, entry] : j["files"].items()) {
+    const bool v1 = entry.is_number_unsigned();
+    if (!v1 && !(entry.is_object() && entry.contains("bytes") && entry.contains("sha256")))
+      return "the manifest entry of '" + name + "' is malformed";
+    const auto bytes = v1 ? entry.get<uint64_t>() : entry["bytes"].get<uint64_t>();
+    const auto actual = fs::file_size(d / name, ec);
+    if (ec) return "file '" + name + "' is missing";
+    if (actual != bytes)
+      return "file '" + name + "' has " + std::to_string(actual) + " bytes, the manifest says " + std::to_string(bytes);
+    if (!v1 && sha256_file((d / name).string()) != entry["sha256"].get<std::string>())
+      return "file '" + name + "' does not match its SHA-256 (damaged on disk)";
+  }
+  return "";
+}
+
+std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std::string>* skipped) {
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string why = verify_checkpoint(*it);
+    if (why.empty()) return *it;
+    if (skipped) skipped->push_back(*it + ": " + why);
+  }
+  return "";
+}
+
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index) {
   const fs::path d(dir);
   const std::string state_path = (d / kStateFile).string();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(state_path, "checkpoint state"));
-  } catch (const nlohmann::json::parse_error& e) {
-    TANDEM_FAIL(state_path, " is corrupt (", e.what(), "); resume from an earlier checkpoint");
-  }
-  TANDEM_CHECK(j.value("format_version", 0) == kFormatVersion, state_path, ": unsupported checkpoint format version ",
-               j.value("format_version", 0));
-  if (j.contains("files")) {
-    for (const auto& [name, size] : j["files"].items()) {
-      std::error_code ec;
-      const auto actual = fs::file_size(d / name, ec);
-      TANDEM_CHECK(!ec, dir, ": file '", name, "' is missing; the checkpoint is damaged, resume from an earlier one");
-      TANDEM_CHECK(actual == size.get<uint64_t>(), dir, ": file '", name, "' has ", actual, " bytes, expected ",
-                   size.get<uint64_t>(), "; the checkpoint is damaged, resume from an earlier one");
-    }
-  }
+  const std::string why = verify_checkpoint(dir);
+  TANDEM_CHECK(why.empty(), "checkpoint ", dir, " is damaged: ", why,
+               "; resume from an earlier one (--resume auto takes the newest intact checkpoint)");
+  const auto j = nlohmann::json::parse(read_file(state_path, "checkpoint state"));
   {
     SafetensorsFile weights((d / "model.safetensors").string());
     model.load_hf_state_dict(

@@ -30,6 +30,14 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
 /// UserError when the directory is not a complete checkpoint or does not match the model.
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index);
 
+/// "" when the checkpoint directory is intact (manifest present, every file of its size and
+/// SHA-256), otherwise what is wrong with it.
+std::string verify_checkpoint(const std::string& dir);
+
+/// The newest intact checkpoint under <run_dir>/checkpoints, or "" when there is none; the damaged
+/// ones passed over are added to *skipped with their reasons.
+std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std::string>* skipped);
+
 /// A checkpoint directory itself, or the newest complete checkpoint under a run directory.
 std::string resolve_checkpoint_dir(const std::string& path);
 

@@ -12,6 +12,7 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
@@ -459,7 +460,23 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     state.loss_scale = scale.item<double>();
     state.growth_tracker = growth_tracker.item<int64_t>();
     const auto t0 = Clock::now();
-    with_weights([&] { summary.last_checkpoint = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index); });
+    // Note [Checkpoint failures]
+    // A checkpoint that cannot be written (full disk, directory made read-only, quota) fails alone:
+    // its temporary directory is removed, the earlier checkpoints stay (pruning runs only after a
+    // success), the run goes on and says so in the log and in metrics.jsonl.
+    try {
+      std::string written;
+      with_weights([&] { written = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index); });
+      summary.last_checkpoint = written;
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      summary.checkpoint_error = strprintf("step %lld: %s", static_cast<long long>(state.step), e.what());
+      log::warn(strprintf("checkpoint at step %lld failed: %s; the earlier checkpoints are kept and training goes on",
+                          static_cast<long long>(state.step), e.what()));
+      publish({{"step", state.step}, {"checkpoint_failed", e.what()}});
+      return;
+    }
     prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
     progress.message(strprintf("checkpoint %s (%.2f s)", summary.last_checkpoint.c_str(),
                                std::chrono::duration<double>(Clock::now() - t0).count()));
@@ -626,16 +643,26 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     if (cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 && state.step < cfg.train.steps)
       checkpoint();
+    // Note [Stopping on a signal]
+    // SIGINT/SIGTERM set a flag (core/interrupt.h); the step in flight finishes, the loop stops
+    // here, a checkpoint is written whatever train.save_final says, and the run ends normally
+    // (exit 0), so `--resume` continues exactly. A second signal ends the process at once.
+    if (stop_requested() && state.step < cfg.train.steps) {
+      summary.interrupted = true;
+      log::warn(strprintf("stop requested: stopping after step %lld of %lld", static_cast<long long>(state.step),
+                          static_cast<long long>(cfg.train.steps)));
+      break;
+    }
   }
   progress.finish();
   const double wall = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-  if (val_loader && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
+  if (val_loader && !summary.interrupted && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
       state.step > summary.first_step) {
     summary.last_eval_loss = evaluate();
     publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }
-  if (cfg.train.save_final && state.step > summary.first_step) checkpoint();
+  if ((cfg.train.save_final || summary.interrupted) && state.step > summary.first_step) checkpoint();
 
   summary.final_step = state.step;
   nlohmann::json telemetry = nlohmann::json::object();
@@ -684,6 +711,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"peak_device_bytes", summary.peak_device_bytes},
                       {"peak_host_bytes", summary.peak_host_bytes},
                       {"checkpoint", summary.last_checkpoint},
+                      {"interrupted", summary.interrupted},
+                      {"checkpoint_error", summary.checkpoint_error},
                       {"telemetry", telemetry}};
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
   feed.finish();
