@@ -232,12 +232,6 @@ int run_inspect(const Config& cfg, const InspectOptions& opts) {
   return 0;
 }
 
-std::string one_line(std::string s) {
-  for (auto& ch : s)
-    if (ch == '\n' || ch == '\r') ch = ' ';
-  return s;
-}
-
 // `tandem dashboard RUN_DIR`: the live page over a run's metrics.jsonl, re-read on each poll, until
 // SIGINT or SIGTERM.
 int run_dashboard(const std::string& dir, int port, const std::string& bind, const std::string& chartjs) {

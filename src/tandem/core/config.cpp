@@ -211,6 +211,12 @@ const std::vector<Field>& fields() {
       int_field("train.seq_len", "tokens per sequence; 0 = model.max_seq_len", F(train.seq_len)),
       int_field("train.grad_accum", "micro-batches accumulated per optimizer step", F(train.grad_accum)),
       double_field("train.grad_clip", "global gradient-norm clip; 0 disables", F(train.grad_clip)),
+      bool_field("train.oom_retry", "on out-of-memory, halve the micro-batch, double accumulation, retry the step",
+                 F(train.oom_retry)),
+      int_field("train.oom_grow_after", "clean steps before a halved micro-batch is doubled again (0 = never)",
+                F(train.oom_grow_after)),
+      int_field("train.fault_oom_above_tokens",
+                "testing: a micro-batch of more tokens fails as out of memory (0 = off)", F(train.fault_oom_above_tokens)),
       enum_field("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling", kPrecisions,
                  F(train.precision)),
       string_field("train.device", "auto | cpu | cuda | cuda:N", F(train.device)),
@@ -661,6 +667,8 @@ void validate_config(const Config& c) {
   for (const auto& [key, port] : {std::pair<const char*, int64_t>{"monitor.metrics_port", c.monitor.metrics_port},
                                   {"monitor.dashboard_port", c.monitor.dashboard_port}})
     TANDEM_CHECK(port >= 0 && port <= 65535, key, " must be a TCP port in 1..65535, or 0 for off; got ", port);
+  TANDEM_CHECK(c.train.oom_grow_after >= 0 && c.train.fault_oom_above_tokens >= 0,
+               "train.oom_grow_after and train.fault_oom_above_tokens must be >= 0");
   TANDEM_CHECK(!c.monitor.bind.empty(), "monitor.bind must be an address such as 127.0.0.1");
   TANDEM_CHECK(c.offload.host_ring >= -1 && c.offload.host_ring <= 64,
                "offload.host_ring must be -1 (auto), 0 (per block) or a slot count up to 64; got ",

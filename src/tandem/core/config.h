@@ -57,6 +57,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  ///< 0 = only at the end
   int64_t keep_checkpoints = 3;
   bool save_final = true;
+  bool oom_retry = true;         ///< halve the micro-batch and retry the step on out-of-memory
+  int64_t oom_grow_after = 0;    ///< clean steps before trying a doubled micro-batch again; 0 = never
+  int64_t fault_oom_above_tokens = 0;  ///< testing: a micro-batch above this many tokens fails as out of memory
   bool tf32 = true;
   bool cudnn_benchmark = true;
   bool deterministic = false;  ///< deterministic kernels (reproducible runs; slower attention backward)

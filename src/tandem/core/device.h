@@ -21,6 +21,8 @@ class AcceleratorBackend {
   virtual std::string device_name(int index) const = 0;
   virtual DeviceMemoryStats memory_stats(int index) const = 0;
   virtual void reset_peak_memory(int index) = 0;
+  /// Returns the caching allocator's unused blocks to the driver (after an out-of-memory error).
+  virtual void empty_cache(int index) = 0;
   virtual void synchronize(int index) = 0;
   /// The device's default generator state as bytes (for checkpoints), and its restore.
   virtual std::string rng_state(int index) const = 0;

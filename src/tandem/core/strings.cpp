@@ -90,4 +90,10 @@ std::string to_lower(std::string s) {
   return s;
 }
 
+std::string one_line(std::string s) {
+  for (auto& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
 }  // namespace tandem

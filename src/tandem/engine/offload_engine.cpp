@@ -530,24 +530,38 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
   mark_on_compute(stamps_->gpu1);
 }
 
-StepOutcome OffloadEngine::end_step() {
+StepOutcome OffloadEngine::end_step() { return finish_step(false); }
+
+void OffloadEngine::abandon_step() {
+  last_micro_ = true;  // Blocks not yet dispatched are dispatched (their copies are discarded)
+  finish_step(true);
+}
+
+// An abandoned step takes the non-finite path (Note [Speculative clipping]): nothing queued,
+// speculative updates rolled back and their old weights uploaded again, gradients zeroed. It is not
+// an overflow, so it counts neither as a skipped step nor in the speculation window.
+StepOutcome OffloadEngine::finish_step(bool abandon) {
   torch::NoGradGuard no_grad;
   auto& blocks = store_.blocks();
   for (size_t i = 0; i < blocks.size(); ++i)
     if (!dispatched_[i]) dispatch(i);  // a Block some of whose parameters got no gradient
   StepOutcome out;
-  const double norm_scaled = torch::stack(sqnorm_).sum().sqrt().item<double>();  // one host sync
-  out.grad_norm = norm_scaled / loss_scale_;
   const double inv_scale = 1.0 / loss_scale_;
   double coef = 1.0;
-  if (!std::isfinite(out.grad_norm)) {
+  if (abandon) {
     out.skipped = true;
-  } else if (options_.grad_clip > 0 && out.grad_norm > options_.grad_clip) {
-    coef = options_.grad_clip / (out.grad_norm + 1e-6);
+  } else {
+    const double norm_scaled = torch::stack(sqnorm_).sum().sqrt().item<double>();  // one host sync
+    out.grad_norm = norm_scaled / loss_scale_;
+    if (!std::isfinite(out.grad_norm)) {
+      out.skipped = true;
+    } else if (options_.grad_clip > 0 && out.grad_norm > options_.grad_clip) {
+      coef = options_.grad_clip / (out.grad_norm + 1e-6);
+    }
+    would_roll_back_.push_back(out.skipped || coef < 1.0);
+    if (would_roll_back_.size() > 8) would_roll_back_.pop_front();
   }
   const bool any_cpu = std::any_of(blocks.begin(), blocks.end(), [](auto& b) { return b.side == UpdateSide::kCpu; });
-  would_roll_back_.push_back(out.skipped || coef < 1.0);
-  if (would_roll_back_.size() > 8) would_roll_back_.pop_front();
   if (!speculate_now_ && !out.skipped) {
     // The CPU Blocks in forward order, so the next forward's first Blocks are ready first.
     {
@@ -582,7 +596,9 @@ StepOutcome OffloadEngine::end_step() {
     }
     cv_.notify_all();
   }
-  if (out.skipped) {
+  if (abandon) {
+    ++stats_.abandoned;
+  } else if (out.skipped) {
     ++stats_.skipped;
   } else {
     update_gpu_blocks(inv_scale * coef);

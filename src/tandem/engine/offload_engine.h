@@ -93,6 +93,7 @@ struct EngineStats {
   double transfer_s = 0.0;
   int64_t cpu_updated_params = 0;
   int64_t delayed_steps = 0;  ///< steps whose CPU-updated weights lagged one update
+  int64_t abandoned = 0;      ///< steps given up part-way (abandon_step)
 };
 
 class OffloadEngine {
@@ -109,6 +110,9 @@ class OffloadEngine {
   /// After the last backward: global norm, clipping and non-finite check (Note [Speculative
   /// clipping]), the GPU-updated Blocks' update, gradients zeroed. The next forward waits per Block.
   StepOutcome end_step();
+  /// Gives up the step begun (an out-of-memory error part-way through it): nothing is updated,
+  /// speculative CPU updates are undone, gradients are zeroed; counted in stats().abandoned.
+  void abandon_step();
   /// Blocks until every update of the last step is in the working weights (for evaluation,
   /// checkpoints and the end of training).
   void wait_all();
@@ -155,6 +159,7 @@ class OffloadEngine {
   void upload_after_backward(size_t block);  // delayed mode: waits for the Block's update first
   void upload_pending(size_t block);         // delayed mode: staging up, behind the compute stream
   void sync_streams();
+  StepOutcome finish_step(bool abandon);
   void resolve_split();
   void calibrate_costs(int64_t cpu_blocks_params, int64_t gpu_blocks_params);
   void start_trace();

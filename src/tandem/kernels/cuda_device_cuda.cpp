@@ -42,6 +42,7 @@ class CudaBackend : public AcceleratorBackend {
     s.total = static_cast<int64_t>(total);
     return s;
   }
+  void empty_cache(int) override { c10::cuda::CUDACachingAllocator::emptyCache(); }
   void reset_peak_memory(int index) override {
     at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));

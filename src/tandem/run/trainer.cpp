@@ -502,30 +502,79 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   const auto loop_start = Clock::now();
   int64_t tokens_run = 0;
 
+  int64_t oom_parts = 1, oom_clean_steps = 0;  // Note [Adaptive micro-batch]
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
     const double cpu_update0 = engine ? engine->stats().cpu_update_s : 0.0;
     const double transfer0 = engine ? engine->stats().transfer_s : 0.0;
-    timer.begin();
-    torch::Tensor loss_sum = torch::zeros({}, fopts);
-    if (engine) engine->begin_step(lr, fp16 ? scale.item<double>() : 1.0);
-    for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
-      if (engine) engine->begin_micro(micro + 1 == cfg.train.grad_accum);
-      Batch b = train_loader.next();
-      torch::Tensor loss;
-      {
-        AutocastGuard ac(device.type(), cfg.train.precision);
-        loss = model->loss(model->forward(b.inputs), b.targets);
+    // Note [Adaptive micro-batch]
+    // An out-of-memory error in a forward or backward gives the step up (the engine undoes what it
+    // began), frees the cache, rewinds the loader to the step's first micro-batch and runs the step
+    // again with each micro-batch cut into twice as many parts: the micro-batch halves, the
+    // accumulation doubles, and the step sees the same samples with the same weights (each part's
+    // loss weighted by its share of rows), so only the summation order differs. After
+    // train.oom_grow_after clean steps the parts halve again. At micro-batch 1 the plan cannot fit.
+    torch::Tensor loss_sum;
+    const int64_t data_pos0 = train_loader.position();
+    for (;;) {
+      timer.begin();
+      loss_sum = torch::zeros({}, fopts);
+      if (engine) engine->begin_step(lr, fp16 ? scale.item<double>() : 1.0);
+      try {
+        for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
+          Batch b = train_loader.next();
+          const int64_t rows = b.inputs.size(0), parts = std::min(oom_parts, rows);
+          for (int64_t part = 0; part < parts; ++part) {
+            if (engine) engine->begin_micro(micro + 1 == cfg.train.grad_accum && part + 1 == parts);
+            const int64_t r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+            const torch::Tensor inputs = parts == 1 ? b.inputs : b.inputs.narrow(0, r0, r1 - r0);
+            const torch::Tensor targets = parts == 1 ? b.targets : b.targets.narrow(0, r0, r1 - r0);
+            TORCH_CHECK_WITH(OutOfMemoryError,
+                             cfg.train.fault_oom_above_tokens == 0 || inputs.numel() <= cfg.train.fault_oom_above_tokens,
+                             "injected out-of-memory: ", inputs.numel(), " tokens in a micro-batch > ",
+                             cfg.train.fault_oom_above_tokens, " (train.fault_oom_above_tokens)");
+            const double share = double(r1 - r0) / double(rows);
+            torch::Tensor loss;
+            {
+              AutocastGuard ac(device.type(), cfg.train.precision);
+              loss = model->loss(model->forward(inputs), targets);
+            }
+            timer.mark(StepTimer::Phase::kForward);
+            // Gradients accumulate in the fp32 .grad of the fp32 parameters (autocast casts weights
+            // per op; their gradients arrive in fp32), so accumulation adds no rounding beyond fp32.
+            torch::Tensor scaled = parts == 1 ? loss / double(cfg.train.grad_accum)
+                                              : loss * (share / double(cfg.train.grad_accum));
+            if (fp16) scaled = scaled * scale;
+            scaled.backward();
+            loss_sum += parts == 1 ? loss.detach() : loss.detach() * share;
+            timer.mark(StepTimer::Phase::kBackward);
+          }
+        }
+        break;
+      } catch (const c10::OutOfMemoryError& e) {
+        const std::string what = one_line(e.what_without_backtrace());
+        TANDEM_CHECK(cfg.train.oom_retry, "out of memory at step ", step + 1, " (", what,
+                     "); lower train.micro_batch, set model.checkpointing=true, or set train.oom_retry=true");
+        if (engine) engine->abandon_step();
+        optimizer.zero_grad();
+        if (device_index >= 0 && accelerator()) accelerator()->empty_cache(device_index);
+        train_loader.seek(data_pos0);
+        TANDEM_CHECK(oom_parts * 2 <= cfg.train.micro_batch, "out of memory at step ", step + 1,
+                     " even at micro-batch ", cfg.train.micro_batch / oom_parts, " (", what,
+                     "); lower train.seq_len, set model.checkpointing=true or offload.optimizer=cpu");
+        oom_parts *= 2;
+        oom_clean_steps = 0;
+        ++summary.oom_retries;
+        const int64_t mb = (cfg.train.micro_batch + oom_parts - 1) / oom_parts;
+        log::warn(strprintf("out of memory at step %lld: retrying it with micro-batch %lld x %lld accumulation "
+                            "(same %lld tokens per step)",
+                            static_cast<long long>(step + 1), static_cast<long long>(mb),
+                            static_cast<long long>(cfg.train.grad_accum * oom_parts),
+                            static_cast<long long>(tokens_per_step)));
+        publish({{"step", step + 1}, {"oom", what}, {"micro_batch_effective", mb},
+                 {"grad_accum_effective", cfg.train.grad_accum * oom_parts}});
       }
-      timer.mark(StepTimer::Phase::kForward);
-      // Gradients accumulate in the fp32 .grad of the fp32 parameters (autocast casts weights
-      // per op; their gradients arrive in fp32), so accumulation adds no rounding beyond fp32.
-      torch::Tensor scaled = loss / double(cfg.train.grad_accum);
-      if (fp16) scaled = scaled * scale;
-      scaled.backward();
-      loss_sum += loss.detach();
-      timer.mark(StepTimer::Phase::kBackward);
     }
     torch::Tensor found_inf = torch::zeros({}, fopts), norm;
     if (engine) {
@@ -589,6 +638,16 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       m["mem_device_reserved_bytes"] = ms.reserved;
     }
     if (fp16) m["loss_scale"] = scale_v;
+    if (oom_parts > 1) {
+      m["micro_batch_effective"] = (cfg.train.micro_batch + oom_parts - 1) / oom_parts;
+      if (cfg.train.oom_grow_after > 0 && ++oom_clean_steps >= cfg.train.oom_grow_after) {
+        oom_parts /= 2;
+        oom_clean_steps = 0;
+        log::info(strprintf("%lld clean steps: trying micro-batch %lld again",
+                            static_cast<long long>(cfg.train.oom_grow_after),
+                            static_cast<long long>((cfg.train.micro_batch + oom_parts - 1) / oom_parts)));
+      }
+    }
     if (skipped) m["skipped"] = true;
     tokens_run += tokens_per_step;
     if (sampler) {
@@ -712,6 +771,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"peak_host_bytes", summary.peak_host_bytes},
                       {"checkpoint", summary.last_checkpoint},
                       {"interrupted", summary.interrupted},
+                      {"oom_retries", summary.oom_retries},
                       {"checkpoint_error", summary.checkpoint_error},
                       {"telemetry", telemetry}};
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
