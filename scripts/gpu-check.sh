@@ -14,6 +14,9 @@
 #          then a 1B offload run with the dashboard, /metrics and TensorBoard on: the page's data and
 #          /metrics captured while it trains, the trace with counter tracks, report.html, and the
 #          event file read back by TensorBoard's own reader;
+#   resilience a real out-of-memory at 7B (offload, micro-batch RES_BATCH, default 32) recovering by
+#          halving; 1B GPU-resident with a checkpoint at step 20, written in the background and in
+#          place, for the step-time cost;
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
 #          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -38,11 +41,17 @@ if compgen -G ".debs/*.deb" >/dev/null; then
   export LD_LIBRARY_PATH=/tmp/debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export TANDEM_CHARTJS=/tmp/debs/usr/share/javascript/chart.js/chart.min.js
 fi
+cmake_extra=()
+if [ ! -f /usr/include/openssl/evp.h ] && [ -f /tmp/debs/usr/include/openssl/evp.h ]; then
+  # OpenSSL's headers from the carried libssl-dev, the machine's own libcrypto.
+  cmake_extra+=(-DOPENSSL_INCLUDE_DIR=/tmp/debs/usr/include -DOPENSSL_CRYPTO_LIBRARY="$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so.3)"
+                -DCMAKE_CXX_FLAGS=-isystem\ /tmp/debs/usr/include/x86_64-linux-gnu)
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$OUT/gpu.txt"
 echo "== build"
 t0=$(date +%s)
 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${cmake_extra[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep -E "^-- tandem:" "$OUT/cmake.log"
 ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -225,6 +234,34 @@ print("trace events by ph:", ph, "| counter tracks:", sorted({e["name"] for e in
 s = json.load(open(sys.argv[1] + "/../live-series.json"))
 print(f"captured mid-run: {len(s['rows'])} rows, {len(s['samples'])} samples, done={s['done']}")
 PY
+fi
+
+if has resilience; then
+echo "== resilience: 7B offload at micro-batch ${RES_BATCH:-32} (too large), bf16 states, checkpointing"
+"$BUILD/tandem" train -p 7B --set train.precision=bf16 --set train.micro_batch="${RES_BATCH:-32}" \
+  --set train.seq_len=2048 --steps 6 --set train.eval_every=0 --set train.save_final=false --set optim.lr=3e-4 \
+  --set optim.warmup_steps=2 --set model.checkpointing=true --set offload.optimizer=cpu --set optim.state_dtype=bf16 \
+  --set train.progress=lines --set train.log_every=1 --run-dir "$OUT/res-7b" >"$OUT/res-7b.log" 2>&1
+echo "7B exit $?"; grep -E "out of memory|starting anyway|step [0-9]+/|done:|error" "$OUT/res-7b.log" | cut -c1-260
+echo "== resilience: 1B GPU-resident, 40 steps, a checkpoint at step 20: in the background, then in place"
+for mode in true false; do
+  "$BUILD/tandem" train -p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 \
+    --steps 40 --set train.eval_every=0 --set train.save_final=false --set train.checkpoint_every=20 \
+    --set train.async_checkpoint=$mode --set train.progress=lines --set train.log_every=10 \
+    --run-dir "$OUT/ckpt-$mode" >"$OUT/ckpt-$mode.log" 2>&1 || tail -3 "$OUT/ckpt-$mode.log"
+  python3 - "$OUT/ckpt-$mode" "$mode" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+steps = {r["step"]: r["step_time_s"] for r in rows if "loss" in r}
+ck = [r for r in rows if "checkpoint_blocking_s" in r or "checkpoint_write_s" in r]
+base = statistics.median(steps[s] for s in range(5, 21))
+after = statistics.median(steps[s] for s in range(21, 41))
+print(f"async={sys.argv[2]}: median step 5-20 {base*1e3:.1f} ms, 21-40 {after*1e3:.1f} ms (x{after/base:.3f}), "
+      f"step 21 {steps[21]*1e3:.1f} ms | " + "; ".join(
+      ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k.startswith("checkpoint_") and isinstance(v, float)) for r in ck))
+PY
+  du -sh "$OUT/ckpt-$mode/checkpoints" | cut -f1; rm -rf "$OUT/ckpt-$mode/checkpoints"
+done
 fi
 
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"

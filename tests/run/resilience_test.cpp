@@ -176,6 +176,36 @@ TEST(Resilience, ASecondSignalStopsAtOnceLeavingOnlyIntactCheckpoints) {
   for (const auto& ck : list_checkpoints(dir.file("checkpoints"))) EXPECT_EQ(verify_checkpoint(ck), "") << ck;
 }
 
+TEST(Resilience, BackgroundCheckpointsResumeAsSynchronousOnes) {
+  test::TempDir async_dir, sync_dir;
+  Config c = test::tiny_cpu_config(async_dir.path(), 9);
+  c.train.checkpoint_every = 3;
+  c.train.keep_checkpoints = 5;
+  c.offload.optimizer = OffloadTarget::kCpu;
+  train(c, {});
+  const std::string metrics = test::read_text(async_dir.file("metrics.jsonl"));
+  EXPECT_NE(metrics.find("checkpoint_write_s"), std::string::npos) << "no checkpoint was written in the background";
+  Config s = c;
+  s.train.run_dir = sync_dir.path();
+  s.train.async_checkpoint = false;
+  train(s, {});
+  EXPECT_EQ(test::read_text(sync_dir.file("metrics.jsonl")).find("checkpoint_write_s"), std::string::npos);
+  // Step 6 written in the background holds what the synchronous run holds at step 6, byte for byte.
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "rng.safetensors"})
+    EXPECT_EQ(test::read_text(async_dir.file(std::string("checkpoints/step_00000006/") + f)),
+              test::read_text(sync_dir.file(std::string("checkpoints/step_00000006/") + f)))
+        << f;
+  // And a run resumed from it ends where the uninterrupted one did.
+  test::TempDir resumed;
+  fs::create_directories(resumed.file("checkpoints"));
+  fs::copy(async_dir.file("checkpoints/step_00000006"), resumed.file("checkpoints/step_00000006"));
+  Config r = c;
+  r.train.run_dir = resumed.path();
+  const TrainSummary again = train(r, {resumed.file("checkpoints/step_00000006")});
+  EXPECT_EQ(final_loss(resumed.path()), final_loss(async_dir.path()));
+  EXPECT_EQ(again.first_step, 6);
+}
+
 TEST(Resilience, AStopRequestInProcessEndsTheLoopAfterTheStep) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 50);

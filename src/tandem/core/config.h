@@ -57,6 +57,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;  ///< 0 = only at the end
   int64_t keep_checkpoints = 3;
   bool save_final = true;
+  bool async_checkpoint = true;  ///< write checkpoints from a snapshot on a background thread
   bool oom_retry = true;         ///< halve the micro-batch and retry the step on out-of-memory
   int64_t oom_grow_after = 0;    ///< clean steps before trying a doubled micro-batch again; 0 = never
   int64_t fault_oom_above_tokens = 0;  ///< testing: a micro-batch above this many tokens fails as out of memory

@@ -58,9 +58,42 @@ std::string tensor_bytes(const torch::Tensor& t) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
-                            const Config& config, int device_index) {
+CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
+                                            const Config& config, int device_index, bool copy) {
+  // Note [Asynchronous checkpoints]: with `copy` every tensor is cloned into host memory, so the
+  // snapshot stays as it was while training goes on; without, it refers to the live tensors.
+  const auto own = [copy](std::vector<NamedTensor> v) {
+    if (copy)
+      for (auto& [name, t] : v) t = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    return v;
+  };
+  CheckpointSnapshot s;
+  s.model = own(model.hf_state_dict());
+  s.optimizer = own(optimizer.state());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor cpu_state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    cpu_state = gen.get_state();
+  }
+  s.rng = {{"cpu", cpu_state}};
+  if (device_index >= 0 && accelerator()) s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
+  s.hf_config = hf_config_json(model.spec());
+  s.tandem_yaml = config_to_yaml(config);
+  s.state = state;
+  return s;
+}
+
+int64_t checkpoint_snapshot_bytes(Model& model, Optimizer& optimizer) {
+  int64_t n = 0;
+  for (const auto& [name, t] : model.hf_state_dict()) n += t.numel() * t.element_size();
+  for (const auto& [name, t] : optimizer.state()) n += t.numel() * t.element_size();
+  return n;
+}
+
+std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot& snap) {
   ensure_writable_directory(parent, "checkpoint directory");
+  const TrainerState& state = snap.state;
   const std::string name = step_name(state.step);
   const fs::path final_dir = fs::path(parent) / name;
   const fs::path tmp_dir = fs::path(parent) / ("." + name + ".tmp");
@@ -69,22 +102,14 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
   fs::create_directories(tmp_dir, ec);
   TANDEM_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
   try {
-    save_hf_model(model, tmp_dir.string());
+    write_file_synced((tmp_dir / "config.json").string(), snap.hf_config);
+    write_safetensors((tmp_dir / "model.safetensors").string(), snap.model, {{"format", "pt"}});
     // Fault injection for the tests of Note [Checkpoint layout]: a kill -9 in the middle of a write.
     if (const char* k = std::getenv("TANDEM_FAULT_KILL_IN_CHECKPOINT"); k && std::atoll(k) == state.step)
       ::raise(SIGKILL);
-    write_safetensors((tmp_dir / "optimizer.safetensors").string(), optimizer.state());
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    torch::Tensor cpu_state;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      cpu_state = gen.get_state();
-    }
-    std::vector<NamedTensor> rng{{"cpu", cpu_state}};
-    if (device_index >= 0 && accelerator())
-      rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
-    write_safetensors((tmp_dir / "rng.safetensors").string(), rng);
-    write_file_synced((tmp_dir / "tandem.yaml").string(), config_to_yaml(config));
+    write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
+    write_safetensors((tmp_dir / "rng.safetensors").string(), snap.rng);
+    write_file_synced((tmp_dir / "tandem.yaml").string(), snap.tandem_yaml);
 
     nlohmann::json j;
     j["format_version"] = kFormatVersion;
@@ -108,6 +133,11 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
     throw;
   }
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
+                            const Config& config, int device_index) {
+  return write_checkpoint(parent, take_checkpoint_snapshot(model, optimizer, state, config, device_index, false));
 }
 
 std::vector<std::string> list_checkpoints(const std::string& parent) {

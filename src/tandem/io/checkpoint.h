@@ -22,6 +22,24 @@ struct TrainerState {
   std::string config_hash;
 };
 
+/// What a checkpoint holds, taken between steps (Note [Asynchronous checkpoints]).
+struct CheckpointSnapshot {
+  std::vector<NamedTensor> model, optimizer, rng;
+  std::string hf_config, tandem_yaml;
+  TrainerState state;
+};
+
+/// The checkpoint's contents now; `copy` clones every tensor into host memory (for a write that
+/// overlaps training), otherwise the snapshot refers to the live tensors.
+CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
+                                            const Config& config, int device_index, bool copy);
+
+/// Host bytes a copying snapshot needs (weights and optimizer state).
+int64_t checkpoint_snapshot_bytes(Model& model, Optimizer& optimizer);
+
+/// Writes a snapshot as `<parent>/step_XXXXXXXX` atomically and returns its path (any thread).
+std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot& snapshot);
+
 /// Writes `<parent>/step_XXXXXXXX` atomically and returns its path.
 std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
                             const Config& config, int device_index);

@@ -6,6 +6,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <nlohmann/json.hpp>
@@ -142,7 +144,22 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
                         "after the norm (offload.host_ring=auto, Note [Host ring])",
                         static_cast<long long>(cfg.offload.host_ring)));
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
-  if (cap.gpu_total > 0) check_plan_fits(plan, cap, cfg.offload, cfg.train);
+  if (cap.gpu_total > 0) {
+    try {
+      check_plan_fits(plan, cap, cfg.offload, cfg.train);
+    } catch (const UserError& e) {
+      // Note [Adaptive micro-batch]: a plan that fits at micro-batch 1 may start; the first
+      // out-of-memory error halves the micro-batch. One that does not fit even then is refused.
+      Config one = cfg;
+      one.train.micro_batch = 1;
+      if (!cfg.train.oom_retry || cfg.train.micro_batch == 1 ||
+          !plan_fits(plan_offload_memory(spec, one, seq_len, layers), cap, cfg.offload))
+        throw;
+      log::warn(std::string(e.what()) +
+                " -- starting anyway: the plan fits at micro-batch 1 and train.oom_retry halves the micro-batch on "
+                "out-of-memory");
+    }
+  }
   log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
                       static_cast<long long>(layers), static_cast<long long>(spec.n_layer),
                       device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
@@ -455,31 +472,88 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     model->train();
     return sum.item<double>() / double(cfg.train.eval_batches);
   };
-  const auto checkpoint = [&]() {
+  // Note [Asynchronous checkpoints]
+  // With train.async_checkpoint a checkpoint blocks training only while its snapshot is taken (the
+  // engine's masters and states, or the device weights, cloned into host memory between steps);
+  // a background thread writes it (Note [Checkpoint layout]) while the next steps run. One write
+  // is in flight at a time: the next checkpoint, a stop and the end of the run wait for it. When
+  // the snapshot would not leave 2 GiB of host memory free, the checkpoint is written in place,
+  // synchronously, and the log says why. Its result is collected on the step loop's thread.
+  struct PendingWrite {
+    std::future<std::string> result;
+    int64_t step;
+    Clock::time_point started;
+  };
+  std::optional<PendingWrite> pending;
+  const auto checkpoint_failed = [&](int64_t step, const std::string& why) {
+    summary.checkpoint_error = strprintf("step %lld: %s", static_cast<long long>(step), why.c_str());
+    log::warn(strprintf("checkpoint at step %lld failed: %s; the earlier checkpoints are kept and training goes on",
+                        static_cast<long long>(step), why.c_str()));
+    publish({{"step", step}, {"checkpoint_failed", why}});
+  };
+  const auto collect_checkpoint = [&](bool wait) {
+    if (!pending || (!wait && pending->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready)) return;
+    PendingWrite done = std::move(*pending);
+    pending.reset();
+    try {
+      summary.last_checkpoint = done.result.get();
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      return checkpoint_failed(done.step, e.what());
+    }
+    const double write_s = std::chrono::duration<double>(Clock::now() - done.started).count();
+    prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
+    publish({{"step", done.step}, {"checkpoint", summary.last_checkpoint}, {"checkpoint_write_s", write_s}});
+    progress.message(strprintf("checkpoint %s written in the background (%.2f s)", summary.last_checkpoint.c_str(), write_s));
+  };
+  bool said_sync = false;
+  const auto checkpoint = [&](bool allow_async) {
+    collect_checkpoint(true);  // one write at a time
     state.data_position = train_loader.position();
     state.loss_scale = scale.item<double>();
     state.growth_tracker = growth_tracker.item<int64_t>();
     const auto t0 = Clock::now();
+    bool async = allow_async && cfg.train.async_checkpoint;
+    if (async) {
+      int64_t need = 0;
+      with_weights([&] { need = checkpoint_snapshot_bytes(*model, optimizer); });
+      const int64_t avail = host_available_bytes();
+      if (need + (int64_t{2} << 30) > avail) {
+        async = false;
+        if (!said_sync)
+          log::info(strprintf("checkpoints are written synchronously: a snapshot needs %s of host memory, %s is available",
+                              format_bytes(double(need)).c_str(), format_bytes(double(avail)).c_str()));
+        said_sync = true;
+      }
+    }
     // Note [Checkpoint failures]
     // A checkpoint that cannot be written (full disk, directory made read-only, quota) fails alone:
     // its temporary directory is removed, the earlier checkpoints stay (pruning runs only after a
     // success), the run goes on and says so in the log and in metrics.jsonl.
     try {
+      if (async) {
+        CheckpointSnapshot snap;
+        with_weights([&] { snap = take_checkpoint_snapshot(*model, optimizer, state, cfg, device_index, true); });
+        const double blocking_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        pending = PendingWrite{std::async(std::launch::async,
+                                          [parent = ckpt_parent, snap = std::move(snap)] { return write_checkpoint(parent, snap); }),
+                               state.step, Clock::now()};
+        publish({{"step", state.step}, {"checkpoint_blocking_s", blocking_s}});
+        return;
+      }
       std::string written;
       with_weights([&] { written = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index); });
       summary.last_checkpoint = written;
     } catch (const InternalError&) {
       throw;
     } catch (const std::exception& e) {
-      summary.checkpoint_error = strprintf("step %lld: %s", static_cast<long long>(state.step), e.what());
-      log::warn(strprintf("checkpoint at step %lld failed: %s; the earlier checkpoints are kept and training goes on",
-                          static_cast<long long>(state.step), e.what()));
-      publish({{"step", state.step}, {"checkpoint_failed", e.what()}});
-      return;
+      return checkpoint_failed(state.step, e.what());
     }
     prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
-    progress.message(strprintf("checkpoint %s (%.2f s)", summary.last_checkpoint.c_str(),
-                               std::chrono::duration<double>(Clock::now() - t0).count()));
+    const double blocking_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    publish({{"step", state.step}, {"checkpoint", summary.last_checkpoint}, {"checkpoint_blocking_s", blocking_s}});
+    progress.message(strprintf("checkpoint %s (%.2f s)", summary.last_checkpoint.c_str(), blocking_s));
   };
 
   const auto run_start = Clock::now();
@@ -701,7 +775,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
           strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
     }
     if (cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 && state.step < cfg.train.steps)
-      checkpoint();
+      checkpoint(true);
+    collect_checkpoint(false);
     // Note [Stopping on a signal]
     // SIGINT/SIGTERM set a flag (core/interrupt.h); the step in flight finishes, the loop stops
     // here, a checkpoint is written whatever train.save_final says, and the run ends normally
@@ -721,7 +796,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     summary.last_eval_loss = evaluate();
     publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }
-  if ((cfg.train.save_final || summary.interrupted) && state.step > summary.first_step) checkpoint();
+  // The last checkpoint is written in place: nothing is left to overlap it.
+  if ((cfg.train.save_final || summary.interrupted) && state.step > summary.first_step) checkpoint(false);
+  collect_checkpoint(true);
 
   summary.final_step = state.step;
   nlohmann::json telemetry = nlohmann::json::object();
