@@ -296,3 +296,44 @@ TEST(MemoryPlan, FormatNamesEveryRowAndTierTotals) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(MemoryPlan, HostGuardFallsBackToPageableWhenPinningWouldCrowdTheHost) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.offload.speculate = "never";
+  c.offload.host_memory_fraction = 0.7;
+  const MemoryPlan pinned = plan_offload_memory(s, c, 2048, 0);
+  Config off = c;
+  off.offload.pin_memory = false;
+  const MemoryPlan pageable = plan_offload_memory(s, off, 2048, 0);
+  const int64_t total = pageable.pageable_bytes() + pageable.pinned_bytes();
+  // Enough for every buffer as pageable memory, not enough for them pinned within the fraction.
+  MemoryCapacity cap{80 * kGiB, static_cast<int64_t>(double(total) / 0.95) + kGiB};
+  ASSERT_GT(double(pinned.pinned_bytes()), c.offload.host_memory_fraction * double(cap.host_available));
+  std::string why;
+  Config g = c;
+  const MemoryPlan got = guard_pinned_memory(pinned, s, g, 2048, 0, cap, &why);
+  EXPECT_FALSE(g.offload.pin_memory);
+  EXPECT_EQ(got.pinned_bytes(), 0);
+  EXPECT_NE(why.find("half the bandwidth"), std::string::npos) << why;
+  EXPECT_NE(why.find("offload.host_memory_fraction"), std::string::npos) << why;
+  // Not even pageable fits: the plan stays pinned and the check refuses it with its own message.
+  cap.host_available = total / 2;
+  Config h = c;
+  why.clear();
+  const MemoryPlan kept = guard_pinned_memory(pinned, s, h, 2048, 0, cap, &why);
+  EXPECT_TRUE(h.offload.pin_memory);
+  EXPECT_EQ(kept.pinned_bytes(), pinned.pinned_bytes());
+  EXPECT_EQ(why, "");
+  // Within the fraction: nothing changes.
+  cap.host_available = 10 * total;
+  Config k = c;
+  EXPECT_EQ(guard_pinned_memory(pinned, s, k, 2048, 0, cap, &why).pinned_bytes(), pinned.pinned_bytes());
+  EXPECT_TRUE(k.offload.pin_memory);
+}
+
+}  // namespace
+}  // namespace tandem

@@ -114,6 +114,27 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   return plan;
 }
 
+MemoryPlan guard_pinned_memory(const MemoryPlan& plan, const ModelSpec& spec, Config& cfg, int64_t seq_len,
+                               int64_t gpu_blocks, const MemoryCapacity& cap, std::string* why) {
+  if (!cfg.offload.pin_memory || cap.host_available <= 0 ||
+      plan.pinned_bytes() <= budget(cap.host_available, cfg.offload.host_memory_fraction))
+    return plan;
+  Config pageable = cfg;
+  pageable.offload.pin_memory = false;
+  MemoryPlan pp = plan_offload_memory(spec, pageable, seq_len, gpu_blocks);
+  // Pageable memory can be paged out, but not past what is available: keep 5% for the rest.
+  if (pp.pageable_bytes() + pp.pinned_bytes() > budget(cap.host_available, 0.95)) return plan;
+  if (why)
+    *why = strprintf(
+        "pinned host buffers of %s would exceed offload.host_memory_fraction=%.2f of the %s available, leaving the "
+        "host to swap or to the OOM killer; using pageable buffers instead (offload.pin_memory=false): every "
+        "host-device copy is staged through the driver, at about half the bandwidth, and overlaps compute less. "
+        "Raise offload.host_memory_fraction to pin anyway",
+        gib(plan.pinned_bytes()).c_str(), cfg.offload.host_memory_fraction, gib(cap.host_available).c_str());
+  cfg.offload.pin_memory = false;
+  return pp;
+}
+
 bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const OffloadConfig& offload) {
   const bool gpu_over = plan.gpu_bytes() > budget(cap.gpu_total, offload.gpu_memory_fraction);
   const bool host_over =

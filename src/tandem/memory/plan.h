@@ -71,6 +71,15 @@ struct MemoryCapacity {
   int64_t host_available = 0;  ///< MemAvailable of the host; 0 = unknown, the pinned tier is not checked
 };
 
+/// Note [Host memory guard]
+/// The host memory guard: when the pinned rows would exceed offload.host_memory_fraction of the
+/// available host memory but the same buffers fit the available memory as pageable ones, returns
+/// the pageable plan and sets offload->pin_memory=false, with the warning to give in *why (the
+/// cost: every copy staged through the driver's pinned bounce buffer, about half the bandwidth,
+/// and less overlap with compute). Otherwise returns `plan` unchanged.
+MemoryPlan guard_pinned_memory(const MemoryPlan& plan, const ModelSpec& spec, Config& cfg, int64_t seq_len,
+                               int64_t gpu_blocks, const MemoryCapacity& capacity, std::string* why);
+
 /// Whether the plan's GPU rows fit offload.gpu_memory_fraction x gpu_total and its pinned rows fit
 /// offload.host_memory_fraction x host_available (not checked when host_available is 0).
 bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const OffloadConfig& offload);

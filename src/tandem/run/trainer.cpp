@@ -143,7 +143,12 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
     log::info(strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
                         "after the norm (offload.host_ring=auto, Note [Host ring])",
                         static_cast<long long>(cfg.offload.host_ring)));
-  const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
+  MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
+  if (cap.gpu_total > 0) {
+    std::string why;
+    plan = guard_pinned_memory(plan, spec, cfg, seq_len, layers, cap, &why);  // Note [Host memory guard]
+    if (!why.empty()) log::warn(why);
+  }
   if (cap.gpu_total > 0) {
     try {
       check_plan_fits(plan, cap, cfg.offload, cfg.train);
