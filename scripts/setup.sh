@@ -14,7 +14,7 @@ APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
               libcpp-httplib-dev libjs-chart.js libssl-dev
-              prometheus chromium fonts-liberation)  # the tests' promtool and headless browser
+              prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
 
 say() { printf '[setup] %s\n' "$*"; }
 

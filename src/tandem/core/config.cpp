@@ -411,7 +411,7 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range
     TANDEM_FAIL(origin, ": not valid JSON (", e.what(), ")");
   }
   TANDEM_CHECK(root.is_object(), origin, ": a DeepSpeed config must be a JSON object");

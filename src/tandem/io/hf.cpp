@@ -64,7 +64,7 @@ ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& o
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range
     TANDEM_FAIL(origin, ": not valid JSON (", e.what(), ")");
   }
   TANDEM_CHECK(j.is_object(), origin, ": expected a JSON object");
@@ -141,7 +141,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(read_file(index.string(), "safetensors index"));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range
       TANDEM_FAIL(index.string(), ": not valid JSON (", e.what(), ")");
     }
     TANDEM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),

@@ -65,6 +65,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   ::close(fd);
   TANDEM_CHECK(map_ != MAP_FAILED, "cannot map '", path, "': ", std::strerror(err));
   map_bytes_ = file_bytes;
+  try {
+    parse_header();
+  } catch (...) {
+    munmap(map_, map_bytes_);  // the destructor does not run for a constructor that throws
+    map_ = nullptr;
+    throw;
+  }
+}
+
+void SafetensorsFile::parse_header() {
+  using nlohmann::json;
+  const std::string& path = path_;
+  const uint64_t file_bytes = map_bytes_;
   const auto* bytes = static_cast<const unsigned char*>(map_);
 
   uint64_t header_len = 0;
@@ -78,7 +91,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   json header;
   try {
     header = json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range
     fail("header is not valid JSON (", e.what(), ")");
   }
   if (!header.is_object()) fail("header is not a JSON object");

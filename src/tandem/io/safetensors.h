@@ -38,6 +38,7 @@ class SafetensorsFile {
   torch::Tensor tensor(const std::string& name) const;
 
  private:
+  void parse_header();  // validates the mapped file, fills entries_ and metadata_
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
