@@ -49,6 +49,10 @@ TEST(Cli, UserErrorsAreOneLineWithExitCode2) {
   expect_user_error("train --init-from " + dir.path(), "config.json");
   expect_user_error("inspect --set train.precision=fp8", "must be one of");
   expect_user_error("--bogus", "--bogus");
+  expect_user_error("train --resume auto", "--resume auto looks in the run directory");
+  expect_user_error("report " + dir.path(), "no metrics.jsonl");
+  expect_user_error("train --dashboard 70000", "TCP port");
+  expect_user_error("dashboard " + dir.file("missing"), "not a directory");
   {
     std::ofstream(dir.file("bad.yaml")) << "train:\n  steps: 5\n  lr: 0.1\n";
     expect_user_error("train -c " + dir.file("bad.yaml"), "bad.yaml:3: unknown config key 'train.lr'");
