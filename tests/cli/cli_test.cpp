@@ -91,7 +91,7 @@ TEST(Cli, ShortTrainRunWritesItsRunDirectory) {
   EXPECT_NE(r.err.find("2 x 16 tokens x 2 accumulation"), std::string::npos) << r.err;
   std::ifstream m(dir.file("run/metrics.jsonl"));
   std::string all((std::istreambuf_iterator<char>(m)), {});
-  EXPECT_EQ(lines(all), 4);  // 3 steps + final evaluation
+  EXPECT_EQ(lines(all), 5);  // 3 steps, the final evaluation, the final checkpoint
   EXPECT_TRUE(std::filesystem::exists(dir.file("run/checkpoints/step_00000003/model.safetensors")));
   EXPECT_TRUE(std::filesystem::exists(dir.file("run/summary.json")));
   // Resume the run directory for two more steps.
