@@ -62,14 +62,10 @@ CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, 
                                             const Config& config, int device_index, bool copy) {
   // Note [Asynchronous checkpoints]: with `copy` every tensor is cloned into host memory, so the
   // snapshot stays as it was while training goes on; without, it refers to the live tensors.
-  const auto own = [copy](std::vector<NamedTensor> v) {
-    if (copy)
-      for (auto& [name, t] : v) t = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    return v;
-  };
   CheckpointSnapshot s;
-  s.model = own(model.hf_state_dict());
-  s.optimizer = own(optimizer.state());
+  s.model = model.hf_state_dict();
+  s.optimizer = optimizer.state();
+  if (copy) own_checkpoint_snapshot(s);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   torch::Tensor cpu_state;
   {
@@ -84,11 +80,16 @@ CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, 
   return s;
 }
 
-int64_t checkpoint_snapshot_bytes(Model& model, Optimizer& optimizer) {
+int64_t checkpoint_snapshot_bytes(const CheckpointSnapshot& snap) {
   int64_t n = 0;
-  for (const auto& [name, t] : model.hf_state_dict()) n += t.numel() * t.element_size();
-  for (const auto& [name, t] : optimizer.state()) n += t.numel() * t.element_size();
+  for (const auto* list : {&snap.model, &snap.optimizer})
+    for (const auto& [name, t] : *list) n += t.numel() * t.element_size();
   return n;
+}
+
+void own_checkpoint_snapshot(CheckpointSnapshot& snap) {
+  for (auto* list : {&snap.model, &snap.optimizer})
+    for (auto& [name, t] : *list) t = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
 }
 
 std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot& snap) {

@@ -34,8 +34,10 @@ struct CheckpointSnapshot {
 CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
                                             const Config& config, int device_index, bool copy);
 
-/// Host bytes a copying snapshot needs (weights and optimizer state).
-int64_t checkpoint_snapshot_bytes(Model& model, Optimizer& optimizer);
+/// Host bytes a copy of the snapshot's tensors needs (weights and optimizer state).
+int64_t checkpoint_snapshot_bytes(const CheckpointSnapshot& snapshot);
+/// Replaces the snapshot's references to live tensors with host copies.
+void own_checkpoint_snapshot(CheckpointSnapshot& snapshot);
 
 /// Writes a snapshot as `<parent>/step_XXXXXXXX` atomically and returns its path (any thread).
 std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot& snapshot);

@@ -5,6 +5,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
+#include "tandem/io/fs.h"
 #include "tandem/monitor/prometheus.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/series.h"
@@ -13,8 +14,6 @@
 #include <httplib.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #endif
 
 namespace tandem {
@@ -51,11 +50,8 @@ WebServer::WebServer(RunFeed& feed, WebServerOptions options) : impl_(std::make_
   const auto& o = im.options;
   if (o.dashboard) {
     const std::string path = o.chartjs_path.empty() ? kDefaultChartJs : o.chartjs_path;
-    std::ifstream in(path, std::ios::binary);
-    if (in) {
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      im.chartjs = ss.str();
+    if (std::filesystem::is_regular_file(path)) {
+      im.chartjs = read_file(path, "Chart.js");
     } else {
       im.warning = "dashboard: Chart.js not found at " + path +
                    "; the page shows figures without charts (install Debian's libjs-chart.js or set monitor.chartjs)";

@@ -519,27 +519,33 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     state.loss_scale = scale.item<double>();
     state.growth_tracker = growth_tracker.item<int64_t>();
     const auto t0 = Clock::now();
-    bool async = allow_async && cfg.train.async_checkpoint;
-    if (async) {
-      int64_t need = 0;
-      with_weights([&] { need = checkpoint_snapshot_bytes(*model, optimizer); });
-      const int64_t avail = host_available_bytes();
-      if (need + (int64_t{2} << 30) > avail) {
-        async = false;
-        if (!said_sync)
-          log::info(strprintf("checkpoints are written synchronously: a snapshot needs %s of host memory, %s is available",
-                              format_bytes(double(need)).c_str(), format_bytes(double(avail)).c_str()));
-        said_sync = true;
-      }
-    }
+    const bool want_background = allow_async && cfg.train.async_checkpoint;
     // Note [Checkpoint failures]
     // A checkpoint that cannot be written (full disk, directory made read-only, quota) fails alone:
     // its temporary directory is removed, the earlier checkpoints stay (pruning runs only after a
     // success), the run goes on and says so in the log and in metrics.jsonl.
     try {
-      if (async) {
-        CheckpointSnapshot snap;
-        with_weights([&] { snap = take_checkpoint_snapshot(*model, optimizer, state, cfg, device_index, true); });
+      // The snapshot refers to the live tensors; for a background write it is copied to the host,
+      // unless the copy would leave less than 2 GiB free: then it is written in place from them.
+      CheckpointSnapshot snap;
+      bool background = false;
+      with_weights([&] {
+        snap = take_checkpoint_snapshot(*model, optimizer, state, cfg, device_index, false);
+        if (want_background) {
+          const int64_t need = checkpoint_snapshot_bytes(snap), avail = host_available_bytes();
+          background = need + (int64_t{2} << 30) <= avail;
+          if (background) {
+            own_checkpoint_snapshot(snap);
+          } else if (!said_sync) {
+            said_sync = true;
+            log::info(strprintf("checkpoints are written synchronously: a snapshot needs %s of host memory, %s is "
+                                "available",
+                                format_bytes(double(need)).c_str(), format_bytes(double(avail)).c_str()));
+          }
+        }
+        if (!background) summary.last_checkpoint = write_checkpoint(ckpt_parent, snap);
+      });
+      if (background) {
         const double blocking_s = std::chrono::duration<double>(Clock::now() - t0).count();
         pending = PendingWrite{std::async(std::launch::async,
                                           [parent = ckpt_parent, snap = std::move(snap)] { return write_checkpoint(parent, snap); }),
@@ -547,9 +553,6 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         publish({{"step", state.step}, {"checkpoint_blocking_s", blocking_s}});
         return;
       }
-      std::string written;
-      with_weights([&] { written = save_checkpoint(ckpt_parent, *model, optimizer, state, cfg, device_index); });
-      summary.last_checkpoint = written;
     } catch (const InternalError&) {
       throw;
     } catch (const std::exception& e) {
@@ -585,8 +588,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    const double cpu_update0 = engine ? engine->stats().cpu_update_s : 0.0;
-    const double transfer0 = engine ? engine->stats().transfer_s : 0.0;
+    const EngineStats stats0 = engine ? engine->stats() : EngineStats{};  // one locked copy
     // Note [Adaptive micro-batch]
     // An out-of-memory error in a forward or backward gives the step up (the engine undoes what it
     // began), frees the cache, rewinds the loader to the step's first micro-batch and runs the step
@@ -746,8 +748,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     if (engine) {
       const EngineStats es = engine->stats();
-      m["time_cpu_update_s"] = es.cpu_update_s - cpu_update0;
-      m["time_transfer_s"] = es.transfer_s - transfer0;
+      m["time_cpu_update_s"] = es.cpu_update_s - stats0.cpu_update_s;
+      m["time_transfer_s"] = es.transfer_s - stats0.transfer_s;
       m["offload_gpu_blocks"] = store->gpu_blocks();
       m["offload_rollbacks"] = es.rollbacks;
       m["offload_cpu_update_s"] = es.cpu_update_s;
