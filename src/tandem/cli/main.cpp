@@ -19,6 +19,7 @@
 #include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
+#include "tandem/dist/launcher.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
@@ -288,6 +289,26 @@ int main(int argc, char** argv) {
                         "continue from a checkpoint directory, a run directory's newest intact checkpoint, or auto (the "
                         "--run-dir's newest intact one; a fresh start when there is none)");
 
+  LaunchOptions launch_opts;
+  std::string nproc = "1";
+  auto* launch_cmd = app.add_subcommand(
+      "launch",
+      "start worker processes with torchrun's environment, pass their output on by rank, restart them on failure: "
+      "tandem launch --nproc-per-node 2 -- tandem train ...");
+  launch_cmd->add_option("--nproc-per-node", nproc,
+                         "workers on this node: N, or MIN:MAX (a slot failing twice in a row is dropped, down to MIN)");
+  launch_cmd->add_option("--nnodes", launch_opts.nnodes, "nodes in the run (one launcher per node)");
+  launch_cmd->add_option("--node-rank", launch_opts.node_rank, "this node's index, 0 .. nnodes-1");
+  launch_cmd->add_option("--master-addr", launch_opts.master_addr, "host of rank 0 (the rendezvous store)");
+  launch_cmd->add_option("--master-port", launch_opts.master_port, "port of the rendezvous store");
+  launch_cmd->add_option("--max-restarts", launch_opts.max_restarts,
+                         "restart every worker this many times after a failure (with --resume auto they continue "
+                         "from the newest intact checkpoint)");
+  launch_cmd->add_option("--stop-grace", launch_opts.stop_grace_s, "seconds between SIGTERM and SIGKILL when stopping");
+  bool no_prefix = false;
+  launch_cmd->add_flag("--no-prefix", no_prefix, "pass worker output on without the [rank N] prefix");
+  launch_cmd->add_option("command", launch_opts.command, "the worker command, after --")->required()->expected(-1);
+
   auto* inspect_cmd =
       app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
   inspect_args.add_to(inspect_cmd, false);
@@ -394,6 +415,11 @@ int main(int argc, char** argv) {
       opts.resume = resume_dir;
       train(cfg, opts);
       return 0;
+    }
+    if (*launch_cmd) {
+      parse_nproc(nproc, launch_opts);
+      launch_opts.prefix_output = !no_prefix;
+      return launch(launch_opts);
     }
     if (*inspect_cmd) {
       inspect_opts.gpu_memory_given = gpu_memory_opt->count() > 0;

@@ -301,6 +301,22 @@ const std::vector<Field>& fields() {
                    "non-finite rollbacks (12 host bytes per CPU-updated parameter); never waits for the global "
                    "norm; auto speculates after 8 steps in a row without clipping",
                    F(offload.speculate)),
+      string_field("dist.backend", "collectives for device tensors: auto (NCCL on GPUs, Gloo on the CPU) | nccl | gloo",
+                   F(dist.backend)),
+      int_field("dist.zero_stage",
+                "0 = every rank holds all fp32 masters and optimizer states; 2 = each rank owns 1/world of them "
+                "(reduce-scatter, update the shard, all-gather)",
+                F(dist.zero_stage)),
+      double_field("dist.timeout_s", "rendezvous and collective timeout in seconds", F(dist.timeout_s)),
+      double_field("dist.heartbeat_s", "heartbeat period in seconds (0 = off)", F(dist.heartbeat_s)),
+      double_field("dist.heartbeat_timeout_s", "a rank silent this long is lost; the others exit for a restart",
+                   F(dist.heartbeat_timeout_s)),
+      string_field("dist.balance",
+                   "rows of the global micro-batch per rank: equal | auto (measured speed and memory) | a comma list "
+                   "summing to train.micro_batch x world",
+                   F(dist.balance)),
+      int_field("dist.balance_after", "dist.balance=auto: steps measured before the rows are rebalanced",
+                F(dist.balance_after)),
       int_field("offload.host_ring",
                 "host gradient and weight buffers: -1 = auto (per block when the memory plan fits the host, "
                 "else a ring of 4), 0 = per block, N = a ring of N block-sized slots (updates wait for the norm)",
@@ -556,6 +572,11 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
               ignored.push_back("zero_optimization.offload_optimizer." + p);
             }
           }
+        } else if (k == "stage") {
+          const int64_t stage = integer(x, "zero_optimization.stage");
+          TANDEM_CHECK(stage >= 0 && stage <= 2, origin, ": zero_optimization.stage ", stage,
+                       " is not supported (stage 3 shards the parameters too); use 0, 1 or 2");
+          cfg.dist.zero_stage = stage == 0 ? 0 : 2;  // stage 1's state sharding is part of tandem's stage 2
         } else {
           ignored.push_back("zero_optimization." + k);
         }
@@ -680,6 +701,13 @@ void validate_config(const Config& c) {
                "offload.host_ring=", c.offload.host_ring,
                " updates each block once the norm is known; it cannot speculate or delay: set offload.speculate=auto "
                "or never and offload.delayed_update=false, or offload.host_ring=0");
+  TANDEM_CHECK(c.dist.backend == "auto" || c.dist.backend == "nccl" || c.dist.backend == "gloo",
+               "dist.backend must be auto, nccl or gloo; got '", c.dist.backend, "'");
+  TANDEM_CHECK(c.dist.zero_stage == 0 || c.dist.zero_stage == 2, "dist.zero_stage must be 0 or 2; got ",
+               c.dist.zero_stage);
+  TANDEM_CHECK(c.dist.timeout_s > 0 && c.dist.heartbeat_s >= 0 && c.dist.heartbeat_timeout_s > c.dist.heartbeat_s,
+               "dist.timeout_s must be > 0, dist.heartbeat_s >= 0 and dist.heartbeat_timeout_s above the period");
+  TANDEM_CHECK(c.dist.balance_after >= 1, "dist.balance_after must be >= 1, got ", c.dist.balance_after);
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,

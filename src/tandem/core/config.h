@@ -126,6 +126,19 @@ struct OffloadConfig {
   int64_t host_ring = -1;
 };
 
+/// Several processes (dist/): how they meet, reduce and share the optimizer state.
+struct DistConfig {
+  std::string backend = "auto";  ///< auto (NCCL for GPUs, Gloo for the CPU) | nccl | gloo
+  int64_t zero_stage = 0;        ///< 0: every rank holds all masters and states; 2: sharded (ZeRO-2 style)
+  double timeout_s = 300;        ///< rendezvous and collective timeout
+  double heartbeat_s = 2;        ///< heartbeat period in the store; 0 = off
+  double heartbeat_timeout_s = 60;  ///< a rank silent this long is lost: the ranks exit for a restart
+  /// Rows of the global micro-batch per rank: equal | auto (measured speed and memory after
+  /// balance_after steps) | a comma list, one count per rank summing to micro_batch x world.
+  std::string balance = "equal";
+  int64_t balance_after = 5;
+};
+
 /// The whole configuration of a run.
 struct Config {
   ModelConfig model;
@@ -135,6 +148,7 @@ struct Config {
   ScalerConfig scaler;
   MonitorConfig monitor;
   OffloadConfig offload;
+  DistConfig dist;
 };
 
 /// One settable key: its dotted name, a one-line description, and its current value as text.

@@ -96,4 +96,15 @@ std::string one_line(std::string s) {
   return s;
 }
 
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out(1);
+  for (const char c : s) {
+    if (c == sep)
+      out.emplace_back();
+    else
+      out.back() += c;
+  }
+  return out;
+}
+
 }  // namespace tandem

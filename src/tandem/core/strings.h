@@ -31,4 +31,7 @@ std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 
 /// Lower-case copy.
 std::string to_lower(std::string s);
 
+/// The parts of `s` between separators ("a,,b" -> "a", "", "b"; "" -> one empty part).
+std::vector<std::string> split(const std::string& s, char sep);
+
 }  // namespace tandem

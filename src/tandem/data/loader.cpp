@@ -14,22 +14,24 @@ uint64_t splitmix64(uint64_t x) {
 
 }  // namespace
 
-std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch, int64_t seq_len, int64_t n_tokens) {
+std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch, int64_t seq_len, int64_t n_tokens,
+                                    int64_t first_row) {
   const uint64_t range = static_cast<uint64_t>(n_tokens - seq_len);  // offsets 0 .. n - T - 1
   std::vector<int64_t> out(batch);
   for (int64_t r = 0; r < batch; ++r) {
     const uint64_t h =
-        splitmix64(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))) + static_cast<uint64_t>(r));
+        splitmix64(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(index))) + static_cast<uint64_t>(first_row + r));
     out[r] = static_cast<int64_t>(h % range);
   }
   return out;
 }
 
 BatchLoader::BatchLoader(TokenBuffer tokens, int64_t batch, int64_t seq_len, uint64_t seed, torch::Device device,
-                         int64_t prefetch, int64_t vocab_limit, std::string split_name)
+                         int64_t prefetch, int64_t vocab_limit, std::string split_name, int64_t first_row)
     : tokens_(std::move(tokens)),
       batch_(batch),
       seq_len_(seq_len),
+      first_row_(first_row),
       seed_(seed),
       device_(device),
       prefetch_(prefetch),
@@ -57,7 +59,7 @@ torch::Tensor BatchLoader::make_host_batch(int64_t index) const {
   int64_t* in = host[0].data_ptr<int64_t>();
   int64_t* tg = host[1].data_ptr<int64_t>();
   std::vector<int64_t> window(seq_len_ + 1);
-  const auto offsets = sample_offsets(seed_, index, batch_, seq_len_, tokens_.size());
+  const auto offsets = sample_offsets(seed_, index, batch_, seq_len_, tokens_.size(), first_row_);
   for (int64_t r = 0; r < batch_; ++r) {
     tokens_.read(offsets[r], seq_len_ + 1, window.data());
     for (int64_t t = 0; t <= seq_len_; ++t) {

@@ -22,15 +22,19 @@ struct Batch {
   int64_t index = 0;      // sampler position of this batch
 };
 
-/// Window offsets of batch `index`: B offsets in [0, n_tokens - T - 1].
-std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch, int64_t seq_len, int64_t n_tokens);
+/// Window offsets of rows [first_row, first_row + batch) of batch `index`, each in [0, n_tokens - T - 1].
+/// A row depends only on the seed, the index and its row number, so ranks that take disjoint rows
+/// of one global batch see exactly what one process taking all of them sees.
+std::vector<int64_t> sample_offsets(uint64_t seed, int64_t index, int64_t batch, int64_t seq_len, int64_t n_tokens,
+                                    int64_t first_row = 0);
 
 /// Prefetching batch loader over one split.
 class BatchLoader {
  public:
   /// `vocab_limit`: every token must be below it (the model's vocabulary); checked per batch.
+  /// `first_row`: this loader's first row of each global batch (data parallel: a rank's share).
   BatchLoader(TokenBuffer tokens, int64_t batch, int64_t seq_len, uint64_t seed, torch::Device device, int64_t prefetch,
-              int64_t vocab_limit, std::string split_name);
+              int64_t vocab_limit, std::string split_name, int64_t first_row = 0);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -47,7 +51,7 @@ class BatchLoader {
   void worker();
 
   TokenBuffer tokens_;
-  int64_t batch_, seq_len_;
+  int64_t batch_, seq_len_, first_row_;
   uint64_t seed_;
   torch::Device device_;
   int64_t prefetch_, vocab_limit_;

@@ -226,6 +226,46 @@ void OffloadEngine::on_param_ready(size_t block) {
   if (--remaining_[block] == 0 && last_micro_ && !dispatched_[block]) dispatch(block);
 }
 
+// Note [Data-parallel engine]
+// With several ranks, a Block's gradient is summed over them the moment backward completes it: the
+// collective is queued behind the Block's backward on the compute stream (NCCL runs it on its own
+// stream), and the D2H stream, not the compute stream, waits for it, so the backward of the
+// earlier Blocks goes on while the reduction and the copy down run. The squared norm is taken on
+// the D2H stream too, and grad_ready (G_i) is recorded there: everything that waited for G_i now
+// waits for the reduced gradient. With a sharded store (Note [Sharded store]) the collective is a
+// reduce-scatter into this rank's slice, the norm is the sum of every rank's slices (one more
+// host-side sum at the end of the step), only the slice goes down, is updated and comes up, and an
+// all-gather (on the updater thread's own group) refreshes the whole working copy. The ranks'
+// losses are weighted by their share of the global batch (the trainer), so the sum is the
+// gradient of the global batch. With the CPU as the device, Gloo reduces synchronously.
+torch::Tensor OffloadEngine::reduce_gradient(size_t i) {
+  auto& b = store_.blocks()[i];
+  if (options_.comm == nullptr) {
+    sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
+    return b.grad;
+  }
+  auto& group = options_.comm->device_group(0);
+  c10::intrusive_ptr<c10d::Work> work;
+  torch::Tensor g = b.grad;
+  if (store_.sharded()) {
+    g = b.grad_shard;
+    work = group._reduce_scatter_base(b.grad_shard, b.grad);
+  } else {
+    std::vector<at::Tensor> t{b.grad};
+    work = group.allreduce(t);
+  }
+  if (cuda_) {
+    const c10::StreamGuard guard(streams_->d2h);
+    work->wait();  // the D2H stream waits; the compute stream goes on with backward
+    sqnorm_[i] = torch::linalg_vector_norm(g, 2, std::nullopt, false, torch::kFloat32).square();
+    streams_->grad_ready[i]->record(streams_->d2h);
+  } else {
+    work->wait();
+    sqnorm_[i] = torch::linalg_vector_norm(g, 2, std::nullopt, false, torch::kFloat32).square();
+  }
+  return g;
+}
+
 void OffloadEngine::dispatch(size_t i) {
   torch::NoGradGuard no_grad;
   dispatched_[i] = true;
@@ -233,26 +273,27 @@ void OffloadEngine::dispatch(size_t i) {
   auto& st = *stamps_;
   mark_on_compute(st.bwd[i]);
   if (options_.delayed && pending_upload_[i]) upload_after_backward(i);
-  sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
+  const torch::Tensor grad = reduce_gradient(i);
+  const bool reduced_on_d2h = cuda_ && options_.comm != nullptr;  // G_i already recorded
   if (b.side == UpdateSide::kGpu) return;  // updated in end_step(), once the clip is known
   if (ring_) {  // the updater copies it down when a slot is free (Note [Host ring])
-    if (cuda_) streams_->grad_ready[i]->record(streams_->compute());
+    if (cuda_ && !reduced_on_d2h) streams_->grad_ready[i]->record(streams_->compute());
     return;
   }
   if (cuda_) {
     auto& s = *streams_;
-    s.grad_ready[i]->record(s.compute());
+    if (!reduced_on_d2h) s.grad_ready[i]->record(s.compute());
     s.d2h.wait(*s.grad_ready[i]);
     mark(st.d2h0[i], &s.d2h, 0);
     {
       const c10::StreamGuard guard(s.d2h);
-      b.landing.copy_(b.grad, /*non_blocking=*/true);
+      b.landing.copy_(grad, /*non_blocking=*/true);
     }
     s.landed[i]->record(s.d2h);
     mark(st.d2h1[i], &s.d2h, 0);
   } else {
     mark(st.d2h0[i], nullptr, host_now());
-    b.landing.copy_(b.grad);
+    b.landing.copy_(grad);
     mark(st.d2h1[i], nullptr, host_now());
   }
   if (!speculate_now_) return;  // queued by end_step() once the norm is known
@@ -276,7 +317,7 @@ std::vector<UpdateSpan> OffloadEngine::spans(size_t i, int64_t slot) {
   const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16;
   const int64_t gsize = grad_bf16 ? 2 : 4, ssize = state_bf16 ? 2 : 4;
   std::vector<UpdateSpan> out;
-  for (const auto& f : b.params) {
+  for (const auto& f : b.shard_params) {
     UpdateSpan s;
     s.master = b.master.data_ptr<float>() + f.offset;
     s.grad = static_cast<const char*>(landing.data_ptr()) + f.offset * gsize;
@@ -286,7 +327,7 @@ std::vector<UpdateSpan> OffloadEngine::spans(size_t i, int64_t slot) {
     s.state_dtype = state_bf16 ? Dtype::kBF16 : Dtype::kF32;
     s.bf16_out = bf16 ? reinterpret_cast<uint16_t*>(staging.data_ptr()) + f.offset : nullptr;
     s.n = f.numel;
-    s.index_base = b.index_base + f.offset;
+    s.index_base = b.index_base + b.shard_offset + f.offset;
     s.weight_decay_scale = f.weight_decay_scale;
     out.push_back(s);
   }
@@ -296,7 +337,7 @@ std::vector<UpdateSpan> OffloadEngine::spans(size_t i, int64_t slot) {
 std::vector<UndoLog> OffloadEngine::undo_logs(BlockStore& b) {
   const int64_t ssize = b.undo_m.element_size();
   std::vector<UndoLog> logs;
-  for (const auto& f : b.params)
+  for (const auto& f : b.shard_params)
     logs.push_back({b.undo_master.data_ptr<float>() + f.offset, static_cast<char*>(b.undo_m.data_ptr()) + f.offset * ssize,
                     static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize});
   return logs;
@@ -320,7 +361,7 @@ void OffloadEngine::run_cpu_update(const Job& job) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.cpu_update_s += dt;
-  stats_.cpu_updated_params += b.numel;
+  stats_.cpu_updated_params += b.shard_numel;
   if (tracing_) {
     const double end = host_now() - trace_ref_host_;
     cpu_spans_.push_back({i, end - dt, end, undo});
@@ -330,17 +371,22 @@ void OffloadEngine::run_cpu_update(const Job& job) {
 void OffloadEngine::upload(size_t i, int64_t slot) {
   auto& b = store_.blocks()[i];
   const auto staging = store_.staging(i, slot);
+  auto mine = b.working.narrow(0, b.shard_offset, b.shard_numel);
+  // The updater thread gathers on its own group (Note [Process groups]).
+  const int lane = std::this_thread::get_id() == updater_.get_id() ? 1 : 0;
   torch::NoGradGuard no_grad;
   if (cuda_) {
     auto& s = *streams_;
     const c10::StreamGuard guard(s.h2d);
     mark(stamps_->h2d0[i], &s.h2d, 0);
-    b.working.copy_(staging, /*non_blocking=*/true);
+    mine.copy_(staging, /*non_blocking=*/true);
+    if (store_.sharded()) store_.gather_working(i, lane);  // behind the copy, on the H2D stream
     s.uploaded[i]->record(s.h2d);
     mark(stamps_->h2d1[i], &s.h2d, 0);
   } else {
     mark(stamps_->h2d0[i], nullptr, host_now());
-    b.working.copy_(staging);
+    mine.copy_(staging);
+    if (store_.sharded()) store_.gather_working(i, lane);
     mark(stamps_->h2d1[i], nullptr, host_now());
   }
 }
@@ -409,13 +455,13 @@ void OffloadEngine::ring_d2h(Job& job) {
     s.d2h.wait(*s.grad_ready[i]);
     const c10::StreamGuard guard(s.d2h);
     mark(stamps_->d2h0[i], &s.d2h, 0);
-    landing.copy_(b.grad, /*non_blocking=*/true);
+    landing.copy_(store_.sharded() ? b.grad_shard : b.grad, /*non_blocking=*/true);
     mark(stamps_->d2h1[i], &s.d2h, 0);
     b.grad.zero_();
     s.landed[i]->record(s.d2h);  // after the zeroing: U_i follows it, and the next backward U_i
   } else {
     mark(stamps_->d2h0[i], nullptr, host_now());
-    landing.copy_(b.grad);
+    landing.copy_(store_.sharded() ? b.grad_shard : b.grad);
     mark(stamps_->d2h1[i], nullptr, host_now());
     b.grad.zero_();
   }
@@ -500,8 +546,8 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
     auto& b = store_.blocks()[i];
     if (b.side != UpdateSide::kGpu) continue;
     gpu.push_back(i);
-    const auto g = b.grad.to(torch::kFloat32) * grad_scale;
-    for (const auto& f : b.params) {
+    const auto g = (store_.sharded() ? b.grad_shard : b.grad).to(torch::kFloat32) * grad_scale;
+    for (const auto& f : b.shard_params) {
       const int k = f.weight_decay_scale != 0.0f ? 0 : 1;
       params[k].push_back(b.master.narrow(0, f.offset, f.numel));
       grads[k].push_back(g.narrow(0, f.offset, f.numel));
@@ -526,7 +572,11 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
       at::_fused_adam_(params[k], grads[k], m[k], v[k], {}, steps[k], lr_, options_.adam.beta1, options_.adam.beta2,
                        wd, options_.adam.eps, false, false, std::nullopt, std::nullopt);
   }
-  for (const size_t i : gpu) store_.blocks()[i].working.copy_(store_.blocks()[i].master);
+  for (const size_t i : gpu) {
+    auto& b = store_.blocks()[i];
+    b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
+    if (store_.sharded()) store_.gather_working(i, 0);  // on the compute stream
+  }
   mark_on_compute(stamps_->gpu1);
 }
 
@@ -551,7 +601,13 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
   if (abandon) {
     out.skipped = true;
   } else {
-    const double norm_scaled = torch::stack(sqnorm_).sum().sqrt().item<double>();  // one host sync
+    if (cuda_ && options_.comm)  // the reductions and norms ran on the D2H stream (Note [Data-parallel engine])
+      for (size_t i = 0; i < blocks.size(); ++i) streams_->compute().wait(*streams_->grad_ready[i]);
+    double norm_scaled;
+    if (store_.sharded())  // every rank holds the norms of its slices
+      norm_scaled = std::sqrt(options_.comm->sum(torch::stack(sqnorm_).sum().item<double>()));
+    else
+      norm_scaled = torch::stack(sqnorm_).sum().sqrt().item<double>();  // one host sync
     out.grad_norm = norm_scaled / loss_scale_;
     if (!std::isfinite(out.grad_norm)) {
       out.skipped = true;
@@ -700,7 +756,7 @@ void OffloadEngine::resolve_split() {
   int64_t cpu_params = 0, gpu_params = 0;
   double d2h_s = 0, h2d_s = 0;
   for (size_t i = 0; i < n; ++i) {
-    timing[i].params = blocks[i].numel;
+    timing[i].params = blocks[i].shard_numel;  // this rank's slice is what it updates and moves
     if (i + 1 < n) {
       timing[i].fwd_s = std::max(0.0, between(st.fwd[i], st.fwd[i + 1]));
       timing[i].bwd_s = std::max(0.0, between(st.bwd[i + 1], st.bwd[i]));
@@ -708,11 +764,11 @@ void OffloadEngine::resolve_split() {
       timing[i].bwd_s = std::max(0.0, between(st.fwd[i], st.bwd[i]));
     }
     if (blocks[i].side == UpdateSide::kCpu) {
-      cpu_params += blocks[i].numel;
+      cpu_params += blocks[i].shard_numel;
       d2h_s += between(st.d2h0[i], st.d2h1[i]);
       h2d_s += between(st.h2d0[i], st.h2d1[i]);
     } else {
-      gpu_params += blocks[i].numel;
+      gpu_params += blocks[i].shard_numel;
     }
   }
   calibrate_costs(cpu_params, gpu_params);
@@ -733,7 +789,7 @@ void OffloadEngine::resolve_split() {
   const int64_t hi = options_.max_gpu_blocks < 0 ? static_cast<int64_t>(n) : std::min<int64_t>(options_.max_gpu_blocks, n);
   const int64_t lo = std::clamp<int64_t>(options_.min_gpu_blocks, 0, hi);
   int64_t budget = 0;
-  for (int64_t i = 0; i < hi; ++i) budget += blocks[i].numel * c.gpu_bytes_per_param_resident;
+  for (int64_t i = 0; i < hi; ++i) budget += blocks[i].shard_numel * c.gpu_bytes_per_param_resident;
   const SplitDecision d = solve_update_split(timing, c, budget, options_.fixed_k, lo);
   const int64_t current = store_.gpu_blocks();
   int64_t g = d.gpu_blocks;
@@ -744,6 +800,8 @@ void OffloadEngine::resolve_split() {
     g = current;
   std::vector<double> sorted = step_times_;
   std::sort(sorted.begin(), sorted.end());
+  // Every rank applies rank 0's split: the ranks' collectives must match Block for Block.
+  if (options_.comm) g = static_cast<int64_t>(options_.comm->all_gather(double(g))[0]);
   split_.measured_step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
   split_.predicted_measured_s = predict_step(timing, c, current).step_s;
   split_.gpu_blocks = g;

@@ -63,6 +63,9 @@ struct EngineOptions {
   std::function<std::vector<CounterPoint>(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
       trace_counters;
   std::function<void(const std::string&)> log;  ///< one line per split decision and trace written
+  /// Data parallel (Note [Data-parallel engine]): each Block's gradient is summed over the ranks as
+  /// soon as backward completes it (all-reduce, or reduce-scatter with a sharded store). Null: one process.
+  Comm* comm = nullptr;
 };
 
 /// The update split in force and what the solver said about it.
@@ -127,6 +130,11 @@ class OffloadEngine {
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
   /// Restores the step count after a checkpoint's state was copied into state().
   void sync_step_from_state() { stats_.steps = static_cast<int64_t>(step_tensor_.item<float>()); }
+  /// Sets the update count (a sharded checkpoint's, Note [Sharded checkpoints]).
+  void set_step_count(int64_t steps) {
+    stats_.steps = steps;
+    step_tensor_.fill_(static_cast<double>(steps));
+  }
 
  private:
   struct Job {
@@ -155,6 +163,7 @@ class OffloadEngine {
   static std::vector<UndoLog> undo_logs(BlockStore& b);  // host ring: a slot, the gradient's D2H into it, the gradient zeroed
   UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
   void update_gpu_blocks(double grad_scale);
+  torch::Tensor reduce_gradient(size_t block);  // Note [Data-parallel engine]; the gradient to use
   void before_block(size_t block);
   void upload_after_backward(size_t block);  // delayed mode: waits for the Block's update first
   void upload_pending(size_t block);         // delayed mode: staging up, behind the compute stream

@@ -22,13 +22,13 @@ torch::Tensor ParamStore::host_buffer(int64_t n, torch::ScalarType t) const {
 torch::Tensor ParamStore::landing(size_t i, int64_t slot) const {
   const auto& b = blocks_.at(i);
   if (options_.ring_slots == 0) return b.landing;
-  return ring_.at(static_cast<size_t>(slot)).landing.narrow(0, 0, b.numel);
+  return ring_.at(static_cast<size_t>(slot)).landing.narrow(0, 0, b.shard_numel);
 }
 
 torch::Tensor ParamStore::staging(size_t i, int64_t slot) const {
   const auto& b = blocks_.at(i);
   if (options_.ring_slots == 0) return b.staging;
-  return ring_.at(static_cast<size_t>(slot)).staging.narrow(0, 0, b.numel);
+  return ring_.at(static_cast<size_t>(slot)).staging.narrow(0, 0, b.shard_numel);
 }
 
 ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks) : options_(options) {
@@ -39,6 +39,9 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
   TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16,
                 "host state dtype ", options_.host_state_dtype);
   TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
+  TANDEM_ASSERT(options_.shard_count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < options_.shard_count,
+                "shard ", options_.shard_rank, " of ", options_.shard_count);
+  TANDEM_ASSERT(options_.shard_count == 1 || options_.comm != nullptr, "a sharded store needs the groups");
   const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
   const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
   int64_t base = 0;
@@ -59,15 +62,35 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
       b.params.push_back(std::move(f));
     }
     base += b.numel;
+    // This rank's slice of the padded range, and the parameters' pieces in it (Note [Sharded store]).
+    const int64_t w = options_.shard_count;
+    b.padded_numel = (b.numel + w - 1) / w * w;
+    b.shard_numel = b.padded_numel / w;
+    b.shard_offset = b.shard_numel * options_.shard_rank;
+    for (const auto& f : b.params) {
+      const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + b.shard_numel);
+      if (lo < hi) b.shard_params.push_back({f.name, f.param, lo - b.shard_offset, hi - lo, {hi - lo}, f.weight_decay_scale});
+    }
     const bool gpu = b.side == UpdateSide::kGpu;
-    b.master = gpu ? torch::empty({b.numel}, fdev) : host_buffer(b.numel, torch::kFloat32);
-    for (const auto& f : b.params) view_of(b.master, f).copy_(f.param.detach());
+    const int64_t sn = b.shard_numel;
+    b.master = gpu ? torch::empty({sn}, fdev) : host_buffer(sn, torch::kFloat32);
+    b.master.zero_();
+    for (const auto& f : b.params) {
+      const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + sn);
+      if (lo < hi) b.master.narrow(0, lo - b.shard_offset, hi - lo).copy_(f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
+    }
     const auto st = options_.host_state_dtype;
-    b.m = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, st).zero_();
-    b.v = gpu ? torch::zeros({b.numel}, fdev) : host_buffer(b.numel, st).zero_();
-    b.working = torch::empty({b.numel}, dopts);
-    b.grad = torch::zeros({b.numel}, dopts);
-    b.working.copy_(b.master);
+    b.m = gpu ? torch::zeros({sn}, fdev) : host_buffer(sn, st).zero_();
+    b.v = gpu ? torch::zeros({sn}, fdev) : host_buffer(sn, st).zero_();
+    b.working = torch::zeros({b.padded_numel}, dopts);
+    b.grad = torch::zeros({b.padded_numel}, dopts);
+    if (sharded()) {
+      // Every rank built the same initial model (one seed): its own copy is the gathered weights.
+      for (const auto& f : b.params) view_of(b.working, f).copy_(f.param.detach());
+      b.grad_shard = torch::zeros({sn}, dopts);
+    } else {
+      b.working.copy_(b.master);
+    }
     for (auto& f : b.params) {
       f.param.set_data(view_of(b.working, f));
       f.param.mutable_grad() = view_of(b.grad, f);
@@ -77,7 +100,7 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
   }
   if (options_.ring_slots > 0) {
     int64_t largest = 0;
-    for (const auto& b : blocks_) largest = std::max(largest, b.numel);
+    for (const auto& b : blocks_) largest = std::max(largest, b.shard_numel);
     for (int64_t s = 0; s < options_.ring_slots; ++s)
       ring_.push_back({host_buffer(largest, landing_dtype()), host_buffer(largest, options_.compute_dtype)});
   }
@@ -90,13 +113,13 @@ torch::ScalarType ParamStore::landing_dtype() const {
 
 void ParamStore::allocate_host_side(BlockStore& b) {
   if (options_.ring_slots == 0 && !b.landing.defined()) {
-    b.landing = host_buffer(b.numel, landing_dtype());
-    b.staging = host_buffer(b.numel, options_.compute_dtype);
+    b.landing = host_buffer(b.shard_numel, landing_dtype());
+    b.staging = host_buffer(b.shard_numel, options_.compute_dtype);
   }
   if (options_.undo && !b.undo_master.defined()) {
-    b.undo_master = torch::empty({b.numel}, torch::kFloat32);
-    b.undo_m = torch::empty({b.numel}, options_.host_state_dtype);
-    b.undo_v = torch::empty({b.numel}, options_.host_state_dtype);
+    b.undo_master = torch::empty({b.shard_numel}, torch::kFloat32);
+    b.undo_m = torch::empty({b.shard_numel}, options_.host_state_dtype);
+    b.undo_v = torch::empty({b.shard_numel}, options_.host_state_dtype);
   }
 }
 
@@ -142,10 +165,49 @@ void ParamStore::set_gpu_blocks(int64_t gpu_blocks) {
 
 void ParamStore::sync_working_from_master() {
   torch::NoGradGuard no_grad;
-  for (auto& b : blocks_) b.working.copy_(b.master);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    auto& b = blocks_[i];
+    b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
+    if (sharded()) gather_working(i, 0);
+  }
+}
+
+void ParamStore::gather_working(size_t i, int lane) {
+  auto& b = blocks_.at(i);
+  auto mine = b.working.narrow(0, b.shard_offset, b.shard_numel);
+  // NCCL gathers in place (the input is the output's slice for this rank); Gloo gets its own copy.
+  auto input = options_.comm->nccl() ? mine : mine.clone();
+  auto work = options_.comm->device_group(lane)._allgather_base(b.working, input);
+  work->wait();  // NCCL: the current stream waits for the gather; Gloo: the host does
+}
+
+std::vector<NamedTensor> ParamStore::shard_state() {
+  std::vector<NamedTensor> out;
+  for (auto& b : blocks_) {
+    out.emplace_back(b.name + ".master", b.master);
+    out.emplace_back(b.name + ".exp_avg", b.m);
+    out.emplace_back(b.name + ".exp_avg_sq", b.v);
+  }
+  return out;
+}
+
+void ParamStore::load_shard_state(
+    const std::function<void(const std::string&, const std::string&, int64_t, int64_t, torch::Tensor)>& read) {
+  torch::NoGradGuard no_grad;
+  for (auto& b : blocks_) {
+    // The slice past the Block's end is padding: it stays zero.
+    const int64_t n = std::max<int64_t>(0, std::min(b.shard_numel, b.numel - b.shard_offset));
+    for (const auto& [kind, t] : {std::pair<std::string, torch::Tensor>{"master", b.master}, {"exp_avg", b.m}, {"exp_avg_sq", b.v}}) {
+      auto tmp = torch::zeros({b.shard_numel}, torch::kFloat32);
+      if (n > 0) read(b.name, kind, b.shard_offset, n, tmp.narrow(0, 0, n));
+      t.copy_(tmp);
+    }
+  }
+  sync_working_from_master();
 }
 
 void ParamStore::with_masters_bound(const std::function<void()>& fn) {
+  TANDEM_ASSERT(!sharded(), "a sharded store has no whole masters to bind (Note [Sharded checkpoints])");
   for (auto& b : blocks_)
     for (auto& f : b.params) f.param.set_data(view_of(b.master, f));
   try {
@@ -159,6 +221,7 @@ void ParamStore::with_masters_bound(const std::function<void()>& fn) {
 }
 
 std::vector<NamedTensor> ParamStore::state(const torch::Tensor& step) {
+  TANDEM_ASSERT(!sharded(), "a sharded store's state is per rank (shard_state)");
   std::vector<NamedTensor> out;
   for (auto& b : blocks_)
     for (auto& f : b.params) {

@@ -16,9 +16,17 @@
 //           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
 // With a host ring (Note [Host ring]) landing and staging are not per Block: a few slots, each the
 // size of the largest Block, are shared by the CPU-updated Blocks in turn.
-// One flat range per Block is also the seam for sharding (a rank owns a contiguous slice of every
-// Block's range: reduce-scatter before the landing buffer, all-gather after staging). With the CPU
-// as the device, "device" and "pinned host" are both plain host memory and the copies are memcpy.
+// One flat range per Block is also the seam for sharding (Note [Sharded store]). With the CPU as the
+// device, "device" and "pinned host" are both plain host memory and the copies are memcpy.
+//
+// Note [Sharded store]
+// With shard_count = W > 1 (ZeRO-style, dist.zero_stage=2) each Block's range is padded to a
+// multiple of W and rank r owns the slice [r * n/W, (r+1) * n/W): its master, m, v, landing,
+// staging and undo buffers hold only that slice, and `shard_params` lists the parameters' pieces in
+// it (offsets relative to the slice). The working weights and the gradient stay whole on the
+// device: the gradient is reduce-scattered into `grad_shard`, the slice is updated, its new weights
+// are written into the working copy's slice and all-gathered (gather_working). W = 1 is the
+// unsharded store: the slice is the whole range and shard_params == params.
 
 #include <torch/torch.h>
 
@@ -27,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/dist/comm.h"
 #include "tandem/engine/update_side.h"
 #include "tandem/models/model.h"
 
@@ -47,12 +56,17 @@ struct BlockStore {
   std::string name;
   std::vector<FlatParam> params;
   int64_t numel = 0;
+  /// This rank's slice (Note [Sharded store]): [shard_offset, shard_offset + shard_numel) of the
+  /// range padded to padded_numel; shard_params' offsets are relative to the slice.
+  int64_t shard_offset = 0, shard_numel = 0, padded_numel = 0;
+  std::vector<FlatParam> shard_params;
   int64_t index_base = 0;  ///< offset of this Block in the whole parameter space (stochastic rounding)
   UpdateSide side = UpdateSide::kCpu;
-  torch::Tensor working, grad;  // (numel) compute dtype, device
-  torch::Tensor master, m, v;   // (numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
-  torch::Tensor landing, staging;            // (numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
-  torch::Tensor undo_master, undo_m, undo_v;  // (numel) fp32 host; kCpu with speculation only
+  torch::Tensor working, grad;  // (padded_numel) compute dtype, device
+  torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only
+  torch::Tensor master, m, v;   // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
+  torch::Tensor landing, staging;            // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
+  torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) fp32 host; kCpu with speculation only
 };
 
 struct ParamStoreOptions {
@@ -66,6 +80,10 @@ struct ParamStoreOptions {
   /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots
   /// (Note [Host ring]); needs updates that start after the norm is known (no undo log).
   int64_t ring_slots = 0;
+  /// Note [Sharded store]: this rank and the number of ranks sharing the masters and states, and
+  /// the groups that gather the working weights (required when shard_count > 1).
+  int shard_rank = 0, shard_count = 1;
+  Comm* comm = nullptr;
 };
 
 /// One slot of the host ring: a landing and a staging buffer the size of the largest Block.
@@ -97,6 +115,18 @@ class ParamStore {
 
   /// working = master (cast to the compute dtype), for every Block; synchronous.
   void sync_working_from_master();
+  bool sharded() const { return options_.shard_count > 1; }
+  /// Sharded stores: all-gathers Block i's working weights from every rank's slice, on the current
+  /// stream, over the device group of `lane` (Note [Process groups]).
+  void gather_working(size_t i, int lane);
+  /// Sharded stores: this rank's slices under "<block>.master", "<block>.exp_avg", "<block>.exp_avg_sq"
+  /// (views), for checkpoints (Note [Sharded checkpoints]).
+  std::vector<NamedTensor> shard_state();
+  /// Sharded stores: fills this rank's slices from `read(name, kind, offset, n, out)`, which copies
+  /// elements [offset, offset + n) of Block `name`'s whole range of master, "exp_avg" or
+  /// "exp_avg_sq" into `out` (fp32); the padding stays zero. Then refreshes the working weights.
+  void load_shard_state(const std::function<void(const std::string&, const std::string&, int64_t, int64_t,
+                                                 torch::Tensor)>& read);
 
   /// Runs `fn` with the module's parameters bound to fp32 masters on the host (CPU-updated) or the
   /// device (GPU-updated), so checkpoint code reads and writes full-precision weights; then binds

@@ -108,7 +108,8 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
     // Fault injection for the tests of Note [Checkpoint layout]: a kill -9 in the middle of a write.
     if (const char* k = std::getenv("TANDEM_FAULT_KILL_IN_CHECKPOINT"); k && std::atoll(k) == state.step)
       ::raise(SIGKILL);
-    write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
+    if (snap.zero_world == 0) write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
+    for (const auto& f : snap.adopt) fs::rename(f, tmp_dir / fs::path(f).filename());
     write_safetensors((tmp_dir / "rng.safetensors").string(), snap.rng);
     write_file_synced((tmp_dir / "tandem.yaml").string(), snap.tandem_yaml);
 
@@ -120,6 +121,7 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
     j["loss_scale"] = state.loss_scale;
     j["growth_tracker"] = state.growth_tracker;
     j["config_hash"] = state.config_hash;
+    if (snap.zero_world > 0) j["zero_world"] = snap.zero_world;
     nlohmann::json files = nlohmann::json::object();
     for (const auto& e : fs::directory_iterator(tmp_dir))
       files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())}, {"sha256", sha256_file(e.path().string())}};
@@ -134,6 +136,70 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
     throw;
   }
   return final_dir.string();
+}
+
+// Note [Sharded checkpoints]
+// With dist.zero_stage=2 no rank holds the whole fp32 masters and optimizer states, so each rank
+// writes its slices (ParamStore::shard_state: per Block "<block>.master", ".exp_avg",
+// ".exp_avg_sq", flat) to zero.rankNNNNN.safetensors, with its slice of every Block's range in the
+// file's metadata. The ranks write into a staging directory beside the checkpoints; after a
+// barrier rank 0 writes the rest of the checkpoint (model.safetensors from the working weights in
+// the compute dtype, for transformers and inspection; RNG, configs), moves the shard files in,
+// and writes the manifest over all of them, so the checkpoint appears whole or not at all. A
+// resume at any world size reads, for each of its own slices, the pieces of the old slices that
+// overlap it (ZeroShards), so the optimizer state is resharded exactly.
+std::string zero_shard_file(int rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "zero.rank%05d.safetensors", rank);
+  return buf;
+}
+
+std::string zero_staging_dir(const std::string& parent, int64_t step) {
+  return (fs::path(parent) / ("." + step_name(step) + ".zero")).string();
+}
+
+int checkpoint_zero_world(const std::string& dir) {
+  const auto j = nlohmann::json::parse(read_file((fs::path(dir) / kStateFile).string(), "checkpoint state"), nullptr,
+                                       false);
+  return j.is_object() ? j.value("zero_world", 0) : 0;
+}
+
+ZeroShards::ZeroShards(const std::string& dir) {
+  const int w = checkpoint_zero_world(dir);
+  TANDEM_CHECK(w > 0, "checkpoint ", dir, " is not sharded");
+  for (int r = 0; r < w; ++r) {
+    files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / zero_shard_file(r)).string()));
+    const auto& meta = files_.back()->metadata();
+    const auto it = meta.find("tandem_zero");
+    TANDEM_CHECK(it != meta.end(), files_.back()->path(), " has no tandem_zero metadata; the checkpoint is not tandem's");
+    const auto j = nlohmann::json::parse(it->second, nullptr, false);
+    TANDEM_CHECK(j.is_object() && j.contains("blocks"), files_.back()->path(), ": malformed tandem_zero metadata");
+    std::map<std::string, Piece> pieces;
+    for (const auto& [name, v] : j["blocks"].items()) {
+      pieces[name] = {v.at(1).get<int64_t>(), v.at(2).get<int64_t>()};
+      numel_[name] = v.at(0).get<int64_t>();
+    }
+    layout_.push_back(std::move(pieces));
+  }
+}
+
+ZeroShards::~ZeroShards() = default;
+
+void ZeroShards::read(const std::string& block, const std::string& kind, int64_t offset, int64_t n,
+                      torch::Tensor out) const {
+  TANDEM_CHECK(numel_.count(block) > 0, "the sharded checkpoint has no block '", block,
+               "'; it was saved from another model");
+  TANDEM_CHECK(offset + n <= numel_.at(block), "block '", block, "' has ", numel_.at(block),
+               " parameters in the checkpoint; this model has more (another model?)");
+  int64_t filled = 0;
+  for (size_t r = 0; r < files_.size(); ++r) {
+    const Piece& p = layout_[r].at(block);
+    const int64_t lo = std::max(offset, p.offset), hi = std::min(offset + n, p.offset + p.numel);
+    if (lo >= hi) continue;
+    out.narrow(0, lo - offset, hi - lo).copy_(files_[r]->slice(block + "." + kind, lo - p.offset, hi - lo));
+    filled += hi - lo;
+  }
+  TANDEM_ASSERT(filled == n, "shards cover ", filled, " of ", n, " elements of ", block, ".", kind);
 }
 
 std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
@@ -160,7 +226,8 @@ void prune_checkpoints(const std::string& parent, int64_t keep) {
   // Temporary directories of writes that never finished (a process killed mid-write).
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.size() > 5 && n.front() == '.' && n.rfind("step_", 1) == 1 && n.substr(n.size() - 4) == ".tmp")
+    if (n.size() > 5 && n.front() == '.' && n.rfind("step_", 1) == 1 &&
+        (n.substr(n.size() - 4) == ".tmp" || n.substr(n.size() - 5) == ".zero"))
       fs::remove_all(e.path(), ec);
   }
   for (int64_t i = 0; i + keep < static_cast<int64_t>(all.size()); ++i) fs::remove_all(all[i], ec);
@@ -204,8 +271,12 @@ std::string verify_checkpoint(const std::string& dir) {
   if (version < 1 || version > kFormatVersion)
     return "unsupported checkpoint format version " + std::to_string(version);
   if (!j.contains("files") || !j["files"].is_object()) return std::string(kStateFile) + " has no file manifest";
-  for (const char* required : {"model.safetensors", "optimizer.safetensors", "rng.safetensors", "tandem.yaml"})
-    if (!j["files"].contains(required)) return std::string("the manifest does not list ") + required;
+  std::vector<std::string> required = {"model.safetensors", "rng.safetensors", "tandem.yaml"};
+  const int zero_world = j.value("zero_world", 0);
+  if (zero_world == 0) required.push_back("optimizer.safetensors");
+  for (int r = 0; r < zero_world; ++r) required.push_back(zero_shard_file(r));
+  for (const auto& f : required)
+    if (!j["files"].contains(f)) return "the manifest does not list " + f;
   for (const auto& [name, entry] : j["files"].items()) {
     const bool v1 = entry.is_number_unsigned();
     if (!v1 && !(entry.is_object() && entry.contains("bytes") && entry.contains("sha256")))
@@ -238,6 +309,9 @@ TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& op
   TANDEM_CHECK(why.empty(), "checkpoint ", dir, " is damaged: ", why,
                "; resume from an earlier one (--resume auto takes the newest intact checkpoint)");
   const auto j = nlohmann::json::parse(read_file(state_path, "checkpoint state"));
+  TANDEM_CHECK(j.value("zero_world", 0) == 0, "checkpoint ", dir, " holds optimizer shards of ", j.value("zero_world", 0),
+               " ranks (dist.zero_stage=2); resume it with offload.optimizer=cpu and dist.zero_stage=2, at any world "
+               "size (1 included)");
   {
     SafetensorsFile weights((d / "model.safetensors").string());
     model.load_hf_state_dict(
@@ -256,6 +330,15 @@ TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& op
         },
         (d / "optimizer.safetensors").string());
   }
+  return load_checkpoint_state(dir, device_index);
+}
+
+TrainerState load_checkpoint_state(const std::string& dir, int device_index) {
+  const fs::path d(dir);
+  const std::string why = verify_checkpoint(dir);
+  TANDEM_CHECK(why.empty(), "checkpoint ", dir, " is damaged: ", why,
+               "; resume from an earlier one (--resume auto takes the newest intact checkpoint)");
+  const auto j = nlohmann::json::parse(read_file((d / kStateFile).string(), "checkpoint state"));
   {
     SafetensorsFile rng((d / "rng.safetensors").string());
     at::Generator gen = at::detail::getDefaultCPUGenerator();

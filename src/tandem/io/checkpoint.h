@@ -3,6 +3,8 @@
 // fsynced, then renamed into place (Note [Checkpoint layout] in checkpoint.cpp).
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,8 @@
 #include "tandem/optim/optimizer.h"
 
 namespace tandem {
+
+class SafetensorsFile;
 
 /// Everything besides tensors that a resumed run needs to continue exactly.
 struct TrainerState {
@@ -27,6 +31,36 @@ struct CheckpointSnapshot {
   std::vector<NamedTensor> model, optimizer, rng;
   std::string hf_config, tandem_yaml;
   TrainerState state;
+  /// Note [Sharded checkpoints]: the ranks' optimizer shard files, written beside the checkpoint
+  /// and moved into it; zero_world > 0 replaces optimizer.safetensors by them.
+  int zero_world = 0;
+  std::vector<std::string> adopt;
+};
+
+/// The name of rank r's shard file in a sharded checkpoint (Note [Sharded checkpoints]).
+std::string zero_shard_file(int rank);
+/// Where the ranks write their shard files for step `step` before rank 0 moves them in.
+std::string zero_staging_dir(const std::string& parent, int64_t step);
+/// The number of ranks whose shards a checkpoint holds; 0 for a whole (unsharded) checkpoint.
+int checkpoint_zero_world(const std::string& dir);
+
+/// The shards of a sharded checkpoint, read at any world size (Note [Sharded checkpoints]).
+class ZeroShards {
+ public:
+  explicit ZeroShards(const std::string& dir);
+  ~ZeroShards();
+  /// Copies elements [offset, offset + n) of Block `block`'s whole range of `kind` ("master",
+  /// "exp_avg", "exp_avg_sq") into `out` (n elements), from whichever shards hold them.
+  void read(const std::string& block, const std::string& kind, int64_t offset, int64_t n, torch::Tensor out) const;
+  int world() const { return static_cast<int>(files_.size()); }
+
+ private:
+  struct Piece {
+    int64_t offset, numel;  // the shard's slice of the Block's range
+  };
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::vector<std::map<std::string, Piece>> layout_;  // per rank: Block -> its slice
+  std::map<std::string, int64_t> numel_;              // Block -> numel
 };
 
 /// The checkpoint's contents now; `copy` clones every tensor into host memory (for a write that
@@ -49,6 +83,9 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
 /// Restores model, optimizer and RNG from a checkpoint directory and returns the trainer state.
 /// UserError when the directory is not a complete checkpoint or does not match the model.
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index);
+/// Restores only the RNG and returns the trainer state (a sharded checkpoint's weights and states
+/// come from ZeroShards).
+TrainerState load_checkpoint_state(const std::string& dir, int device_index);
 
 /// "" when the checkpoint directory is intact (manifest present, every file of its size and
 /// SHA-256), otherwise what is wrong with it.

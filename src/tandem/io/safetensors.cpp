@@ -168,6 +168,17 @@ torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
   return t;
 }
 
+torch::Tensor SafetensorsFile::slice(const std::string& name, int64_t offset, int64_t n) const {
+  const auto& e = entry(name);
+  const int64_t size = static_cast<int64_t>(c10::elementSize(e.scalar_type));
+  const int64_t total = static_cast<int64_t>(e.end - e.begin) / size;
+  TANDEM_CHECK(offset >= 0 && n >= 0 && offset + n <= total, path_, ": '", name, "' has ", total,
+               " elements; elements ", offset, " .. ", offset + n, " were asked for");
+  auto t = torch::empty({n}, torch::TensorOptions().dtype(e.scalar_type));
+  if (n > 0) std::memcpy(t.data_ptr(), data_ + e.begin + offset * size, static_cast<size_t>(n * size));
+  return t;
+}
+
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   using nlohmann::json;

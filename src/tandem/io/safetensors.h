@@ -36,6 +36,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// A CPU tensor holding a copy of the named tensor's data.
   torch::Tensor tensor(const std::string& name) const;
+  /// Elements [offset, offset + n) of the named tensor, flattened: a 1-D CPU copy of just those.
+  torch::Tensor slice(const std::string& name, int64_t offset, int64_t n) const;
 
  private:
   void parse_header();  // validates the mapped file, fills entries_ and metadata_

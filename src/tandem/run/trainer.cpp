@@ -20,6 +20,9 @@
 #include "tandem/core/strings.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
+#include "tandem/dist/comm.h"
+#include "tandem/dist/grad_reducer.h"
+#include "tandem/dist/rank_info.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/sampler.h"
@@ -29,6 +32,7 @@
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/fs.h"
 #include "tandem/io/hf.h"
+#include "tandem/io/safetensors.h"
 #include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
@@ -59,10 +63,14 @@ std::string default_run_dir(const std::string& preset) {
 /// Appends one JSON object per line and flushes, so a crash loses at most the current line.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path) : out_(path, std::ios::app) {
+  /// An empty path writes nothing (ranks other than 0).
+  explicit MetricsWriter(const std::string& path) {
+    if (path.empty()) return;
+    out_.open(path, std::ios::app);
     TANDEM_CHECK(out_.good(), "cannot open '", path, "' for writing; check the run directory");
   }
   void write(const nlohmann::json& j) {
+    if (!out_.is_open()) return;
     out_ << j.dump() << '\n';
     out_.flush();
   }
@@ -75,12 +83,13 @@ class MetricsWriter {
 // reach the engine's masters' states; the update itself is driven by the step loop.
 class EngineOptimizer : public Optimizer {
  public:
-  explicit EngineOptimizer(OffloadEngine& e) : engine_(e) {}
+  /// `sharded_state`: the state lives in per-rank shard files (Note [Sharded checkpoints]), not here.
+  EngineOptimizer(OffloadEngine& e, bool sharded_state) : engine_(e), sharded_state_(sharded_state) {}
   void step(double, const std::optional<torch::Tensor>&) override {
     TANDEM_ASSERT(false, "the offload engine updates through begin_step/end_step");
   }
   void zero_grad() override {}
-  std::vector<NamedTensor> state() override { return engine_.state(); }
+  std::vector<NamedTensor> state() override { return sharded_state_ ? std::vector<NamedTensor>{} : engine_.state(); }
   void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                   const std::string& source) override {
     Optimizer::load_state(lookup, source);
@@ -89,6 +98,7 @@ class EngineOptimizer : public Optimizer {
 
  private:
   OffloadEngine& engine_;
+  bool sharded_state_;
 };
 
 // Note [Telemetry]
@@ -125,10 +135,14 @@ int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
 // plan checked against the machine before anything is allocated (Note [ParamStore layout]).
 // `range` receives the store-Block prefixes whose plans fit both tiers: the split solver's range.
 int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const torch::Device& device,
-                        std::pair<int64_t, int64_t>* range) {
+                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
   cap.host_available = host_available_bytes();
+  // The ranks on this host share its memory; sharded ranks each hold 1/world of the host rows, which
+  // the plan counts whole, so the host they are checked against grows by as much (Note [Sharded store]).
+  const int64_t shards = cfg.dist.zero_stage == 2 ? ranks.world_size : 1;
+  cap.host_available = cap.host_available * shards / ranks.local_world_size;
   if (device.is_cuda() && accelerator()) cap.gpu_total = accelerator()->memory_stats(device.index()).total;
   int64_t layers = 0;
   if (fixed) {
@@ -207,10 +221,113 @@ torch::Device resolve_device(const std::string& s) {
   TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
 }
 
+// Note [Data parallel]
+// Under a launcher (dist/rank_info.h) every rank trains the same model on its own rows of each
+// global micro-batch: rank r takes rows [first_r, first_r + rows_r) of the batch one process with
+// train.micro_batch x world rows would draw (the sampler is counter-based per row), weights its
+// loss by rows_r / global rows, and the gradients are summed (the engine's per-Block reduction,
+// or GradReducer). Steps therefore equal one process's with the same global batch, up to the
+// summation order. The ranks check that they run one config (its hash) before the first step and
+// take rank 0's run directory, memory plan and update split, so their collectives match. Rank 0
+// alone writes the run directory's files; checkpoints are whole (replicated state, rank 0 writes)
+// or sharded (Note [Sharded checkpoints]). With dist.balance the rows per rank may differ (unequal
+// GPUs, seed 002): given, or measured after dist.balance_after steps from each rank's compute time
+// per row and device memory headroom (balance_rows), the global batch unchanged.
+
+std::vector<int64_t> balance_rows(const std::vector<double>& seconds_per_row, const std::vector<int64_t>& max_rows,
+                                  int64_t total) {
+  const size_t w = seconds_per_row.size();
+  TANDEM_ASSERT(w > 0 && max_rows.size() == w, "balance over ", w, " ranks");
+  int64_t cap_sum = 0;
+  for (const auto c : max_rows) cap_sum += std::max<int64_t>(c, 1);
+  TANDEM_CHECK(cap_sum >= total, "the ranks fit ", cap_sum, " rows of the global micro-batch (", total,
+               ") in device memory; lower train.micro_batch or set dist.balance=equal");
+  // Rows in proportion to speed (1 / seconds per row), at least one each, capped; the rows a cap
+  // removes go to the others in proportion again.
+  std::vector<int64_t> rows(w, 0);
+  std::vector<bool> capped(w, false);
+  int64_t left = total;
+  for (int round = 0; round < static_cast<int>(w) + 1 && left > 0; ++round) {
+    double speed = 0;
+    for (size_t r = 0; r < w; ++r)
+      if (!capped[r]) speed += 1.0 / std::max(seconds_per_row[r], 1e-12);
+    int64_t given = 0;
+    std::vector<double> frac(w, 0);
+    for (size_t r = 0; r < w; ++r) {
+      if (capped[r]) continue;
+      const double want = double(left) * (1.0 / std::max(seconds_per_row[r], 1e-12)) / speed;
+      const int64_t n = static_cast<int64_t>(want);
+      rows[r] += n;
+      frac[r] = want - double(n);
+      given += n;
+    }
+    // Largest remainders get the rows rounding left over.
+    int64_t rest = left - given;
+    while (rest > 0) {
+      size_t best = w;
+      for (size_t r = 0; r < w; ++r)
+        if (!capped[r] && (best == w || frac[r] > frac[best])) best = r;
+      if (best == w) break;
+      ++rows[best];
+      frac[best] = -1;
+      --rest;
+    }
+    left = 0;
+    for (size_t r = 0; r < w; ++r)
+      if (rows[r] > std::max<int64_t>(max_rows[r], 1)) {
+        left += rows[r] - std::max<int64_t>(max_rows[r], 1);
+        rows[r] = std::max<int64_t>(max_rows[r], 1);
+        capped[r] = true;
+      }
+  }
+  for (auto& r : rows)
+    if (r < 1) r = 1;
+  // The minimum of one row each may have taken rows from the fastest: give back from the largest.
+  int64_t sum = 0;
+  for (const auto r : rows) sum += r;
+  while (sum > total) {
+    auto it = std::max_element(rows.begin(), rows.end());
+    --*it;
+    --sum;
+  }
+  return rows;
+}
+
 TrainSummary train(Config cfg, const TrainOptions& options) {
   validate_config(cfg);
-  const torch::Device device = resolve_device(cfg.train.device);
+  const RankInfo ranks = discover_rank();
+  torch::Device device = resolve_device(cfg.train.device);
+  if (ranks.distributed() && device.is_cuda()) {
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
+                 " are visible; start at most ", n, " processes per node");
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.gpu()));
+  }
   const int device_index = device.is_cuda() ? device.index() : -1;
+  std::unique_ptr<Comm> comm;
+  if (ranks.distributed()) {
+    CommOptions co;
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
+    co.nccl = device.is_cuda() && cfg.dist.backend != "gloo";
+    TANDEM_CHECK(!(cfg.dist.backend == "nccl" && !device.is_cuda()), "dist.backend=nccl needs GPUs; this run is on ",
+                 device.str(), ": set dist.backend=auto or gloo");
+    co.cuda_device = device_index;
+    co.heartbeat_s = cfg.dist.heartbeat_s;
+    co.heartbeat_timeout_s = cfg.dist.heartbeat_timeout_s;
+    comm = std::make_unique<Comm>(ranks, co);
+    comm->check_same("configurations", config_hash(cfg),
+                     "start every rank with the same config files, --set options and preset");
+    log::info(strprintf("rank %d of %d (%s; local %d of %d) on %s | %s | rendezvous %s:%d%s", ranks.rank,
+                        ranks.world_size, ranks.source.c_str(), ranks.local_rank, ranks.local_world_size,
+                        device.str().c_str(), co.nccl ? "NCCL" : "Gloo", ranks.master_addr.c_str(), ranks.master_port,
+                        ranks.restart_count ? strprintf(" | restart %d", ranks.restart_count).c_str() : ""));
+    if (ranks.rank != 0) cfg.train.progress = "off";
+  }
+  const bool main_rank = ranks.rank == 0;
+  const int world = ranks.world_size;
+  TANDEM_CHECK(cfg.dist.zero_stage == 0 || cfg.offload.optimizer == OffloadTarget::kCpu,
+               "dist.zero_stage=2 shards the offload engine's masters and optimizer states; set offload.optimizer=cpu, "
+               "or dist.zero_stage=0");
   if (device.is_cuda()) {
     at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
     at::globalContext().setAllowTF32CuDNN(cfg.train.tf32);
@@ -274,6 +391,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   std::string run_dir = cfg.train.run_dir;
   if (run_dir.empty() && !resume_dir.empty()) run_dir = fs::path(resume_dir).parent_path().parent_path().string();
   if (run_dir.empty()) run_dir = default_run_dir(spec.name);
+  if (comm) run_dir = comm->broadcast_string("run_dir", run_dir);  // one directory, named by rank 0
   ensure_writable_directory(run_dir, "run directory");
   const std::string ckpt_parent = (fs::path(run_dir) / "checkpoints").string();
 
@@ -282,9 +400,20 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   std::pair<int64_t, int64_t> range;
   int64_t gpu_blocks = 0;
   if (offload) {
-    gpu_blocks = plan_gpu_blocks(spec, cfg, seq_len, device, &range);  // resolves offload.host_ring
+    gpu_blocks = plan_gpu_blocks(spec, cfg, seq_len, device, &range, ranks);  // resolves offload.host_ring
     if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;       // no plan to choose from (the CPU as the device)
     if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+    if (comm) {  // rank 0's plan everywhere: the ranks' collectives must match Block for Block
+      const auto plan0 = comm->all_gather(double(gpu_blocks));
+      const auto ring0 = comm->all_gather(double(cfg.offload.host_ring));
+      const auto lo0 = comm->all_gather(double(range.first)), hi0 = comm->all_gather(double(range.second));
+      const auto pin0 = comm->all_gather(cfg.offload.pin_memory ? 1.0 : 0.0);
+      gpu_blocks = static_cast<int64_t>(plan0[0]);
+      cfg.offload.host_ring = static_cast<int64_t>(ring0[0]);
+      if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+      range = {static_cast<int64_t>(lo0[0]), static_cast<int64_t>(hi0[0])};
+      cfg.offload.pin_memory = pin0[ranks.rank] != 0.0;  // pinning is this host's own business
+    }
   }
 
   // Model, weights and optimizer.
@@ -314,6 +443,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     so.ring_slots = cfg.offload.host_ring;
     so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+    if (comm && cfg.dist.zero_stage == 2) {
+      so.shard_rank = ranks.rank;
+      so.shard_count = world;
+      so.comm = comm.get();
+    }
     const auto t_store = std::chrono::steady_clock::now();
     store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
     log::info(strprintf("offload: model built in %.1f s, parameter store (%s host buffers) in %.1f s", build_s,
@@ -336,7 +470,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     eo.min_gpu_blocks = range.first;
     eo.max_gpu_blocks = range.second;
     eo.resolve_every = cfg.offload.resolve_every;
-    eo.trace_steps = parse_step_list(cfg.offload.trace_steps, "offload.trace_steps");
+    eo.trace_steps = main_rank ? parse_step_list(cfg.offload.trace_steps, "offload.trace_steps") : std::vector<int64_t>{};
+    eo.comm = comm.get();
     eo.trace_path = (fs::path(run_dir) / "trace.json").string();
     eo.log = [](const std::string& line) { log::info(line); };
     eo.trace_counters = [&sampler](std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
@@ -362,11 +497,14 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       return out;
     };
     engine = std::make_unique<OffloadEngine>(*model, *store, eo);
-    optimizer_ptr = std::make_unique<EngineOptimizer>(*engine);
+    optimizer_ptr = std::make_unique<EngineOptimizer>(*engine, cfg.dist.zero_stage == 2);
   } else {
     model->to(device);
     optimizer_ptr = make_optimizer(cfg.optim, model->hf_parameters(), device);
   }
+  std::unique_ptr<GradReducer> reducer;  // Note [Gradient reducer]
+  if (comm && !engine) reducer = std::make_unique<GradReducer>(*model, *comm);
+  const bool sharded = store && store->sharded();
   Optimizer& optimizer = *optimizer_ptr;
   // Checkpoint code reads and writes the fp32 masters when the engine holds them.
   const auto with_weights = [&](const std::function<void()>& fn) {
@@ -378,15 +516,32 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   TrainerState state;
   state.loss_scale = cfg.scaler.init_scale;
   state.config_hash = config_hash(cfg);
-  if (!resume_dir.empty()) {
+  // Note [Sharded checkpoints]: dist.zero_stage=2 runs save per-rank shards at every world size.
+  const bool zero_format = engine && cfg.dist.zero_stage == 2;
+  if (!resume_dir.empty() && checkpoint_zero_world(resume_dir) > 0) {
+    TANDEM_CHECK(zero_format, "checkpoint ", resume_dir, " holds optimizer shards (dist.zero_stage=2); resume it with "
+                 "offload.optimizer=cpu and dist.zero_stage=2, at any world size (1 included)");
+    state = load_checkpoint_state(resume_dir, device_index);
+    const ZeroShards shards(resume_dir);
+    store->load_shard_state([&](const std::string& block, const std::string& kind, int64_t offset, int64_t n,
+                                torch::Tensor out) { shards.read(block, kind, offset, n, out); });
+    SafetensorsFile first((fs::path(resume_dir) / zero_shard_file(0)).string());
+    engine->set_step_count(static_cast<int64_t>(first.tensor("_step").item<double>()));
+    log::info(strprintf("resumed from %s at step %lld (optimizer shards of %d ranks, now %d)", resume_dir.c_str(),
+                        static_cast<long long>(state.step), shards.world(), world));
+  } else if (!resume_dir.empty()) {
+    TANDEM_CHECK(!zero_format || world == 1, "checkpoint ", resume_dir, " holds whole optimizer state; resume it with "
+                 "dist.zero_stage=0, or in one process, and save again to shard it");
     with_weights([&] { state = load_checkpoint(resume_dir, *model, optimizer, device_index); });
     log::info(strprintf("resumed from %s at step %lld", resume_dir.c_str(), static_cast<long long>(state.step)));
   }
 
   // Written only once the model, weights and checkpoint are known to be good, so a failed
   // resume leaves the run directory's files as they were.
-  write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
-  write_file_atomic((fs::path(run_dir) / "model_config.json").string(), hf_config_json(spec));
+  if (main_rank) {
+    write_file_atomic((fs::path(run_dir) / "config.yaml").string(), config_to_yaml(cfg));
+    write_file_atomic((fs::path(run_dir) / "model_config.json").string(), hf_config_json(spec));
+  }
 
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   const bool fp16 = cfg.train.precision == Precision::kFp16;
@@ -394,9 +549,34 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   torch::Tensor growth_tracker =
       torch::full({1}, state.growth_tracker, torch::TensorOptions().dtype(torch::kInt32).device(device));
 
-  BatchLoader train_loader(data.train, cfg.train.micro_batch, seq_len, cfg.train.seed, device, cfg.data.prefetch,
-                           spec.vocab_size, "training");
-  train_loader.seek(state.data_position);
+  // Note [Data parallel]: this rank's rows of each global micro-batch.
+  const int64_t global_rows = cfg.train.micro_batch * world;
+  std::vector<int64_t> rank_rows(static_cast<size_t>(world), cfg.train.micro_batch);
+  if (cfg.dist.balance != "equal" && cfg.dist.balance != "auto") {
+    const auto parts = split(cfg.dist.balance, ',');
+    TANDEM_CHECK(static_cast<int>(parts.size()) == world, "dist.balance='", cfg.dist.balance, "' gives ", parts.size(),
+                 " row counts for ", world, " ranks; give one per rank, or equal / auto");
+    int64_t sum = 0;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      rank_rows[r] = std::atoll(parts[r].c_str());
+      TANDEM_CHECK(rank_rows[r] >= 1, "dist.balance: '", parts[r], "' is not a row count >= 1");
+      sum += rank_rows[r];
+    }
+    TANDEM_CHECK(sum == global_rows, "dist.balance='", cfg.dist.balance, "' sums to ", sum,
+                 " rows; the global micro-batch is train.micro_batch x world = ", global_rows);
+  }
+  const auto first_row_of = [&](int r) {
+    int64_t f = 0;
+    for (int q = 0; q < r; ++q) f += rank_rows[static_cast<size_t>(q)];
+    return f;
+  };
+  double rank_share = double(rank_rows[static_cast<size_t>(ranks.rank)]) / double(global_rows);
+  std::unique_ptr<BatchLoader> train_loader = std::make_unique<BatchLoader>(
+      data.train, rank_rows[static_cast<size_t>(ranks.rank)], seq_len, cfg.train.seed, device, cfg.data.prefetch,
+      spec.vocab_size, "training", first_row_of(ranks.rank));
+  // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
+  if (comm) cfg.train.oom_retry = false;
+  train_loader->seek(state.data_position);
   std::unique_ptr<BatchLoader> val_loader;
   if (cfg.train.eval_every > 0 && data.val.size() >= seq_len + 2)
     val_loader = std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, seq_len, cfg.train.seed ^ 0x5eedull,
@@ -405,7 +585,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
                         cfg.data.val_fraction, static_cast<long long>(data.val.size())));
 
-  const int64_t tokens_per_step = cfg.train.micro_batch * seq_len * cfg.train.grad_accum;
+  const int64_t tokens_per_step = global_rows * seq_len * cfg.train.grad_accum;  // every rank's
   log::info(strprintf("model %s (%s params, %lld layers, d_model %lld) on %s | %s | data: %s", spec.name.c_str(),
                       format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
                       static_cast<long long>(spec.d_model), device.str().c_str(), to_string(cfg.train.precision),
@@ -415,7 +595,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
                       run_dir.c_str()));
 
-  MetricsWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
+  MetricsWriter metrics(main_rank ? (fs::path(run_dir) / "metrics.jsonl").string() : std::string());
   feed.set_info({{"run_dir", run_dir},
                  {"model", strprintf("%s (%s params)", spec.name.c_str(), format_count(double(spec.num_params_unpadded())).c_str())},
                  {"device", device.str()},
@@ -435,12 +615,12 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     log::info(std::string(dashboard ? "dashboard" : "Prometheus metrics") + " at " + servers.back()->url() +
               (dashboard ? "" : "metrics") + (dashboard && metrics_endpoint ? " (and /metrics)" : ""));
   };
-  if (cfg.monitor.dashboard_port > 0)
+  if (cfg.monitor.dashboard_port > 0 && main_rank)
     serve(cfg.monitor.dashboard_port, true, cfg.monitor.metrics_port == cfg.monitor.dashboard_port);
-  if (cfg.monitor.metrics_port > 0 && cfg.monitor.metrics_port != cfg.monitor.dashboard_port)
+  if (cfg.monitor.metrics_port > 0 && cfg.monitor.metrics_port != cfg.monitor.dashboard_port && main_rank)
     serve(cfg.monitor.metrics_port, false, true);
   std::unique_ptr<TensorBoardWriter> tensorboard;
-  if (cfg.monitor.tensorboard) {
+  if (cfg.monitor.tensorboard && main_rank) {
     tensorboard = std::make_unique<TensorBoardWriter>((fs::path(run_dir) / "tensorboard").string());
     log::info("TensorBoard scalars: " + tensorboard->path());
   }
@@ -513,11 +693,60 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     progress.message(strprintf("checkpoint %s written in the background (%.2f s)", summary.last_checkpoint.c_str(), write_s));
   };
   bool said_sync = false;
+  // Note [Sharded checkpoints]: every rank writes its shard, rank 0 the rest and the manifest.
+  const auto zero_checkpoint = [&] {
+    const auto t0 = Clock::now();
+    engine->wait_all();
+    const std::string staging = zero_staging_dir(ckpt_parent, state.step);
+    std::string error;
+    try {
+      if (main_rank) ensure_writable_directory(ckpt_parent, "checkpoint directory");
+      if (comm) comm->barrier();
+      fs::create_directories(staging);
+      nlohmann::json blocks = nlohmann::json::object();
+      for (const auto& b : store->blocks()) blocks[b.name] = {b.numel, b.shard_offset, b.shard_numel};
+      auto tensors = store->shard_state();
+      tensors.emplace_back("_step", torch::full({}, double(engine->stats().steps), torch::kFloat64));
+      const nlohmann::json meta = {{"rank", ranks.rank}, {"world", world}, {"blocks", blocks}};
+      write_safetensors((fs::path(staging) / zero_shard_file(ranks.rank)).string(), tensors, {{"tandem_zero", meta.dump()}});
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      error = strprintf("rank %d: %s", ranks.rank, e.what());
+    }
+    const double failed = comm ? comm->sum(error.empty() ? 0.0 : 1.0) : (error.empty() ? 0.0 : 1.0);
+    std::string path;
+    if (main_rank) {
+      try {
+        TANDEM_CHECK(failed == 0, error.empty() ? strprintf("%.0f rank(s) could not write their shards", failed) : error);
+        CheckpointSnapshot snap = take_checkpoint_snapshot(*model, optimizer, state, cfg, device_index, true);
+        snap.zero_world = world;
+        for (int r = 0; r < world; ++r) snap.adopt.push_back((fs::path(staging) / zero_shard_file(r)).string());
+        path = write_checkpoint(ckpt_parent, snap);
+      } catch (const InternalError&) {
+        throw;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+    if (comm) comm->barrier();  // no rank goes on (or ends) before the checkpoint is whole
+    if (!main_rank) return;
+    if (!error.empty()) return checkpoint_failed(state.step, error);
+    summary.last_checkpoint = path;
+    prune_checkpoints(ckpt_parent, cfg.train.keep_checkpoints);
+    const double blocking_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    publish({{"step", state.step}, {"checkpoint", path}, {"checkpoint_blocking_s", blocking_s}});
+    progress.message(strprintf("checkpoint %s, %d shard(s) (%.2f s)", path.c_str(), world, blocking_s));
+  };
   const auto checkpoint = [&](bool allow_async) {
     collect_checkpoint(true);  // one write at a time
-    state.data_position = train_loader.position();
+    state.data_position = train_loader->position();
     state.loss_scale = scale.item<double>();
     state.growth_tracker = growth_tracker.item<int64_t>();
+    if (zero_format) return zero_checkpoint();
+    if (!main_rank) return;  // replicated state: rank 0 writes it
     const auto t0 = Clock::now();
     const bool want_background = allow_async && cfg.train.async_checkpoint;
     // Note [Checkpoint failures]
@@ -585,6 +814,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   int64_t tokens_run = 0;
 
   int64_t oom_parts = 1, oom_clean_steps = 0;  // Note [Adaptive micro-batch]
+  std::vector<double> compute_s;                // forward + backward seconds per step (dist.balance=auto)
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
@@ -597,17 +827,18 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     // loss weighted by its share of rows), so only the summation order differs. After
     // train.oom_grow_after clean steps the parts halve again. At micro-batch 1 the plan cannot fit.
     torch::Tensor loss_sum;
-    const int64_t data_pos0 = train_loader.position();
+    const int64_t data_pos0 = train_loader->position();
     for (;;) {
       timer.begin();
       loss_sum = torch::zeros({}, fopts);
       if (engine) engine->begin_step(lr, fp16 ? scale.item<double>() : 1.0);
       try {
         for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
-          Batch b = train_loader.next();
+          Batch b = train_loader->next();
           const int64_t rows = b.inputs.size(0), parts = std::min(oom_parts, rows);
           for (int64_t part = 0; part < parts; ++part) {
             if (engine) engine->begin_micro(micro + 1 == cfg.train.grad_accum && part + 1 == parts);
+            if (reducer) reducer->begin_micro(micro + 1 == cfg.train.grad_accum && part + 1 == parts);
             const int64_t r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
             const torch::Tensor inputs = parts == 1 ? b.inputs : b.inputs.narrow(0, r0, r1 - r0);
             const torch::Tensor targets = parts == 1 ? b.targets : b.targets.narrow(0, r0, r1 - r0);
@@ -624,8 +855,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
             timer.mark(StepTimer::Phase::kForward);
             // Gradients accumulate in the fp32 .grad of the fp32 parameters (autocast casts weights
             // per op; their gradients arrive in fp32), so accumulation adds no rounding beyond fp32.
-            torch::Tensor scaled = parts == 1 ? loss / double(cfg.train.grad_accum)
-                                              : loss * (share / double(cfg.train.grad_accum));
+            // Note [Data parallel]: weighted by this rank's share of the global batch; the ranks' sum is its mean.
+            torch::Tensor scaled = world == 1 ? (parts == 1 ? loss / double(cfg.train.grad_accum)
+                                                            : loss * (share / double(cfg.train.grad_accum)))
+                                   : loss * (share * rank_share / double(cfg.train.grad_accum));
             if (fp16) scaled = scaled * scale;
             scaled.backward();
             loss_sum += parts == 1 ? loss.detach() : loss.detach() * share;
@@ -640,7 +873,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         if (engine) engine->abandon_step();
         optimizer.zero_grad();
         if (device_index >= 0 && accelerator()) accelerator()->empty_cache(device_index);
-        train_loader.seek(data_pos0);
+        train_loader->seek(data_pos0);
         TANDEM_CHECK(oom_parts * 2 <= cfg.train.micro_batch, "out of memory at step ", step + 1,
                      " even at micro-batch ", cfg.train.micro_batch / oom_parts, " (", what,
                      "); lower train.seq_len, set model.checkpointing=true or offload.optimizer=cpu");
@@ -664,6 +897,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       norm = torch::full({}, out.grad_norm, fopts);
       found_inf.fill_(out.skipped ? 1.0 : 0.0);
     } else {
+      if (reducer) reducer->finish();  // every Block's gradient summed over the ranks
       std::vector<torch::Tensor> grads;
       for (auto& p : params)
         if (p.grad().defined()) grads.push_back(p.grad());
@@ -688,7 +922,15 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     auto host =
         torch::stack({loss_sum / double(cfg.train.grad_accum), norm.to(torch::kFloat32), found_inf, scale.squeeze()})
             .to(torch::kCPU, torch::kFloat64);
-    const double loss_v = host[0].item<double>(), norm_v = host[1].item<double>();
+    double loss_v = host[0].item<double>();
+    const double norm_v = host[1].item<double>();
+    bool stop_now = stop_requested();
+    if (comm) {
+      // The global batch's loss, and one decision to stop: every rank stops after the same step.
+      const auto sums = comm->sum({loss_v * rank_share, stop_now ? 1.0 : 0.0});
+      loss_v = sums[0];
+      stop_now = sums[1] > 0;
+    }
     const bool skipped = host[2].item<double>() != 0.0;
     const double scale_v = host[3].item<double>();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -760,7 +1002,42 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
         m["offload_predicted_step_s"] = sp.predicted_step_s;
       }
     }
+    if (comm) m["dist_rows"] = rank_rows;
     publish(m);
+
+    // Note [Data parallel]: dist.balance=auto measures, then sizes each rank's rows once.
+    compute_s.push_back(phases.forward_s + phases.backward_s);
+    if (comm && cfg.dist.balance == "auto" && state.step == summary.first_step + cfg.dist.balance_after) {
+      const double mine = median(compute_s) / double(rank_rows[static_cast<size_t>(ranks.rank)]);
+      double max_rows = double(global_rows);
+      if (device_index >= 0 && accelerator()) {
+        const auto ms = accelerator()->memory_stats(device_index);
+        // Activation memory per row from the step's peak over the memory held between steps.
+        const double per_row = std::max(1.0, double(ms.peak_allocated - ms.allocated) /
+                                                 double(rank_rows[static_cast<size_t>(ranks.rank)]));
+        const double room = double(ms.total) * cfg.offload.gpu_memory_fraction - double(ms.peak_allocated);
+        max_rows = std::min(max_rows, double(rank_rows[static_cast<size_t>(ranks.rank)]) + std::max(0.0, room) / per_row);
+      }
+      const auto speeds = comm->all_gather(mine);
+      const auto caps_d = comm->all_gather(max_rows);
+      std::vector<int64_t> caps;
+      for (const double c : caps_d) caps.push_back(static_cast<int64_t>(c));
+      const auto next = balance_rows(speeds, caps, global_rows);
+      if (next != rank_rows) {
+        std::string said;
+        for (int r = 0; r < world; ++r)
+          said += strprintf("%srank %d: %.3g ms/row -> %lld rows", r ? ", " : "", r, speeds[r] * 1e3,
+                            static_cast<long long>(next[static_cast<size_t>(r)]));
+        log::info("dist.balance=auto: " + said);
+        rank_rows = next;
+        rank_share = double(rank_rows[static_cast<size_t>(ranks.rank)]) / double(global_rows);
+        const int64_t pos = train_loader->position();
+        train_loader = std::make_unique<BatchLoader>(data.train, rank_rows[static_cast<size_t>(ranks.rank)], seq_len,
+                                                     cfg.train.seed, device, cfg.data.prefetch, spec.vocab_size,
+                                                     "training", first_row_of(ranks.rank));
+        train_loader->seek(pos);
+      }
+    }
 
     ProgressSample ps;
     ps.step = state.step, ps.total = cfg.train.steps, ps.loss = loss_v, ps.lr = lr;
@@ -775,7 +1052,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       ps.extra = strprintf("scale %g", scale_v);
     progress.update(ps);
 
-    if (val_loader && state.step % cfg.train.eval_every == 0) {
+    if (val_loader && main_rank && state.step % cfg.train.eval_every == 0) {
       summary.last_eval_loss = evaluate();
       publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
       progress.message(
@@ -788,7 +1065,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     // SIGINT/SIGTERM set a flag (core/interrupt.h); the step in flight finishes, the loop stops
     // here, a checkpoint is written whatever train.save_final says, and the run ends normally
     // (exit 0), so `--resume` continues exactly. A second signal ends the process at once.
-    if (stop_requested() && state.step < cfg.train.steps) {
+    if (stop_now && state.step < cfg.train.steps) {
       summary.interrupted = true;
       log::warn(strprintf("stop requested: stopping after step %lld of %lld", static_cast<long long>(state.step),
                           static_cast<long long>(cfg.train.steps)));
@@ -798,7 +1075,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   progress.finish();
   const double wall = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-  if (val_loader && !summary.interrupted && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
+  if (val_loader && main_rank && !summary.interrupted && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
       state.step > summary.first_step) {
     summary.last_eval_loss = evaluate();
     publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
@@ -858,7 +1135,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"oom_retries", summary.oom_retries},
                       {"checkpoint_error", summary.checkpoint_error},
                       {"telemetry", telemetry}};
-  write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  if (main_rank) write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
   feed.finish();
   // An open dashboard polls every second: give it the last rows before the server goes.
   if (cfg.monitor.dashboard_port > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));

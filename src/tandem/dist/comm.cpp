@@ -1,0 +1,200 @@
+#include "tandem/dist/comm.h"
+
+#ifdef TANDEM_WITH_GLOO
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+#include <cstdlib>
+#include <map>
+
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+
+namespace tandem {
+
+// Note [Process groups]
+// Rank 0 serves the TCPStore; every rank connects to it (the rendezvous waits for all of them up to
+// CommOptions::timeout). On top of it: one Gloo group for host tensors (the step loop's small
+// agreements: norms, the update split, balance measurements) and two groups for the training
+// device's tensors, NCCL on CUDA and Gloo on the CPU. c10d requires every rank to issue a group's
+// collectives in the same order. The step loop reduces gradients while the CPU updater thread
+// gathers updated weights, and the two threads interleave differently on each rank, so each thread
+// has its own group (lane 0: the step loop; lane 1: the updater), each under its own store prefix.
+// Gloo binds to GLOO_SOCKET_IFNAME when set, to loopback when MASTER_ADDR is local, otherwise to
+// the address the host name resolves to (c10d's default).
+//
+// Note [Heartbeat]
+// Collectives with a dead peer fail fast on Gloo (the connection closes) and NCCL's watchdog
+// aborts on its timeout, but a hung rank (stopped, deadlocked, a wedged GPU) holds the others
+// until the collective timeout. So each rank adds to "hb/<rank>" in the store every heartbeat_s
+// from a thread with its own store connection, and reads everyone's counter; a counter that has
+// not moved for heartbeat_timeout_s, or a store that stops answering (rank 0 is gone), means the
+// run has lost a rank. The default reaction logs it and ends the process with kExitPeerLost (75):
+// the step loop may be blocked inside a collective with that rank and cannot be unwound, and
+// nothing more can be saved without it; the launcher then restarts every rank from the newest
+// intact checkpoint.
+
+namespace {
+
+#ifdef TANDEM_WITH_GLOO
+c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const RankInfo& info,
+                                                  std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname != nullptr && *ifname != '\0') {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (info.master_addr == "127.0.0.1" || info.master_addr == "localhost" || info.master_addr == "::1" ||
+             info.world_size == info.local_world_size) {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, info.rank, info.world_size, opts);
+}
+#endif
+
+}  // namespace
+
+Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(std::move(options)) {
+#ifndef TANDEM_WITH_GLOO
+  TANDEM_FAIL("this build of tandem has no Gloo headers, so it cannot run several processes; install libgloo-dev "
+              "(scripts/setup.sh does) and rebuild");
+#else
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(info_.master_port);
+  so.isServer = info_.rank == 0;
+  so.numWorkers = static_cast<size_t>(info_.world_size);
+  so.waitWorkers = true;
+  so.timeout = options_.timeout;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(info_.master_addr, so);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("rank ", info_.rank, " of ", info_.world_size, " could not meet the others at ", info_.master_addr, ":",
+                info_.master_port, " (", one_line(e.what()),
+                "); check MASTER_ADDR/MASTER_PORT, that the port is free on rank 0's host, and that every rank started");
+  }
+  host_ = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("host", store_), info_, options_.timeout);
+  for (int lane = 0; lane < 2; ++lane) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("device" + std::to_string(lane), store_);
+    device_.push_back(options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device,
+                                                      options_.timeout)
+                                    : make_gloo_group(prefixed, info_, options_.timeout));
+  }
+  if (options_.heartbeat_s > 0) {
+    hb_store_ = store_->clone();
+    hb_store_->add("hb/" + std::to_string(info_.rank), 1);
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+#endif
+}
+
+Comm::~Comm() {
+  stop_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+c10d::Backend& Comm::device_group(int lane) {
+  TANDEM_ASSERT(lane >= 0 && lane < static_cast<int>(device_.size()), "lane ", lane);
+  return *device_[static_cast<size_t>(lane)];
+}
+
+void Comm::heartbeat_loop() {
+  using Clock = std::chrono::steady_clock;
+  const std::string mine = "hb/" + std::to_string(info_.rank);
+  std::map<int, std::pair<int64_t, Clock::time_point>> seen;  // rank -> last counter, when it last moved
+  bool lost = false;
+  Clock::time_point lost_at;
+  auto next = Clock::now();
+  while (!stop_) {
+    next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.heartbeat_s));
+    while (!stop_ && Clock::now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (stop_) return;
+    if (lost) {
+      // The reaction ran and the process is still here: end it (Note [Heartbeat]).
+      if (Clock::now() - lost_at > std::chrono::duration<double>(options_.heartbeat_timeout_s)) std::_Exit(kExitPeerLost);
+      continue;
+    }
+    std::string why;
+    try {
+      hb_store_->add(mine, 1);
+      const auto now = Clock::now();
+      for (int r = 0; r < info_.world_size && why.empty(); ++r) {
+        if (r == info_.rank) continue;
+        const std::string key = "hb/" + std::to_string(r);
+        const int64_t v = hb_store_->check({key}) ? hb_store_->add(key, 0) : 0;
+        auto it = seen.find(r);
+        if (it == seen.end() || it->second.first != v) {
+          seen[r] = {v, now};
+        } else if (now - it->second.second > std::chrono::duration<double>(options_.heartbeat_timeout_s)) {
+          why = strprintf("rank %d has not sent a heartbeat for %.0f s: it died or hangs", r,
+                          std::chrono::duration<double>(now - it->second.second).count());
+        }
+      }
+    } catch (const std::exception& e) {
+      why = strprintf("the rendezvous store at %s:%d stopped answering (%s): rank 0 is gone",
+                      info_.master_addr.c_str(), info_.master_port, one_line(e.what()).c_str());
+    }
+    if (why.empty()) continue;
+    lost = true;
+    lost_at = Clock::now();
+    if (options_.on_peer_lost) {
+      options_.on_peer_lost(why);
+    } else {
+      log::error(strprintf("rank %d: %s; stopping (exit %d) so the launcher restarts the run from the newest "
+                           "checkpoint",
+                           info_.rank, why.c_str(), kExitPeerLost));
+      std::_Exit(kExitPeerLost);
+    }
+  }
+}
+
+void Comm::check_same(const std::string& what, const std::string& value, const std::string& fix) {
+  store_->set("same/" + what + "/" + std::to_string(info_.rank), std::vector<uint8_t>(value.begin(), value.end()));
+  std::vector<std::string> values;
+  for (int r = 0; r < info_.world_size; ++r) {
+    const auto v = store_->get("same/" + what + "/" + std::to_string(r));
+    values.emplace_back(v.begin(), v.end());
+  }
+  for (int r = 1; r < info_.world_size; ++r) {
+    if (values[static_cast<size_t>(r)] == values[0]) continue;
+    std::string all;
+    for (int q = 0; q < info_.world_size; ++q)
+      all += strprintf("%srank %d: %s", q ? ", " : "", q, values[static_cast<size_t>(q)].c_str());
+    TANDEM_FAIL("the ranks run different ", what, " (", all, "); ", fix);
+  }
+}
+
+std::string Comm::broadcast_string(const std::string& key, const std::string& value) {
+  if (info_.rank == 0) store_->set("bcast/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+  const auto v = store_->get("bcast/" + key);
+  return std::string(v.begin(), v.end());
+}
+
+std::vector<double> Comm::all_gather(double value) {
+  auto in = torch::full({1}, value, torch::kFloat64);
+  auto out = torch::empty({world()}, torch::kFloat64);
+  host_->_allgather_base(out, in)->wait();
+  return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + world());
+}
+
+double Comm::sum(double value) {
+  std::vector<at::Tensor> t{torch::full({1}, value, torch::kFloat64)};
+  host_->allreduce(t)->wait();
+  return t[0].item<double>();
+}
+
+std::vector<double> Comm::sum(const std::vector<double>& values) {
+  std::vector<at::Tensor> t{torch::tensor(values, torch::kFloat64)};
+  host_->allreduce(t)->wait();
+  return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
+}
+
+void Comm::barrier() {
+  std::vector<at::Tensor> t{torch::zeros({1}, torch::kFloat32)};
+  host_->allreduce(t)->wait();
+}
+
+}  // namespace tandem

@@ -1,0 +1,86 @@
+#pragma once
+// The processes of a run meet through c10d: a TCPStore on MASTER_ADDR:MASTER_PORT (served by
+// rank 0), Gloo process groups for CPU tensors and NCCL ones for GPU tensors (Note [Process
+// groups]). A heartbeat in the store finds a rank that died or hangs (Note [Heartbeat]).
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/dist/rank_info.h"
+
+namespace tandem {
+
+/// How the processes meet and watch each other.
+struct CommOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< rendezvous and every collective
+  bool nccl = false;         ///< NCCL groups for device tensors (CUDA); Gloo otherwise
+  int cuda_device = -1;      ///< this rank's GPU (NCCL)
+  double heartbeat_s = 2.0;  ///< period of this rank's heartbeat in the store; 0 = no heartbeat
+  double heartbeat_timeout_s = 60.0;  ///< a rank silent this long is lost (Note [Heartbeat])
+  /// Called once, from the heartbeat thread, when a rank is lost; the default logs and ends the
+  /// process with kExitPeerLost after `heartbeat_timeout_s` more seconds if it is still running.
+  std::function<void(const std::string& why)> on_peer_lost;
+};
+
+/// Exit code of a process whose peer was lost: the launcher restarts the run.
+inline constexpr int kExitPeerLost = 75;
+
+/// The communication context of a multi-process run.
+class Comm {
+ public:
+  /// The rendezvous: blocks until every rank has arrived (or the timeout), then builds the groups.
+  Comm(const RankInfo& info, CommOptions options);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return info_.rank; }
+  int world() const { return info_.world_size; }
+  const RankInfo& info() const { return info_; }
+  bool nccl() const { return options_.nccl; }
+  c10d::Store& store() { return *store_; }
+
+  /// Collectives over the training device's tensors (NCCL for CUDA, Gloo for CPU). Lane 0 is the
+  /// step loop's, lane 1 the CPU updater thread's: each group sees its collectives in one order on
+  /// every rank, whichever thread runs first (Note [Process groups]).
+  c10d::Backend& device_group(int lane);
+  /// Gloo over CPU tensors, for the step loop's small host-side agreements.
+  c10d::Backend& host_group() { return *host_; }
+
+  /// Every rank publishes `value`; when the ranks disagree each throws UserError naming `what`, the
+  /// values per rank and `fix`.
+  void check_same(const std::string& what, const std::string& value, const std::string& fix);
+  /// Rank 0's `value` on every rank (through the store under `key`).
+  std::string broadcast_string(const std::string& key, const std::string& value);
+  /// Every rank's value, in rank order (Gloo).
+  std::vector<double> all_gather(double value);
+  /// The sum over ranks (Gloo).
+  double sum(double value);
+  std::vector<double> sum(const std::vector<double>& values);
+  void barrier();
+
+ private:
+  void heartbeat_loop();
+  RankInfo info_;
+  CommOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_, hb_store_;
+  c10::intrusive_ptr<c10d::Backend> host_;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> device_;  // lanes 0 and 1
+  std::atomic<bool> stop_{false};
+  std::thread heartbeat_;
+};
+
+/// The NCCL backend (dist/nccl_group_cuda.cpp); UserError when this build has no NCCL.
+c10::intrusive_ptr<c10d::Backend> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                                                  int cuda_device, std::chrono::milliseconds timeout);
+
+}  // namespace tandem
