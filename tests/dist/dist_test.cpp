@@ -1,0 +1,248 @@
+// Several processes on loopback with Gloo, started by `tandem launch` (Note [Data parallel],
+// Note [Sharded checkpoints], Note [Launcher], Note [Heartbeat]).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "../test_util.h"
+#include "tandem/io/checkpoint.h"
+#include "tandem/io/safetensors.h"
+
+namespace tandem::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result sh(const std::string& cmd, const std::string& log) {
+  const int status = std::system((cmd + " >" + log + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(log)};
+}
+
+// A port per test and process, so tests running side by side do not meet.
+int port(int k) { return 20000 + (getpid() % 1500) * 20 + k; }
+
+std::string train_args(const std::string& dir, int steps, const std::string& extra) {
+  return "--preset tiny --device cpu --steps " + std::to_string(steps) +
+         " --set train.seq_len=64 --set train.eval_every=0 --set train.progress=off --set data.synthetic_bytes=200000"
+         " --set monitor.enabled=false --set optim.warmup_steps=5 --run-dir " + dir + " " + extra;
+}
+
+Result train_one(const std::string& dir, int steps, const std::string& extra) {
+  return sh("OMP_NUM_THREADS=1 " + cli_path() + " train " + train_args(dir, steps, extra), dir + ".log");
+}
+
+Result launch(int n, int p, const std::string& dir, int steps, const std::string& extra,
+              const std::string& launcher = "", const std::string& env = "") {
+  return sh("env OMP_NUM_THREADS=1 " + env + " " + cli_path() + " launch --nproc-per-node " + std::to_string(n) +
+                " --master-port " + std::to_string(p) + " " + launcher + " -- " + cli_path() + " train " +
+                train_args(dir, steps, extra),
+            dir + ".log");
+}
+
+// The loss of every step row, in file order (a restarted run repeats steps: the later row wins).
+std::map<int64_t, double> losses(const std::string& dir) {
+  std::map<int64_t, double> out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+void expect_same_losses(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b, double rtol) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (const auto& [step, loss] : a) {
+    ASSERT_TRUE(b.count(step)) << "step " << step;
+    EXPECT_NEAR(loss, b.at(step), rtol * std::abs(loss)) << "step " << step;
+  }
+}
+
+const char* kOffload = "--set offload.optimizer=cpu";
+const char* kZero = "--set offload.optimizer=cpu --set dist.zero_stage=2";
+
+// 2 processes with 4 rows each against 1 process with 8: the same global batch, the same steps.
+TEST(Dist, TwoProcessesEqualOneWithTheSameGlobalBatch) {
+  TempDir tmp;
+  int k = 0;
+  for (const std::string mode : {"", kOffload, kZero}) {
+    const std::string one = tmp.file("one" + std::to_string(k)), two = tmp.file("two" + std::to_string(k));
+    const Result r1 = train_one(one, 30, "--set train.micro_batch=8 " + mode);
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    const Result r2 = launch(2, port(k), two, 30, "--set train.micro_batch=4 " + mode);
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    EXPECT_NE(r2.out.find("[rank 1]"), std::string::npos);
+    SCOPED_TRACE("mode '" + mode + "'");
+    expect_same_losses(losses(one), losses(two), 2e-5);
+    EXPECT_FALSE(fs::exists(two + "/metrics.rank1.jsonl"));
+    ++k;
+  }
+}
+
+// Unequal rows per rank (given, then measured) with the loss weighted by each rank's share.
+TEST(Dist, UnequalRowsPerRankEqualOneProcess) {
+  TempDir tmp;
+  const Result r1 = train_one(tmp.file("one"), 12, "--set train.micro_batch=8");
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  const Result r2 = launch(2, port(0), tmp.file("given"), 12, "--set train.micro_batch=4 --set dist.balance=6,2");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  expect_same_losses(losses(tmp.file("one")), losses(tmp.file("given")), 2e-5);
+  const Result r3 = launch(2, port(1), tmp.file("auto"), 12,
+                           "--set train.micro_batch=4 --set dist.balance=auto --set dist.balance_after=3 " +
+                               std::string(kZero));
+  ASSERT_EQ(r3.code, 0) << r3.out;
+  expect_same_losses(losses(tmp.file("one")), losses(tmp.file("auto")), 2e-5);
+  const Result bad = launch(2, port(2), tmp.file("bad"), 2, "--set train.micro_batch=4 --set dist.balance=5,2");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.out.find("sums to 7 rows"), std::string::npos) << bad.out;
+}
+
+// Every rank's shard of masters and Adam states, put together, equals one process's whole state.
+TEST(Dist, ShardedOptimizerStateEqualsTheUnshardedOne) {
+  TempDir tmp;
+  const Result r1 = train_one(tmp.file("one"), 10, "--set train.micro_batch=8 " + std::string(kZero));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  const Result r2 = launch(2, port(0), tmp.file("two"), 10, "--set train.micro_batch=4 " + std::string(kZero));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  const std::string c1 = tmp.file("one/checkpoints/step_00000010"), c2 = tmp.file("two/checkpoints/step_00000010");
+  EXPECT_EQ(verify_checkpoint(c2), "");
+  ASSERT_EQ(checkpoint_zero_world(c1), 1);
+  ASSERT_EQ(checkpoint_zero_world(c2), 2);
+  const ZeroShards whole(c1), parts(c2);
+  const auto meta = nlohmann::json::parse(
+      SafetensorsFile((fs::path(c2) / zero_shard_file(1)).string()).metadata().at("tandem_zero"));
+  int compared = 0;
+  for (const auto& [block, v] : meta["blocks"].items()) {
+    const int64_t n = v[0].get<int64_t>();
+    for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
+      auto a = torch::empty({n}), b = torch::empty({n});
+      whole.read(block, kind, 0, n, a);
+      parts.read(block, kind, 0, n, b);
+      // The two sums of the gradient differ in order; Adam's lr * m / sqrt(v) turns that last-bit
+      // noise into up to ~1e-3 of a step (lr 3e-3) on elements whose gradient is near zero.
+      const double atol = std::string(kind) == "master" ? 1e-5 : 1e-7;
+      EXPECT_TRUE(AllClose(b, a, 1e-4, atol)) << block << "." << kind;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 3 * 6);  // embedding, 4 layers, head
+}
+
+// A checkpoint saved by 2 ranks continues in 1 process exactly where the 2 would have gone on.
+TEST(Dist, CheckpointOfWorldTwoResumesAtWorldOne) {
+  TempDir tmp;
+  const Result r2 = launch(2, port(0), tmp.file("two"), 10,
+                           "--set train.micro_batch=4 --set train.checkpoint_every=5 " + std::string(kZero));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  const Result r1 =
+      sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
+             train_args(tmp.file("one"), 10, "--set train.micro_batch=8 " + std::string(kZero)) + " --resume " +
+             tmp.file("two/checkpoints/step_00000005"),
+         tmp.file("one.log"));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  EXPECT_NE(r1.out.find("optimizer shards of 2 ranks, now 1"), std::string::npos) << r1.out;
+  auto two = losses(tmp.file("two"));
+  for (int64_t s = 1; s <= 5; ++s) two.erase(s);
+  expect_same_losses(two, losses(tmp.file("one")), 2e-5);
+  // A whole-state run cannot take the shards: it says how to resume them.
+  const Result plain = sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
+                              train_args(tmp.file("plain"), 10,
+                                         "--set train.micro_batch=8 --set dist.zero_stage=0 " + std::string(kOffload)) +
+                              " --resume " + tmp.file("two/checkpoints/step_00000005"),
+                          tmp.file("plain.log"));
+  EXPECT_EQ(plain.code, 2);
+  EXPECT_NE(plain.out.find("dist.zero_stage=2"), std::string::npos) << plain.out;
+}
+
+// kill -9 of one worker mid-run: the launcher stops the other, restarts both from the newest
+// intact checkpoint, and the run ends with the uninterrupted run's loss.
+TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
+  TempDir tmp;
+  const std::string args = "--set train.micro_batch=4 --set train.checkpoint_every=10 " + std::string(kZero);
+  const Result clean = launch(2, port(0), tmp.file("clean"), 30, args);
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Result killed = launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1",
+                               "TANDEM_FAULT_AT=1:15");
+  ASSERT_EQ(killed.code, 0) << killed.out;
+  EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("resumed from"), std::string::npos) << killed.out;
+  expect_same_losses(losses(tmp.file("clean")), losses(tmp.file("killed")), 1e-6);
+  // Without restarts the launcher reports the kill.
+  const Result no_restart = launch(2, port(2), tmp.file("once"), 30, args, "", "TANDEM_FAULT_AT=0:3");
+  EXPECT_EQ(no_restart.code, 137) << no_restart.out;
+}
+
+// A rank that hangs (stopped) is found by the heartbeat; the others exit for a restart.
+TEST(Dist, HungRankIsFoundByTheHeartbeat) {
+  TempDir tmp;
+  const Result r = launch(2, port(0), tmp.file("hung"), 200,
+                          "--set train.micro_batch=4 --set dist.heartbeat_s=0.5 --set dist.heartbeat_timeout_s=3",
+                          "--stop-grace 1", "TANDEM_FAULT_AT=1:3 TANDEM_FAULT_STOP=1");
+  EXPECT_EQ(r.code, 75) << r.out;
+  EXPECT_NE(r.out.find("rank 1 has not sent a heartbeat"), std::string::npos) << r.out;
+}
+
+TEST(Dist, RanksWithDifferentConfigsAreRefused) {
+  TempDir tmp;
+  // Rank 1 gets another learning rate.
+  const std::string worker = "sh -c 'exec " + cli_path() + " train " +
+                             train_args(tmp.file("run"), 5, "--set train.micro_batch=4") +
+                             " $( [ $RANK = 1 ] && echo --set optim.lr=1e-2 )'";
+  const Result r = sh("env OMP_NUM_THREADS=1 " + cli_path() + " launch --nproc-per-node 2 --master-port " +
+                          std::to_string(port(0)) + " -- " + worker,
+                      tmp.file("run.log"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the ranks run different configurations"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("start every rank with the same config"), std::string::npos) << r.out;
+}
+
+// Two "nodes": network namespaces joined by a veth pair, one launcher in each, --nnodes 2.
+TEST(Dist, TwoNodesInNetworkNamespacesTrainTogether) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const std::string a = "tnd_a" + std::to_string(getpid()), b = "tnd_b" + std::to_string(getpid());
+  const std::string va = "tva" + std::to_string(getpid() % 100000), vb = "tvb" + std::to_string(getpid() % 100000);
+  const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add " + va +
+                            " type veth peer name " + vb + " && ip link set " + va + " netns " + a + " && ip link set " +
+                            vb + " netns " + b + " && ip -n " + a + " addr add 10.77.0.1/24 dev " + va + " && ip -n " +
+                            b + " addr add 10.77.0.2/24 dev " + vb + " && ip -n " + a + " link set " + va +
+                            " up && ip -n " + b + " link set " + vb + " up && ip -n " + a + " link set lo up && ip -n " +
+                            b + " link set lo up";
+  TempDir tmp;
+  if (std::system((setup + " >" + tmp.file("netns.log") + " 2>&1").c_str()) != 0) {
+    std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str());
+    GTEST_SKIP() << "this machine cannot make network namespaces: " << read_text(tmp.file("netns.log"));
+  }
+  const Result r1 = train_one(tmp.file("one"), 12, "--set train.micro_batch=8");
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  const auto node = [&](const std::string& ns, const std::string& dev, int rank) {
+    return "ip netns exec " + ns + " env OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=" + dev + " " + cli_path() +
+           " launch --nproc-per-node 1 --nnodes 2 --node-rank " + std::to_string(rank) +
+           " --master-addr 10.77.0.1 --master-port 29400 -- " + cli_path() + " train " +
+           train_args(tmp.file("two"), 12, "--set train.micro_batch=4");
+  };
+  const Result r = sh("(" + node(a, va, 0) + " > " + tmp.file("node0.log") + " 2>&1 & " + node(b, vb, 1) +
+                          "; n1=$?; wait $!; n0=$?; echo codes $n0 $n1; [ $n0 = 0 ] && [ $n1 = 0 ])",
+                      tmp.file("node1.log"));
+  std::system(("ip netns del " + a + "; ip netns del " + b).c_str());
+  ASSERT_EQ(r.code, 0) << r.out << read_text(tmp.file("node0.log"));
+  EXPECT_NE(read_text(tmp.file("node0.log")).find("rank 0 of 2"), std::string::npos);
+  expect_same_losses(losses(tmp.file("one")), losses(tmp.file("two")), 2e-5);
+}
+
+}  // namespace
+}  // namespace tandem::test
