@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The peer for tandem's offload benchmark: the identical LLaMA-style model trained on ONE GPU with
-DeepSpeed ZeRO and the optimizer offloaded to the host CPU (DeepSpeedCPUAdam), reporting tokens/s.
+"""The peer for tandem's offload benchmark: the identical LLaMA-style model trained with DeepSpeed
+ZeRO and the optimizer offloaded to the host CPU (DeepSpeedCPUAdam), reporting tokens/s; one GPU, or
+several under a launcher (data parallel, see "Several GPUs" below).
 
 The architecture comes from the model_config.json that `tandem train` writes into its run
 directory; the model itself is bench/pytorch_llama.py's (imported, not copied), so the forward
@@ -39,8 +40,23 @@ What runs:
   * Step: loss = engine(x, y); engine.backward(loss); engine.step(); torch.cuda.synchronize(); timed
     with time.perf_counter. --steps is the total number of steps; the first --warmup are dropped.
 
+Several GPUs: started by torchrun (`python3 -m torch.distributed.run --nnodes 1 --nproc-per-node N
+--master-addr 127.0.0.1 --master-port P bench/deepspeed_offload.py ...`) or by DeepSpeed's own
+launcher (`deepspeed --num_gpus N --master_port P bench/deepspeed_offload.py ...`; the --local_rank
+it appends is accepted and ignored, LOCAL_RANK comes from the environment as under torchrun). Each
+rank trains on cuda:LOCAL_RANK with --batch rows (train_micro_batch_size_per_gpu: weak scaling) of
+its own random tokens (generator seeded with its rank); ZeRO-2 partitions the fp32 master weights,
+gradients and Adam moments over the ranks (each rank's 1/N in its own pinned host memory) and
+all-gathers the bf16 weights after the step. Rank 0 alone prints the step lines and the JSON line,
+with world_size added, tokens_per_s and model_tflops counting every rank's tokens (global), the
+step times rank 0's (the collectives keep the ranks in step), peak_gpu_bytes / peak_host_bytes rank
+0's and peak_gpu_bytes_max_rank / peak_host_bytes_all_ranks over all ranks. A failure on any rank
+writes its own JSON line with "error" and "rank" and exits with status 1 (not 0, so the launcher
+stops the other ranks instead of leaving them waiting in a collective). Set OMP_NUM_THREADS per rank
+(e.g. cores / N): torchrun sets it to 1 when it is unset, which would leave CPU Adam one thread.
+
 Output: one human line per step, then one JSON line (printed, and appended to --json) with impl,
-ratio, stage, batch, seq, steps, median_step_s, tokens_per_s = batch*seq/median, model_tflops =
+ratio, stage, batch, seq, steps, median_step_s, tokens_per_s = batch*seq*world/median, model_tflops =
 6*N*tokens_per_s/1e12, peak_gpu_bytes (torch.cuda.max_memory_allocated over the training steps; the
 peak during deepspeed.initialize is peak_gpu_init_bytes), peak_host_bytes (ru_maxrss*1024 of this
 process; pinned host buffers count), loss_first, loss_last, deepspeed_version, and a few more.
@@ -194,6 +210,8 @@ def main():
                     help="stage 3 only: elements per optimizer sub-group (the granularity of --ratio)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--json", default="", help="JSON-lines output file (appended)")
+    ap.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                    help=argparse.SUPPRESS)  # appended by the deepspeed launcher; LOCAL_RANK is in the environment
     a = ap.parse_args()
 
     stage = (2 if a.ratio >= 1.0 else 3) if a.stage == "auto" else int(a.stage)
@@ -201,23 +219,37 @@ def main():
            "batch": a.batch, "seq": a.seq, "steps": a.steps, "warmup": a.warmup,
            "checkpointing": a.checkpointing, "model_config": a.model_config}
 
-    def finish():
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if a.json:
-            with open(a.json, "a") as f:
-                f.write(line + "\n")
+    # Under a launcher: this process's rank in a world of several (a world of one is the plain run).
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        rec["world_size"] = world
+
+    def say(text):
+        if rank == 0:
+            print(text, flush=True)
+
+    def finish(status=0, write=True):
+        if write:
+            line = json.dumps(rec)
+            print(line, flush=True)
+            if a.json:
+                with open(a.json, "a") as f:
+                    f.write(line + "\n")
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown: freeing ~100 GiB of pinned memory and the NCCL communicator can
         # take long or hang after a failure; everything worth keeping is written.
-        os._exit(0)
+        os._exit(status)
 
     def fail(what, exc=None):
         msg = what + (f": {one_line(exc)}" if exc is not None else "")
         rec["error"] = msg
-        print(f"deepspeed_offload: ERROR {msg}", flush=True)
-        finish()
+        if world > 1:
+            rec["rank"] = rank
+        print(f"deepspeed_offload: ERROR{f' (rank {rank})' if world > 1 else ''} {msg}", flush=True)
+        # One process: status 0, so a benchmark script carries on. Several: 1, so the launcher stops
+        # the other ranks, which would otherwise wait in their next collective.
+        finish(1 if world > 1 else 0)
 
     if not 0.0 <= a.ratio <= 1.0:
         fail(f"--ratio must be in [0, 1], got {a.ratio}")
@@ -262,8 +294,7 @@ def main():
         from deepspeed.ops.op_builder import CPUAdamBuilder
         t0 = time.perf_counter()
         CPUAdamBuilder().load(verbose=False)  # JIT build or cache hit, ahead of initialize for a clear error
-        print(f"deepspeed {deepspeed.__version__}: cpu_adam op loaded in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        say(f"deepspeed {deepspeed.__version__}: cpu_adam op loaded in {time.perf_counter() - t0:.1f} s")
     except Exception as e:
         fail("deepspeed cpu_adam op failed to build/load", e)
 
@@ -293,14 +324,14 @@ def main():
     rec["gpu_update_fraction"] = gpu_update_fraction(engine, stage, a.ratio)
     rec["peak_gpu_init_bytes"] = torch.cuda.max_memory_allocated()
     rec["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS", "")
-    print(f"{rec['impl']}: {n_params / 1e9:.3f} B params, stage {stage}, ratio {a.ratio}, "
-          f"gpu_update_fraction {rec['gpu_update_fraction']}, batch {a.batch}, seq {a.seq}, "
-          f"checkpointing {a.checkpointing}", flush=True)
+    say(f"{rec['impl']}: {n_params / 1e9:.3f} B params, stage {stage}, ratio {a.ratio}, "
+        f"gpu_update_fraction {rec['gpu_update_fraction']}, batch {a.batch}{' per rank' if world > 1 else ''}, "
+        f"seq {a.seq}, checkpointing {a.checkpointing}{f', {world} ranks' if world > 1 else ''}")
 
     vocab = c["vocab_size"]
     gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    tokens = a.batch * a.seq
+    gen.manual_seed(rank)  # each rank its own tokens; rank 0 (and a world of one) seed 0
+    tokens = a.batch * a.seq * world  # every rank's: global tokens per step
     times, losses = [], []
     try:
         engine.train()
@@ -316,8 +347,8 @@ def main():
             dt = time.perf_counter() - t0
             times.append(dt)
             losses.append(loss.item())
-            print(f"step {step:3d}  loss {losses[-1]:.4f}  {dt * 1e3:9.1f} ms  {tokens / dt:10.0f} tok/s"
-                  f"{'  (warmup)' if step < a.warmup else ''}", flush=True)
+            say(f"step {step:3d}  loss {losses[-1]:.4f}  {dt * 1e3:9.1f} ms  {tokens / dt:10.0f} tok/s"
+                f"{'  (warmup)' if step < a.warmup else ''}")
     except Exception as e:
         rec["steps_done"] = len(times)
         if losses:
@@ -346,12 +377,27 @@ def main():
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "step_times_s": times,
+        "tokens_per_step": tokens,
     })
-    print(f"{rec['impl']}: median {med * 1e3:.1f} ms/step, {rec['tokens_per_s']:.0f} tok/s, "
-          f"{rec['model_tflops']:.1f} model TFLOP/s, peak GPU {rec['peak_gpu_bytes'] / 2**30:.2f} GiB, "
-          f"peak host {rec['peak_host_bytes'] / 2**30:.2f} GiB, loss {losses[0]:.4f} -> {losses[-1]:.4f}",
-          flush=True)
-    finish()
+    if world > 1:
+        # Every rank's peaks, after the timed steps: the largest GPU peak and the host total.
+        try:
+            import torch.distributed as dist
+            gpu = torch.tensor([float(rec["peak_gpu_bytes"])], dtype=torch.float64, device="cuda")
+            host = torch.tensor([float(rec["peak_host_bytes"])], dtype=torch.float64, device="cuda")
+            dist.all_reduce(gpu, op=dist.ReduceOp.MAX)
+            dist.all_reduce(host, op=dist.ReduceOp.SUM)
+            rec["peak_gpu_bytes_max_rank"] = int(gpu.item())
+            rec["peak_host_bytes_all_ranks"] = int(host.item())
+        except Exception as e:
+            rec["peak_gather_error"] = one_line(e)
+    ranks = ""
+    if world > 1:
+        ranks = f" ({world} ranks, host {rec.get('peak_host_bytes_all_ranks', 0) / 2**30:.2f} GiB over all)"
+    say(f"{rec['impl']}: median {med * 1e3:.1f} ms/step, {rec['tokens_per_s']:.0f} tok/s, "
+        f"{rec['model_tflops']:.1f} model TFLOP/s, peak GPU {rec['peak_gpu_bytes'] / 2**30:.2f} GiB, "
+        f"peak host {rec['peak_host_bytes'] / 2**30:.2f} GiB, loss {losses[0]:.4f} -> {losses[-1]:.4f}{ranks}")
+    finish(write=rank == 0)
 
 
 if __name__ == "__main__":

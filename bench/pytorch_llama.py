@@ -4,10 +4,19 @@ plain PyTorch eager (bf16 autocast, fused AdamW, global-norm clipping, one host 
 
 The architecture is read from the model_config.json that `tandem train` writes into its run
 directory, so both sides train the same shapes. Prints one JSON line and writes it to --json.
+
+Data parallel: started by torchrun with WORLD_SIZE > 1 (`python3 -m torch.distributed.run
+--nproc-per-node N bench/pytorch_llama.py ...`), each rank trains on cuda:LOCAL_RANK inside
+DistributedDataParallel (NCCL, default buckets, gradient_as_bucket_view) on its own random tokens,
+--batch rows per rank (weak scaling). Rank 0 alone prints and writes the JSON: impl "pytorch-ddp",
+"world_size" added, tokens_per_s and tflops counting every rank's tokens, peak_mem_bytes rank 0's.
+One process without torchrun's WORLD_SIZE runs exactly as before, with no process group.
+--device cpu (Gloo for DDP) only dry-runs the code path on a machine without a GPU.
 """
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -83,45 +92,67 @@ class Model(nn.Module):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-config", required=True, help="model_config.json from a tandem run directory")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="rows per step (per rank under torchrun)")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--json", default="")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a dry run of the code path (Gloo for DDP); its timings mean nothing")
     a = ap.parse_args()
     c = json.load(open(a.model_config))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    ddp = world > 1
+    cuda = a.device == "cuda"
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    dev = "cuda"
+    dev = a.device
+    if ddp:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        if cuda:
+            torch.cuda.set_device(local_rank)
+            dev = f"cuda:{local_rank}"
+        dist.init_process_group("nccl" if cuda else "gloo")
     m = Model(c).to(dev)
     decay = [p for p in m.parameters() if p.dim() >= 2]
     no_decay = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
     n_params = sum(p.numel() for p in m.parameters()) - (m.padded - m.vocab) * c["hidden_size"] * (1 if m.tied else 2)
+    net, gen = m, None  # one process: the global generators, as always
+    if ddp:
+        # The same initial weights everywhere (seed 0; DDP also broadcasts rank 0's), each rank
+        # its own tokens.
+        net = DistributedDataParallel(m, device_ids=[local_rank] if cuda else None, gradient_as_bucket_view=True)
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(rank)
     times, losses = [], []
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for step in range(a.steps):
         t0 = time.perf_counter()
-        x = torch.randint(0, m.vocab, (a.batch, a.seq + 1), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(x[:, :-1], x[:, 1:])
+        x = torch.randint(0, m.vocab, (a.batch, a.seq + 1), device=dev, generator=gen)
+        with torch.autocast(a.device, dtype=torch.bfloat16):
+            loss = net(x[:, :-1], x[:, 1:])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)  # gradients already averaged over ranks
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # the one host sync per step, as in tandem
         times.append(time.perf_counter() - t0)
     steady = times[a.warmup:]
     med = statistics.median(steady)
-    tokens = a.batch * a.seq
+    tokens = a.batch * a.seq * world  # every rank's: global tokens per step
     L, d = c["num_hidden_layers"], c["hidden_size"]
     flops = 6 * n_params * tokens + 12 * L * d * a.seq * tokens
     out = {
-        "impl": "pytorch-eager",
+        "impl": "pytorch-ddp" if ddp else "pytorch-eager",
         "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "params": n_params,
         "batch": a.batch,
         "seq": a.seq,
@@ -131,13 +162,17 @@ def main():
         "max_step_time_s": max(steady),
         "tokens_per_s": tokens / med,
         "tflops": flops / med / 1e12,
-        "peak_mem_bytes": torch.cuda.max_memory_allocated(),
+        "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
         "final_loss": losses[-1],
         "loss_finite": all(math.isfinite(v) for v in losses),
     }
-    print(json.dumps(out))
-    if a.json:
-        json.dump(out, open(a.json, "w"), indent=2)
+    if ddp:
+        out["world_size"] = world
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(out))
+        if a.json:
+            json.dump(out, open(a.json, "w"), indent=2)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,15 @@
 #          halving; 1B GPU-resident with a checkpoint at step 20, written in the background and in
 #          place, for the step-time cost;
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
-#          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py).
-# OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
+#          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py);
+#   dist   weak scaling over 1, 2 and 4 GPUs (those the machine has; DIST_NS overrides), the micro-batch per GPU
+#          fixed, tandem and its peer alternating at each GPU count: 1B GPU-resident (the train part's settings,
+#          DIST_STEPS, default 30) against PyTorch DDP; DIST_BIG (default 13B; DIST_BIG_BATCH, default BIG_BATCH
+#          or 8; DIST_BIG_STEPS, default 8) offloaded with sharded optimizer state (offload.optimizer=cpu,
+#          dist.zero_stage=2) against DeepSpeed ZeRO-2 with offload_optimizer=cpu. DIST_PARTS (default "resident
+#          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
+#          240 / 540 s) limit each run.
+# OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +39,14 @@ OFF_STEPS=${OFF_STEPS:-300}
 BK_STEPS=${BK_STEPS:-300}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
+# DeepSpeed and its missing dependencies, from the wheels carried in .whl. Fails only when there are
+# none; a failed install shows in pip's output and in the DeepSpeed run's import error.
+install_wheels() {
+  compgen -G ".whl/*.whl" >/dev/null || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+  return 0
+}
 
 prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 # Debian packages the image lacks (cpp-httplib, Chart.js), carried as .debs and unpacked aside.
@@ -67,10 +82,7 @@ fi
 
 if has optim; then
 echo "== optimizer benchmark: 256M and 1B params, $(nproc) threads, tandem and peers alternating"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
+install_wheels
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|MHz" | tee "$OUT/cpu.txt"
 rm -f "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
 for i in 1 2; do
@@ -174,9 +186,7 @@ for mode in exact delayed; do
     "${extra[@]}" --run-dir "$OUT/big-$mode" >"$OUT/big-$mode.log" 2>&1 || tail -8 "$OUT/big-$mode.log"
   grep -E "offload:|update split|done|error" "$OUT/big-$mode.log"
 done
-if big_has deepspeed && compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+if big_has deepspeed && install_wheels; then
   echo "== $BIG: DeepSpeed ZeRO-2, offload_optimizer=cpu"
   rm -f "$OUT/big-deepspeed.jsonl"
   python3 bench/deepspeed_offload.py --model-config "$OUT/big-bound.json" --batch "${BIG_BATCH:-8}" --seq 2048 \
@@ -264,6 +274,154 @@ PY
 done
 fi
 
+if has dist; then
+# Weak scaling: train.micro_batch (tandem) and --batch (the peers) are per GPU, so the global batch
+# grows with the GPU count n. For n in DIST_NS (default 1 2 4; those above the machine's GPU count
+# are left out), tandem first, then its peer:
+#   resident  1B GPU-resident, the train part's settings: `tandem train` at n = 1, `tandem launch
+#             --nproc-per-node n` above; PyTorch DDP (bench/pytorch_llama.py, under torchrun above 1);
+#   offload   DIST_BIG with the big part's settings through the offload engine with sharded fp32
+#             masters and Adam states (offload.optimizer=cpu, dist.zero_stage=2), against DeepSpeed
+#             ZeRO-2 with offload_optimizer=cpu (bench/deepspeed_offload.py, under torchrun above 1).
+# Both sides of a workload leave the same first steps out of their medians (DIST_WARMUP, default 6 of
+# DIST_STEPS; DIST_BIG_WARMUP, default 3 of DIST_BIG_STEPS). Each run has a time limit, a rendezvous
+# port of its own, OMP_NUM_THREADS = cores / n (what tandem launch gives its workers; torchrun would
+# give 1) and its log in $OUT/dist-NAME.log. bench/dist_scaling_table.py records every run in
+# $OUT/dist-runs.jsonl and keeps $OUT/dist-scaling.json current, so a call cut short keeps what ran;
+# the table script also joins the output folders of several calls (DIST_NS, DIST_PARTS and
+# DIST_SIDES split the work when one call would run too long, e.g. 13B start-up takes minutes).
+G=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+DIST_STEPS=${DIST_STEPS:-30}
+DIST_WARMUP=${DIST_WARMUP:-6}
+DIST_BIG=${DIST_BIG:-13B}
+DIST_BIG_BATCH=${DIST_BIG_BATCH:-${BIG_BATCH:-8}}
+DIST_BIG_STEPS=${DIST_BIG_STEPS:-8}
+DIST_BIG_WARMUP=${DIST_BIG_WARMUP:-3}
+DIST_PARTS=${DIST_PARTS:-resident offload}
+DIST_SIDES=${DIST_SIDES:-tandem peer}
+dist_has() { [[ " $DIST_PARTS " == *" $1 "* ]]; }
+side_has() { [[ " $DIST_SIDES " == *" $1 "* ]]; }
+dist_ns=()
+for n in ${DIST_NS:-1 2 4}; do (( n >= 1 && n <= G )) && dist_ns+=("$n"); done
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on these machines
+manifest="$OUT/dist-runs.jsonl"
+rm -f "$manifest" "$OUT/dist-scaling.json"
+next_port=${DIST_PORT:-29500}
+echo "== dist: weak scaling, $G GPUs, n = ${dist_ns[*]:-(none)}, parts: $DIST_PARTS, sides: $DIST_SIDES"
+
+# Sets `port` to the next rendezvous port, once nothing holds it (up to a minute).
+dist_next_port() {
+  port=$next_port
+  next_port=$((next_port + 1))
+  local i
+  for i in $(seq 60); do
+    python3 -c 'import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("", int(sys.argv[1])))' \
+      "$port" 2>/dev/null && return 0
+    sleep 1
+  done
+  echo "dist: port $port still taken after 60 s; trying it anyway"
+}
+# Sets `launch` to the command prefix for n workers: tandem's (`tandem train` for one) or Python's.
+dist_tandem() {
+  if (( $1 == 1 )); then launch=("$BUILD/tandem" train)
+  else launch=("$BUILD/tandem" launch --nproc-per-node "$1" --master-port "$2" -- "$BUILD/tandem" train); fi
+}
+dist_python() {
+  if (( $1 == 1 )); then launch=(python3)
+  else launch=(python3 -m torch.distributed.run --nnodes 1 --nproc-per-node "$1" --master-addr 127.0.0.1 --master-port "$2"); fi
+}
+# Kills what is left of a run, found by the tag in its processes' environment (the launchers start
+# their workers in process groups or sessions of their own, out of timeout's reach), and waits for it.
+dist_reap() {
+  local tag=$1 pids=() p i
+  for p in /proc/[0-9]*; do
+    grep -qzx "GPU_CHECK_RUN=$tag" "$p/environ" 2>/dev/null && pids+=("${p#/proc/}")
+  done
+  (( ${#pids[@]} )) || return 0
+  echo "dist: killing ${#pids[@]} processes left by $tag: ${pids[*]}"
+  kill -KILL "${pids[@]}" 2>/dev/null
+  for i in $(seq 30); do kill -0 "${pids[@]}" 2>/dev/null || return 0; sleep 1; done
+}
+# dist_run NAME WORKLOAD LABEL IMPL N RESULT WARMUP LIMIT COMMAND...: runs COMMAND with its output in
+# $OUT/dist-NAME.log, SIGTERM after LIMIT seconds and SIGKILL 30 s later; records it; on failure
+# prints the log's last 20 lines.
+dist_run() {
+  local name=$1 workload=$2 label=$3 impl=$4 n=$5 result=$6 warmup=$7 limit=$8
+  shift 8
+  local log="$OUT/dist-$name.log" tag="gpu-check-$$-$name" threads=$(( $(nproc) / n )) t0=$SECONDS rc lines
+  rm -rf "$result"
+  GPU_CHECK_RUN=$tag OMP_NUM_THREADS=$threads timeout -k 30 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  dist_reap "$tag"
+  lines=$(wc -l <"$log")
+  if (( lines > 400 )); then  # the start-up and the end
+    { head -40 "$log"; echo "[... $((lines - 340)) lines left out ...]"; tail -300 "$log"; } >"$log.tmp" && mv "$log.tmp" "$log"
+  fi
+  OMP_NUM_THREADS=$threads python3 bench/dist_scaling_table.py record "$manifest" --name "$name" --workload "$workload" \
+    --label "$label" --impl "$impl" --gpus "$n" --rc "$rc" --wall-s $((SECONDS - t0)) --result "$result" --log "$log" \
+    --warmup "$warmup" --json "$OUT/dist-scaling.json" --gpu-txt "$OUT/gpu.txt" -- "$@" || tail -20 "$log"
+}
+
+if dist_has resident && (( ${#dist_ns[@]} )); then
+  d1b=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --steps "$DIST_STEPS"
+       --set train.eval_every=0 --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines
+       --set train.log_every=10)
+  # The architecture for the peer: `tandem bench step` writes --model-json before it checks its options,
+  # and --steps 1 stops it there (exit 2), before any GPU work. Else the n = 1 run directory's copy.
+  m1b="$OUT/dist-1b-model.json"
+  "$BUILD/tandem" bench step -p 1B --steps 1 --model-json "$m1b" >/dev/null 2>&1
+  label="1B GPU-resident, B=8/GPU, T=2048"
+  echo "== dist: $label, $DIST_STEPS steps per run, tandem and PyTorch DDP"
+  for n in "${dist_ns[@]}"; do
+    if side_has tandem; then
+      dist_next_port; dist_tandem "$n" "$port"
+      dist_run "tandem-1b-n$n" 1b-resident "$label" tandem "$n" "$OUT/dist-tandem-1b-n$n" "$DIST_WARMUP" \
+        "${DIST_TIMEOUT:-240}" "${launch[@]}" "${d1b[@]}" --run-dir "$OUT/dist-tandem-1b-n$n"
+      [[ -s $m1b ]] || m1b="$OUT/dist-tandem-1b-n$n/model_config.json"
+    fi
+    if side_has peer; then
+      dist_next_port; dist_python "$n" "$port"
+      dist_run "pytorch-1b-n$n" 1b-resident "$label" pytorch-ddp "$n" "$OUT/dist-pytorch-1b-n$n.json" "$DIST_WARMUP" \
+        "${DIST_TIMEOUT:-240}" "${launch[@]}" bench/pytorch_llama.py --model-config "$m1b" --batch 8 --seq 2048 \
+        --steps "$DIST_STEPS" --warmup "$DIST_WARMUP" --json "$OUT/dist-pytorch-1b-n$n.json"
+    fi
+  done
+fi
+
+if dist_has offload && (( ${#dist_ns[@]} )); then
+  install_wheels || echo "dist: no wheels in .whl; DeepSpeed must come with the image"
+  dbigset=()  # DIST_BIG_SET="key=value ..." adds settings to the tandem runs (e.g. optim.state_dtype=bf16)
+  for kv in ${DIST_BIG_SET:-}; do dbigset+=(--set "$kv"); done
+  dbig=(-p "$DIST_BIG" --set train.precision=bf16 --set train.micro_batch="$DIST_BIG_BATCH" --set train.seq_len=2048
+        --set model.checkpointing=true --set optim.lr="${BIG_LR:-3e-4}")
+  mbig="$OUT/dist-big-model.json"
+  "$BUILD/tandem" bench step "${dbig[@]}" "${dbigset[@]}" --steps 1 --model-json "$mbig" >/dev/null 2>&1  # as for 1B
+  label="$DIST_BIG offload + ZeRO-2, B=$DIST_BIG_BATCH/GPU, T=2048, checkpointing"
+  echo "== dist: $label, $DIST_BIG_STEPS steps per run, tandem and DeepSpeed ZeRO-2 offload_optimizer=cpu"
+  for n in "${dist_ns[@]}"; do
+    if side_has tandem; then
+      dist_next_port; dist_tandem "$n" "$port"
+      dist_run "tandem-big-n$n" big-offload "$label" tandem "$n" "$OUT/dist-tandem-big-n$n" "$DIST_BIG_WARMUP" \
+        "${DIST_BIG_TIMEOUT:-540}" "${launch[@]}" "${dbig[@]}" --steps "$DIST_BIG_STEPS" --set train.eval_every=0 \
+        --set train.save_final=false --set train.progress=lines --set train.log_every=1 --set offload.optimizer=cpu \
+        --set offload.speculate=never --set dist.zero_stage=2 "${dbigset[@]}" --run-dir "$OUT/dist-tandem-big-n$n"
+      # rank 0's memory plan, start-up time and update split
+      grep -E "offload: .*plan:|model built in|update split" "$OUT/dist-tandem-big-n$n.log" | grep -v "^\[rank [1-9]" \
+        | head -3 | cut -c1-240
+      [[ -s $mbig ]] || mbig="$OUT/dist-tandem-big-n$n/model_config.json"
+    fi
+    if side_has peer; then
+      dist_next_port; dist_python "$n" "$port"
+      dist_run "deepspeed-big-n$n" big-offload "$label" deepspeed-zero2-offload "$n" "$OUT/dist-deepspeed-big-n$n.jsonl" \
+        "$DIST_BIG_WARMUP" "${DIST_BIG_TIMEOUT:-540}" "${launch[@]}" bench/deepspeed_offload.py --model-config "$mbig" \
+        --batch "$DIST_BIG_BATCH" --seq 2048 --steps "$DIST_BIG_STEPS" --warmup "$DIST_BIG_WARMUP" --checkpointing \
+        --lr "${BIG_LR:-3e-4}" --json "$OUT/dist-deepspeed-big-n$n.jsonl"
+    fi
+  done
+fi
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
@@ -275,4 +433,6 @@ has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-g
 has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" "$OUT/big-delayed" "$OUT/big-deepspeed.jsonl"
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
+has dist && python3 bench/dist_scaling_table.py table "$OUT/dist-runs.jsonl" --json "$OUT/dist-scaling.json" \
+  --gpu-txt "$OUT/gpu.txt"
 exit $test_rc

@@ -124,10 +124,27 @@ TEST(Config, DeepSpeedKeysMapAndOthersAreListed) {
   EXPECT_EQ(c.offload.optimizer, OffloadTarget::kCpu);
   EXPECT_FALSE(c.offload.pin_memory);
   const std::string ignored = join(r.ignored_keys, ",");
-  EXPECT_EQ(r.ignored_keys.size(), 4u) << ignored;
-  for (const char* k :
-       {"optimizer.params.amsgrad", "fp16.hysteresis", "zero_optimization.stage", "wall_clock_breakdown"})
+  EXPECT_EQ(r.ignored_keys.size(), 3u) << ignored;
+  for (const char* k : {"optimizer.params.amsgrad", "fp16.hysteresis", "wall_clock_breakdown"})
     EXPECT_NE(ignored.find(k), std::string::npos) << k << " not in " << ignored;
+  EXPECT_EQ(c.dist.zero_stage, 2);  // ZeRO-2 with offload_optimizer: the sharded offload engine
+}
+
+TEST(Config, DeepSpeedZeroStagesMapOnlyWithOffload) {
+  Config a;
+  auto r = load_deepspeed_config_text(a, R"({"zero_optimization": {"stage": 2}})", "d");
+  EXPECT_EQ(a.dist.zero_stage, 0);  // no offload_optimizer: tandem shards only the offload engine's state
+  EXPECT_EQ(join(r.ignored_keys, ","), "zero_optimization.stage");
+  Config b;
+  r = load_deepspeed_config_text(b, R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})", "d");
+  EXPECT_EQ(b.dist.zero_stage, 2);  // parameters stay whole: listed
+  EXPECT_EQ(join(r.ignored_keys, ","), "zero_optimization.stage");
+  Config c;
+  ::setenv("WORLD_SIZE", "2", 1);
+  load_deepspeed_config_text(c, R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", "d");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(c.train.micro_batch, 4);
+  EXPECT_EQ(c.train.grad_accum, 4);  // 32 rows over 2 ranks of 4
 }
 
 TEST(Config, DeepSpeedBatchArithmeticAndBadTypes) {

@@ -246,3 +246,35 @@ TEST(Dist, TwoNodesInNetworkNamespacesTrainTogether) {
 
 }  // namespace
 }  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+// On a machine with two GPUs: NCCL, CUDA streams and the offload engine's overlapped reduction.
+TEST(DistGpu, TwoGpusEqualOneWithTheSameGlobalBatch) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  int k = 0;
+  for (const std::string mode : {"", kOffload, kZero}) {
+    const std::string one = tmp.file("one" + std::to_string(k)), two = tmp.file("two" + std::to_string(k));
+    // fp32 and deterministic kernels, so the two runs differ only in the order of the gradient sums.
+    const std::string common = "--set model.n_layer=4 --set model.d_model=256 --set train.deterministic=true " + mode;
+    const auto gpu = [](std::string a) { return a.replace(a.find("--device cpu"), 12, "--device cuda"); };
+    const Result r1 = sh("NCCL_NVLS_ENABLE=0 " + cli_path() + " train " +
+                             gpu(train_args(one, 20, "--set train.micro_batch=8 " + common)),
+                         one + ".log");
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    const Result r2 = sh("NCCL_NVLS_ENABLE=0 " + cli_path() + " launch --nproc-per-node 2 --master-port " +
+                             std::to_string(port(10 + k)) + " -- " + cli_path() + " train " +
+                             gpu(train_args(two, 20, "--set train.micro_batch=4 " + common)),
+                         two + ".log");
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    EXPECT_NE(r2.out.find("NCCL"), std::string::npos) << r2.out;
+    SCOPED_TRACE("mode '" + mode + "'");
+    expect_same_losses(losses(one), losses(two), 1e-4);
+    ++k;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::test

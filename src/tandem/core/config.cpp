@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -324,6 +325,10 @@ const std::vector<Field>& fields() {
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),
+      double_field("offload.host_memory_gib",
+                   "host memory the memory plan assumes, GiB (0 = MemAvailable now; set it where the host's memory "
+                   "grows as it is used)",
+                   F(offload.host_memory_gib)),
       double_field("offload.gpu_memory_fraction", "share of GPU memory the memory plan may use",
                    F(offload.gpu_memory_fraction)),
       double_field("offload.host_memory_fraction", "share of available host memory the plan may pin",
@@ -451,7 +456,7 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
     return v;
   };
 
-  std::optional<int64_t> micro, accum, global;
+  std::optional<int64_t> micro, accum, global, zero_stage;
   for (const auto& [key, v] : root.items()) {
     if (is_auto(v)) continue;  // HF Trainer placeholders: keep tandem's own value
     if (key == "train_micro_batch_size_per_gpu") {
@@ -573,10 +578,7 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
             }
           }
         } else if (k == "stage") {
-          const int64_t stage = integer(x, "zero_optimization.stage");
-          TANDEM_CHECK(stage >= 0 && stage <= 2, origin, ": zero_optimization.stage ", stage,
-                       " is not supported (stage 3 shards the parameters too); use 0, 1 or 2");
-          cfg.dist.zero_stage = stage == 0 ? 0 : 2;  // stage 1's state sharding is part of tandem's stage 2
+          zero_stage = integer(x, "zero_optimization.stage");
         } else {
           ignored.push_back("zero_optimization." + k);
         }
@@ -585,18 +587,33 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
       ignored.push_back(key);
     }
   }
-  // Batch arithmetic (one process: world size 1).
+  // ZeRO: stages 1-3 shard the optimizer state and gradients, tandem's dist.zero_stage=2, which works
+  // on the offload engine's masters; without offload_optimizer (or at stage 3, whose parameter
+  // sharding tandem does not do) the stage is listed as not mapped.
+  if (zero_stage) {
+    if (*zero_stage >= 1 && cfg.offload.optimizer == OffloadTarget::kCpu) cfg.dist.zero_stage = 2;
+    if (*zero_stage == 3 || (*zero_stage >= 1 && cfg.offload.optimizer != OffloadTarget::kCpu))
+      ignored.push_back("zero_optimization.stage");
+  }
+  // Batch arithmetic: train_batch_size counts every rank (WORLD_SIZE under a launcher, else 1).
+  const char* ws = std::getenv("WORLD_SIZE");
+  const int64_t world = ws != nullptr && std::atoll(ws) > 0 ? std::atoll(ws) : 1;
+  if (global) {
+    TANDEM_CHECK(*global % world == 0, origin, ": train_batch_size (", *global, ") is not a multiple of the ", world,
+                 " ranks");
+    *global /= world;
+  }
   if (global && micro && accum) {
-    TANDEM_CHECK(*global == *micro * *accum, origin, ": train_batch_size (", *global,
+    TANDEM_CHECK(*global == *micro * *accum, origin, ": train_batch_size (", *global * world,
                  ") must equal train_micro_batch_size_per_gpu (", *micro, ") x gradient_accumulation_steps (", *accum,
-                 ") on one device");
+                 ") x ", world, " rank(s)");
   } else if (global && micro) {
-    TANDEM_CHECK(*global % *micro == 0, origin, ": train_batch_size (", *global,
-                 ") is not a multiple of train_micro_batch_size_per_gpu (", *micro, ")");
+    TANDEM_CHECK(*global % *micro == 0, origin, ": train_batch_size (", *global * world,
+                 ") is not a multiple of train_micro_batch_size_per_gpu (", *micro, ") x ", world, " rank(s)");
     accum = *global / *micro;
   } else if (global && accum) {
-    TANDEM_CHECK(*global % *accum == 0, origin, ": train_batch_size (", *global,
-                 ") is not a multiple of gradient_accumulation_steps (", *accum, ")");
+    TANDEM_CHECK(*global % *accum == 0, origin, ": train_batch_size (", *global * world,
+                 ") is not a multiple of gradient_accumulation_steps (", *accum, ") x ", world, " rank(s)");
     micro = *global / *accum;
   } else if (global) {
     micro = *global;
@@ -712,6 +729,8 @@ void validate_config(const Config& c) {
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,
                "offload.gpu_memory_fraction must be in (0, 1], got ", c.offload.gpu_memory_fraction);
+  TANDEM_CHECK(c.offload.host_memory_gib >= 0, "offload.host_memory_gib must be >= 0 (0 = measured), got ",
+               c.offload.host_memory_gib);
   TANDEM_CHECK(c.offload.host_memory_fraction > 0 && c.offload.host_memory_fraction <= 1,
                "offload.host_memory_fraction must be in (0, 1], got ", c.offload.host_memory_fraction);
   TANDEM_CHECK(c.train.steps >= 0, "train.steps must be >= 0, got ", c.train.steps);

@@ -120,6 +120,9 @@ struct OffloadConfig {
   std::string speculate = "auto";     ///< auto | always | never: CPU updates during backward, undo log
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
+  /// Host memory the plan assumes, GiB; 0 = MemAvailable now (a VM whose memory grows as it is
+  /// used reports too little at start: give its limit here).
+  double host_memory_gib = 0;
   std::string trace_steps;            ///< steps (1-based, comma list) traced into <run dir>/trace.json
   /// Host landing/staging buffers: -1 auto (per Block when the plan fits the host, else a ring of
   /// 4 slots), 0 per Block, N > 0 a ring of N slots shared by the CPU-updated Blocks.

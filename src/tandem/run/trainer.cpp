@@ -140,7 +140,8 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
                         std::pair<int64_t, int64_t>* range, const RankInfo& ranks) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
-  cap.host_available = host_available_bytes();
+  cap.host_available = cfg.offload.host_memory_gib > 0 ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                                                        : host_available_bytes();
   // The ranks on this host share its memory; sharded ranks each hold 1/world of the host rows, which
   // the plan counts whole, so the host they are checked against grows by as much (Note [Sharded store]).
   const int64_t shards = cfg.dist.zero_stage == 2 ? ranks.world_size : 1;
