@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "../test_util.h"
+#include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/safetensors.h"
 
@@ -276,6 +277,35 @@ TEST(DistGpu, TwoGpusEqualOneWithTheSameGlobalBatch) {
     expect_same_losses(losses(one), losses(two), 1e-4);
     ++k;
   }
+}
+
+}  // namespace
+}  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+// SIGTERM to the launcher reaches every worker; the ranks agree to stop after one step, write one
+// checkpoint together and exit 0; --resume auto then continues.
+TEST(Dist, SigtermStopsEveryRankAfterTheSameStepWithOneCheckpoint) {
+  TempDir tmp;
+  const std::string run = tmp.file("run");
+  const std::string cmd = "env OMP_NUM_THREADS=1 " + cli_path() + " launch --nproc-per-node 2 --master-port " +
+                          std::to_string(port(0)) + " -- " + cli_path() + " train " +
+                          train_args(run, 400, "--set train.micro_batch=4 " + std::string(kZero)) +
+                          " & pid=$!; while [ \"$(cat " + run +
+                          "/metrics.jsonl 2>/dev/null | grep -c loss)\" -lt 3 ]; do sleep 0.1; done; kill -TERM $pid; wait $pid";
+  const Result r = sh(cmd, tmp.file("run.log"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto l = losses(run);
+  ASSERT_FALSE(l.empty());
+  const int64_t last = l.rbegin()->first;
+  EXPECT_LT(last, 400);
+  const auto all = list_checkpoints(run + "/checkpoints");
+  ASSERT_EQ(all.size(), 1u) << r.out;
+  EXPECT_EQ(fs::path(all[0]).filename().string(), fs::path(strprintf("step_%08lld", static_cast<long long>(last))));
+  EXPECT_EQ(verify_checkpoint(all[0]), "");
+  EXPECT_EQ(checkpoint_zero_world(all[0]), 2);
 }
 
 }  // namespace

@@ -91,7 +91,9 @@ Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(st
 #endif
 }
 
-Comm::~Comm() {
+Comm::~Comm() { stop_heartbeat(); }
+
+void Comm::stop_heartbeat() {
   stop_ = true;
   if (heartbeat_.joinable()) heartbeat_.join();
 }

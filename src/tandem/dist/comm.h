@@ -67,6 +67,8 @@ class Comm {
   double sum(double value);
   std::vector<double> sum(const std::vector<double>& values);
   void barrier();
+  /// Ends this rank's heartbeat (the end of a run: rank 0, which serves the store, may leave first).
+  void stop_heartbeat();
 
  private:
   void heartbeat_loop();

@@ -1,5 +1,7 @@
 #include "tandem/run/trainer.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <csignal>
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
+#include "tandem/core/thread_pool.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/comm.h"
@@ -235,7 +238,9 @@ torch::Device resolve_device(const std::string& s) {
 // alone writes the run directory's files; checkpoints are whole (replicated state, rank 0 writes)
 // or sharded (Note [Sharded checkpoints]). With dist.balance the rows per rank may differ (unequal
 // GPUs, seed 002): given, or measured after dist.balance_after steps from each rank's compute time
-// per row and device memory headroom (balance_rows), the global batch unchanged.
+// per row and device memory headroom (balance_rows), the global batch unchanged. The ranks of one
+// host divide its cores (the CPU affinity mask they share) into disjoint ranges, and the CPU update
+// kernels use their rank's range, so the local ranks' CPU updates never oversubscribe the host.
 
 TrainSummary train(Config cfg, const TrainOptions& options) {
   validate_config(cfg);
@@ -249,6 +254,20 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   const int device_index = device.is_cuda() ? device.index() : -1;
   std::unique_ptr<Comm> comm;
+  int cpu_share = 0;  // this rank's cores, when the host's are divided (Note [Data parallel])
+  if (ranks.local_world_size > 1) {
+    // The local ranks split the cores they all may use into disjoint ranges, before any thread
+    // starts (every later thread inherits the mask): the CPU updates of two ranks never share a core.
+    const std::vector<int> cpus = allowed_cpus();
+    const size_t per = cpus.size() / static_cast<size_t>(ranks.local_world_size);
+    if (per >= 1) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (size_t i = per * static_cast<size_t>(ranks.local_rank); i < per * (ranks.local_rank + 1); ++i)
+        CPU_SET(cpus[i], &set);
+      if (sched_setaffinity(0, sizeof set, &set) == 0) cpu_share = static_cast<int>(per);
+    }
+  }
   if (ranks.distributed()) {
     CommOptions co;
     co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
@@ -266,6 +285,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                         device.str().c_str(), co.nccl ? "NCCL" : "Gloo", ranks.master_addr.c_str(), ranks.master_port,
                         ranks.restart_count ? strprintf(" | restart %d", ranks.restart_count).c_str() : ""));
     if (ranks.rank != 0) cfg.train.progress = "off";
+    // torchrun sets OMP_NUM_THREADS=1: the CPU update kernels take this rank's cores instead,
+    // unless optim.cpu_threads or TANDEM_CPU_THREADS says otherwise.
+    if (cpu_share > 0 && cfg.optim.cpu_threads == 0 && std::getenv("TANDEM_CPU_THREADS") == nullptr)
+      cfg.optim.cpu_threads = cpu_share;
   }
   const bool main_rank = ranks.rank == 0;
   const int world = ranks.world_size;
@@ -1087,6 +1110,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"checkpoint_error", summary.checkpoint_error},
                       {"telemetry", telemetry}};
   if (main_rank) write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  if (comm) {
+    // Every rank stops its heartbeat before rank 0, which serves the store, may exit.
+    comm->stop_heartbeat();
+    comm->barrier();
+  }
   feed.finish();
   // An open dashboard polls every second: give it the last rows before the server goes.
   if (cfg.monitor.dashboard_port > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
