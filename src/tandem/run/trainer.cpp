@@ -545,10 +545,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   if (comm) cfg.train.oom_retry = false;
   train_loader->seek(state.data_position);
   std::unique_ptr<BatchLoader> val_loader;
-  if (cfg.train.eval_every > 0 && data.val.size() >= seq_len + 2)
+  if (cfg.train.eval_every > 0 && main_rank && data.val.size() >= seq_len + 2)  // rank 0 evaluates
     val_loader = std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, seq_len, cfg.train.seed ^ 0x5eedull,
                                                device, cfg.data.prefetch, spec.vocab_size, "held-out");
-  else if (cfg.train.eval_every > 0)
+  else if (cfg.train.eval_every > 0 && main_rank)
     log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
                         cfg.data.val_fraction, static_cast<long long>(data.val.size())));
 
@@ -557,9 +557,13 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
                       static_cast<long long>(spec.d_model), device.str().c_str(), to_string(cfg.train.precision),
                       data.description.c_str()));
-  log::info(strprintf("batch %lld x %lld tokens x %lld accumulation = %lld tokens/step | run dir %s",
-                      static_cast<long long>(cfg.train.micro_batch), static_cast<long long>(seq_len),
+  log::info(strprintf("batch %lld x %lld tokens x %lld accumulation = %lld tokens/step%s | run dir %s",
+                      static_cast<long long>(global_rows), static_cast<long long>(seq_len),
                       static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
+                      comm ? strprintf(" | rows %lld .. %lld on rank %d of %d", static_cast<long long>(first_row_of(ranks.rank)),
+                                       static_cast<long long>(first_row_of(ranks.rank) + rank_rows[static_cast<size_t>(ranks.rank)] - 1),
+                                       ranks.rank, world).c_str()
+                           : "",
                       run_dir.c_str()));
 
   MetricsWriter metrics(main_rank ? (fs::path(run_dir) / "metrics.jsonl").string() : std::string());
