@@ -145,7 +145,9 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
 // file's metadata. The ranks write into a staging directory beside the checkpoints; after a
 // barrier rank 0 writes the rest of the checkpoint (model.safetensors from the working weights in
 // the compute dtype, for transformers and inspection; RNG, configs), moves the shard files in,
-// and writes the manifest over all of them, so the checkpoint appears whole or not at all. A
+// and writes the manifest over all of them, so the checkpoint appears whole or not at all; a
+// second barrier holds every rank until it has. These checkpoints are written synchronously
+// (train.async_checkpoint applies to whole ones). A
 // resume at any world size reads, for each of its own slices, the pieces of the old slices that
 // overlap it (ZeroShards), so the optimizer state is resharded exactly.
 std::string zero_shard_file(int rank) {

@@ -246,7 +246,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   validate_config(cfg);
   const RankInfo ranks = discover_rank();
   torch::Device device = resolve_device(cfg.train.device);
-  if (ranks.distributed() && device.is_cuda()) {
+  // A launcher's device slot counts even for one process (a run gone on with fewer workers).
+  if ((ranks.distributed() || ranks.device_index >= 0) && device.is_cuda()) {
     const int n = static_cast<int>(torch::cuda::device_count());
     TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
                  " are visible; start at most ", n, " processes per node");
@@ -542,7 +543,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       data.train, rank_rows[static_cast<size_t>(ranks.rank)], seq_len, cfg.train.seed, device, cfg.data.prefetch,
       spec.vocab_size, "training", first_row_of(ranks.rank));
   // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
-  if (comm) cfg.train.oom_retry = false;
+  if (comm && cfg.train.oom_retry) {
+    cfg.train.oom_retry = false;
+    log::info("train.oom_retry is off with several ranks (a retried step on one rank would not match the others)");
+  }
   train_loader->seek(state.data_position);
   std::unique_ptr<BatchLoader> val_loader;
   if (cfg.train.eval_every > 0 && main_rank && data.val.size() >= seq_len + 2)  // rank 0 evaluates
