@@ -310,3 +310,31 @@ TEST(Dist, SigtermStopsEveryRankAfterTheSameStepWithOneCheckpoint) {
 
 }  // namespace
 }  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+// --nproc-per-node 1:2 with a slot that fails in every attempt: after its second failure the
+// launcher goes on with one worker, which reshards the two ranks' optimizer state and finishes.
+TEST(Dist, AFailingSlotIsDroppedAndTheRunGoesOnResharded) {
+  TempDir tmp;
+  const Result r = sh("env OMP_NUM_THREADS=1 TANDEM_FAULT_AT=1:3 TANDEM_FAULT_ALWAYS=1 " + cli_path() +
+                          " launch --nproc-per-node 1:2 --max-restarts 3 --stop-grace 2 --master-port " +
+                          std::to_string(port(0)) + " -- " + cli_path() + " train " +
+                          train_args(tmp.file("run"), 12,
+                                     "--set train.micro_batch=4 --set train.checkpoint_every=2 --resume auto " +
+                                         std::string(kZero)),
+                      tmp.file("run.log"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("slot 1 failed twice; going on with 1 worker"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("optimizer shards of 2 ranks, now 1"), std::string::npos) << r.out;
+  const auto l = losses(tmp.file("run"));
+  ASSERT_TRUE(l.count(12));
+  EXPECT_TRUE(std::isfinite(l.at(12)));
+  const auto all = list_checkpoints(tmp.file("run/checkpoints"));
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(checkpoint_zero_world(all.back()), 1);  // the last ones are the single worker's
+}
+
+}  // namespace
+}  // namespace tandem::test

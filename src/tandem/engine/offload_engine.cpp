@@ -481,6 +481,9 @@ void OffloadEngine::updater_loop() {
       // With one slot the next Block has nowhere to land before this update is uploaded.
       if (ring_ && slot_owner_.size() > 1 && !queue_.empty() && queue_.front().slot < 0) next = &queue_.front();
     }
+    // A failure here (a peer rank gone in the all-gather, a CUDA error) must not end the process
+    // from this thread: it is kept and rethrown on the step loop's next wait (updater_error_).
+    try {
     if (ring_) {
       if (job.slot < 0) ring_d2h(job);
       if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
@@ -503,6 +506,10 @@ void OffloadEngine::updater_loop() {
     }
     run_cpu_update(job);
     if (job.upload) upload(job.block, job.slot);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!updater_error_) updater_error_ = std::current_exception();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_[job.block] = 1;
@@ -516,6 +523,7 @@ void OffloadEngine::wait_block(size_t i) {
   if (!options_.delayed || !pending_upload_[i]) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_[i] != 0; });
+    if (updater_error_) std::rethrow_exception(updater_error_);
   }
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
 }
@@ -528,6 +536,7 @@ void OffloadEngine::before_block(size_t i) {
 void OffloadEngine::wait_cpu_jobs() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return in_flight_ == 0; });
+  if (updater_error_) std::rethrow_exception(updater_error_);
 }
 
 void OffloadEngine::wait_all() {

@@ -13,6 +13,7 @@
 #include <string>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -220,6 +221,7 @@ class OffloadEngine {
   std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
   int64_t in_flight_ = 0;
   bool stop_ = false;
+  std::exception_ptr updater_error_;  // the updater thread's first failure, rethrown by the waits
   std::thread updater_;
 };
 

@@ -980,8 +980,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     if (comm) m["dist_rows"] = rank_rows;
     publish(m);
     // Fault injection for the tests of Note [Launcher]: "RANK:STEP" kills (or, with TANDEM_FAULT_STOP,
-    // stops) that rank after that step, in the first attempt only.
-    if (const char* f = std::getenv("TANDEM_FAULT_AT"); f && ranks.restart_count == 0) {
+    // stops) that rank after that step, in the first attempt only, or in every attempt with
+    // TANDEM_FAULT_ALWAYS (a broken GPU).
+    if (const char* f = std::getenv("TANDEM_FAULT_AT");
+        f && (ranks.restart_count == 0 || std::getenv("TANDEM_FAULT_ALWAYS") != nullptr)) {
       const auto parts = split(f, ':');
       if (parts.size() == 2 && std::atoi(parts[0].c_str()) == ranks.rank && std::atoll(parts[1].c_str()) == state.step)
         ::raise(std::getenv("TANDEM_FAULT_STOP") ? SIGSTOP : SIGKILL);
