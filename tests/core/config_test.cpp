@@ -136,7 +136,8 @@ TEST(Config, DeepSpeedZeroStagesMapOnlyWithOffload) {
   EXPECT_EQ(a.dist.zero_stage, 0);  // no offload_optimizer: tandem shards only the offload engine's state
   EXPECT_EQ(join(r.ignored_keys, ","), "zero_optimization.stage");
   Config b;
-  r = load_deepspeed_config_text(b, R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})", "d");
+  r = load_deepspeed_config_text(b, R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
+                                 "d");
   EXPECT_EQ(b.dist.zero_stage, 2);  // parameters stay whole: listed
   EXPECT_EQ(join(r.ignored_keys, ","), "zero_optimization.stage");
   Config c;

@@ -37,7 +37,8 @@ int port(int k) { return 20000 + (getpid() % 1500) * 20 + k; }
 std::string train_args(const std::string& dir, int steps, const std::string& extra) {
   return "--preset tiny --device cpu --steps " + std::to_string(steps) +
          " --set train.seq_len=64 --set train.eval_every=0 --set train.progress=off --set data.synthetic_bytes=200000"
-         " --set monitor.enabled=false --set optim.warmup_steps=5 --run-dir " + dir + " " + extra;
+         " --set monitor.enabled=false --set optim.warmup_steps=5 --run-dir " +
+         dir + " " + extra;
 }
 
 Result train_one(const std::string& dir, int steps, const std::string& extra) {
@@ -102,9 +103,9 @@ TEST(Dist, UnequalRowsPerRankEqualOneProcess) {
   const Result r2 = launch(2, port(0), tmp.file("given"), 12, "--set train.micro_batch=4 --set dist.balance=6,2");
   ASSERT_EQ(r2.code, 0) << r2.out;
   expect_same_losses(losses(tmp.file("one")), losses(tmp.file("given")), 2e-5);
-  const Result r3 = launch(2, port(1), tmp.file("auto"), 12,
-                           "--set train.micro_batch=4 --set dist.balance=auto --set dist.balance_after=3 " +
-                               std::string(kZero));
+  const Result r3 =
+      launch(2, port(1), tmp.file("auto"), 12,
+             "--set train.micro_batch=4 --set dist.balance=auto --set dist.balance_after=3 " + std::string(kZero));
   ASSERT_EQ(r3.code, 0) << r3.out;
   expect_same_losses(losses(tmp.file("one")), losses(tmp.file("auto")), 2e-5);
   const Result bad = launch(2, port(2), tmp.file("bad"), 2, "--set train.micro_batch=4 --set dist.balance=5,2");
@@ -124,8 +125,8 @@ TEST(Dist, ShardedOptimizerStateEqualsTheUnshardedOne) {
   ASSERT_EQ(checkpoint_zero_world(c1), 1);
   ASSERT_EQ(checkpoint_zero_world(c2), 2);
   const ZeroShards whole(c1), parts(c2);
-  const auto meta = nlohmann::json::parse(
-      SafetensorsFile((fs::path(c2) / zero_shard_file(1)).string()).metadata().at("tandem_zero"));
+  const auto meta =
+      nlohmann::json::parse(SafetensorsFile((fs::path(c2) / zero_shard_file(1)).string()).metadata().at("tandem_zero"));
   int compared = 0;
   for (const auto& [block, v] : meta["blocks"].items()) {
     const int64_t n = v[0].get<int64_t>();
@@ -149,11 +150,10 @@ TEST(Dist, CheckpointOfWorldTwoResumesAtWorldOne) {
   const Result r2 = launch(2, port(0), tmp.file("two"), 10,
                            "--set train.micro_batch=4 --set train.checkpoint_every=5 " + std::string(kZero));
   ASSERT_EQ(r2.code, 0) << r2.out;
-  const Result r1 =
-      sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
-             train_args(tmp.file("one"), 10, "--set train.micro_batch=8 " + std::string(kZero)) + " --resume " +
-             tmp.file("two/checkpoints/step_00000005"),
-         tmp.file("one.log"));
+  const Result r1 = sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
+                           train_args(tmp.file("one"), 10, "--set train.micro_batch=8 " + std::string(kZero)) +
+                           " --resume " + tmp.file("two/checkpoints/step_00000005"),
+                       tmp.file("one.log"));
   ASSERT_EQ(r1.code, 0) << r1.out;
   EXPECT_NE(r1.out.find("optimizer shards of 2 ranks, now 1"), std::string::npos) << r1.out;
   auto two = losses(tmp.file("two"));
@@ -176,8 +176,8 @@ TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
   const std::string args = "--set train.micro_batch=4 --set train.checkpoint_every=10 " + std::string(kZero);
   const Result clean = launch(2, port(0), tmp.file("clean"), 30, args);
   ASSERT_EQ(clean.code, 0) << clean.out;
-  const Result killed = launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1",
-                               "TANDEM_FAULT_AT=1:15");
+  const Result killed =
+      launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1", "TANDEM_FAULT_AT=1:15");
   ASSERT_EQ(killed.code, 0) << killed.out;
   EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
   EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;
@@ -218,11 +218,11 @@ TEST(Dist, TwoNodesInNetworkNamespacesTrainTogether) {
   const std::string a = "tnd_a" + std::to_string(getpid()), b = "tnd_b" + std::to_string(getpid());
   const std::string va = "tva" + std::to_string(getpid() % 100000), vb = "tvb" + std::to_string(getpid() % 100000);
   const std::string setup = "ip netns add " + a + " && ip netns add " + b + " && ip link add " + va +
-                            " type veth peer name " + vb + " && ip link set " + va + " netns " + a + " && ip link set " +
-                            vb + " netns " + b + " && ip -n " + a + " addr add 10.77.0.1/24 dev " + va + " && ip -n " +
-                            b + " addr add 10.77.0.2/24 dev " + vb + " && ip -n " + a + " link set " + va +
-                            " up && ip -n " + b + " link set " + vb + " up && ip -n " + a + " link set lo up && ip -n " +
-                            b + " link set lo up";
+                            " type veth peer name " + vb + " && ip link set " + va + " netns " + a +
+                            " && ip link set " + vb + " netns " + b + " && ip -n " + a + " addr add 10.77.0.1/24 dev " +
+                            va + " && ip -n " + b + " addr add 10.77.0.2/24 dev " + vb + " && ip -n " + a +
+                            " link set " + va + " up && ip -n " + b + " link set " + vb + " up && ip -n " + a +
+                            " link set lo up && ip -n " + b + " link set lo up";
   TempDir tmp;
   if (std::system((setup + " >" + tmp.file("netns.log") + " 2>&1").c_str()) != 0) {
     std::system(("ip netns del " + a + " 2>/dev/null; ip netns del " + b + " 2>/dev/null").c_str());
@@ -290,11 +290,11 @@ namespace {
 TEST(Dist, SigtermStopsEveryRankAfterTheSameStepWithOneCheckpoint) {
   TempDir tmp;
   const std::string run = tmp.file("run");
-  const std::string cmd = "env OMP_NUM_THREADS=1 " + cli_path() + " launch --nproc-per-node 2 --master-port " +
-                          std::to_string(port(0)) + " -- " + cli_path() + " train " +
-                          train_args(run, 400, "--set train.micro_batch=4 " + std::string(kZero)) +
-                          " & pid=$!; while [ \"$(cat " + run +
-                          "/metrics.jsonl 2>/dev/null | grep -c loss)\" -lt 3 ]; do sleep 0.1; done; kill -TERM $pid; wait $pid";
+  const std::string cmd =
+      "env OMP_NUM_THREADS=1 " + cli_path() + " launch --nproc-per-node 2 --master-port " + std::to_string(port(0)) +
+      " -- " + cli_path() + " train " + train_args(run, 400, "--set train.micro_batch=4 " + std::string(kZero)) +
+      " & pid=$!; while [ \"$(cat " + run +
+      "/metrics.jsonl 2>/dev/null | grep -c loss)\" -lt 3 ]; do sleep 0.1; done; kill -TERM $pid; wait $pid";
   const Result r = sh(cmd, tmp.file("run.log"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto l = losses(run);
@@ -318,13 +318,13 @@ namespace {
 // launcher goes on with one worker, which reshards the two ranks' optimizer state and finishes.
 TEST(Dist, AFailingSlotIsDroppedAndTheRunGoesOnResharded) {
   TempDir tmp;
-  const Result r = sh("env OMP_NUM_THREADS=1 TANDEM_FAULT_AT=1:3 TANDEM_FAULT_ALWAYS=1 " + cli_path() +
-                          " launch --nproc-per-node 1:2 --max-restarts 3 --stop-grace 2 --master-port " +
-                          std::to_string(port(0)) + " -- " + cli_path() + " train " +
-                          train_args(tmp.file("run"), 12,
-                                     "--set train.micro_batch=4 --set train.checkpoint_every=2 --resume auto " +
-                                         std::string(kZero)),
-                      tmp.file("run.log"));
+  const Result r =
+      sh("env OMP_NUM_THREADS=1 TANDEM_FAULT_AT=1:3 TANDEM_FAULT_ALWAYS=1 " + cli_path() +
+             " launch --nproc-per-node 1:2 --max-restarts 3 --stop-grace 2 --master-port " + std::to_string(port(0)) +
+             " -- " + cli_path() + " train " +
+             train_args(tmp.file("run"), 12,
+                        "--set train.micro_batch=4 --set train.checkpoint_every=2 --resume auto " + std::string(kZero)),
+         tmp.file("run.log"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("slot 1 failed twice; going on with 1 worker"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("optimizer shards of 2 ranks, now 1"), std::string::npos) << r.out;

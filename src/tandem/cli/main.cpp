@@ -24,10 +24,10 @@
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/plan.h"
+#include "tandem/models/spec.h"
 #include "tandem/monitor/report.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/web_server.h"
-#include "tandem/models/spec.h"
 #include "tandem/run/trainer.h"
 
 namespace {

@@ -3,8 +3,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -220,7 +220,8 @@ const std::vector<Field>& fields() {
       int_field("train.oom_grow_after", "clean steps before a halved micro-batch is doubled again (0 = never)",
                 F(train.oom_grow_after)),
       int_field("train.fault_oom_above_tokens",
-                "testing: a micro-batch of more tokens fails as out of memory (0 = off)", F(train.fault_oom_above_tokens)),
+                "testing: a micro-batch of more tokens fails as out of memory (0 = off)",
+                F(train.fault_oom_above_tokens)),
       enum_field("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling", kPrecisions,
                  F(train.precision)),
       string_field("train.device", "auto | cpu | cuda | cuda:N", F(train.device)),

@@ -131,10 +131,10 @@ struct OffloadConfig {
 
 /// Several processes (dist/): how they meet, reduce and share the optimizer state.
 struct DistConfig {
-  std::string backend = "auto";  ///< auto (NCCL for GPUs, Gloo for the CPU) | nccl | gloo
-  int64_t zero_stage = 0;        ///< 0: every rank holds all masters and states; 2: sharded (ZeRO-2 style)
-  double timeout_s = 300;        ///< rendezvous and collective timeout
-  double heartbeat_s = 2;        ///< heartbeat period in the store; 0 = off
+  std::string backend = "auto";     ///< auto (NCCL for GPUs, Gloo for the CPU) | nccl | gloo
+  int64_t zero_stage = 0;           ///< 0: every rank holds all masters and states; 2: sharded (ZeRO-2 style)
+  double timeout_s = 300;           ///< rendezvous and collective timeout
+  double heartbeat_s = 2;           ///< heartbeat period in the store; 0 = off
   double heartbeat_timeout_s = 60;  ///< a rank silent this long is lost: the ranks exit for a restart
   /// Rows of the global micro-batch per rank: equal | auto (measured speed and memory after
   /// balance_after steps) | a comma list, one count per rank summing to micro_batch x world.

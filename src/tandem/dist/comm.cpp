@@ -60,8 +60,9 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d:
 
 Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(std::move(options)) {
 #ifndef TANDEM_WITH_GLOO
-  TANDEM_FAIL("this build of tandem has no Gloo headers, so it cannot run several processes; install libgloo-dev "
-              "(scripts/setup.sh does) and rebuild");
+  TANDEM_FAIL(
+      "this build of tandem has no Gloo headers, so it cannot run several processes; install libgloo-dev "
+      "(scripts/setup.sh does) and rebuild");
 #else
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info_.master_port);
@@ -72,16 +73,17 @@ Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(st
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(info_.master_addr, so);
   } catch (const std::exception& e) {
-    TANDEM_FAIL("rank ", info_.rank, " of ", info_.world_size, " could not meet the others at ", info_.master_addr, ":",
-                info_.master_port, " (", one_line(e.what()),
-                "); check MASTER_ADDR/MASTER_PORT, that the port is free on rank 0's host, and that every rank started");
+    TANDEM_FAIL(
+        "rank ", info_.rank, " of ", info_.world_size, " could not meet the others at ", info_.master_addr, ":",
+        info_.master_port, " (", one_line(e.what()),
+        "); check MASTER_ADDR/MASTER_PORT, that the port is free on rank 0's host, and that every rank started");
   }
   host_ = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("host", store_), info_, options_.timeout);
   for (int lane = 0; lane < 2; ++lane) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("device" + std::to_string(lane), store_);
-    device_.push_back(options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device,
-                                                      options_.timeout)
-                                    : make_gloo_group(prefixed, info_, options_.timeout));
+    device_.push_back(
+        options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
+                      : make_gloo_group(prefixed, info_, options_.timeout));
   }
   if (options_.heartbeat_s > 0) {
     hb_store_ = store_->clone();
@@ -116,7 +118,8 @@ void Comm::heartbeat_loop() {
     if (stop_) return;
     if (lost) {
       // The reaction ran and the process is still here: end it (Note [Heartbeat]).
-      if (Clock::now() - lost_at > std::chrono::duration<double>(options_.heartbeat_timeout_s)) std::_Exit(kExitPeerLost);
+      if (Clock::now() - lost_at > std::chrono::duration<double>(options_.heartbeat_timeout_s))
+        std::_Exit(kExitPeerLost);
       continue;
     }
     std::string why;
@@ -136,8 +139,8 @@ void Comm::heartbeat_loop() {
         }
       }
     } catch (const std::exception& e) {
-      why = strprintf("the rendezvous store at %s:%d stopped answering (%s): rank 0 is gone",
-                      info_.master_addr.c_str(), info_.master_port, one_line(e.what()).c_str());
+      why = strprintf("the rendezvous store at %s:%d stopped answering (%s): rank 0 is gone", info_.master_addr.c_str(),
+                      info_.master_port, one_line(e.what()).c_str());
     }
     if (why.empty()) continue;
     lost = true;
@@ -145,9 +148,10 @@ void Comm::heartbeat_loop() {
     if (options_.on_peer_lost) {
       options_.on_peer_lost(why);
     } else {
-      log::error(strprintf("rank %d: %s; stopping (exit %d) so the launcher restarts the run from the newest "
-                           "checkpoint",
-                           info_.rank, why.c_str(), kExitPeerLost));
+      log::error(
+          strprintf("rank %d: %s; stopping (exit %d) so the launcher restarts the run from the newest "
+                    "checkpoint",
+                    info_.rank, why.c_str(), kExitPeerLost));
       std::_Exit(kExitPeerLost);
     }
   }

@@ -22,9 +22,9 @@ namespace tandem {
 /// How the processes meet and watch each other.
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< rendezvous and every collective
-  bool nccl = false;         ///< NCCL groups for device tensors (CUDA); Gloo otherwise
-  int cuda_device = -1;      ///< this rank's GPU (NCCL)
-  double heartbeat_s = 2.0;  ///< period of this rank's heartbeat in the store; 0 = no heartbeat
+  bool nccl = false;                  ///< NCCL groups for device tensors (CUDA); Gloo otherwise
+  int cuda_device = -1;               ///< this rank's GPU (NCCL)
+  double heartbeat_s = 2.0;           ///< period of this rank's heartbeat in the store; 0 = no heartbeat
   double heartbeat_timeout_s = 60.0;  ///< a rank silent this long is lost (Note [Heartbeat])
   /// Called once, from the heartbeat thread, when a rank is lost; the default logs and ends the
   /// process with kExitPeerLost after `heartbeat_timeout_s` more seconds if it is still running.

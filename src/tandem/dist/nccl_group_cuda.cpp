@@ -19,8 +19,9 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_group(const c10::intrusive_ptr<c10d:
   pg->setBoundDeviceId(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(cuda_device)));
   return pg;
 #else
-  TANDEM_FAIL("this build of tandem has no NCCL, so it cannot reduce GPU tensors across processes; build with the "
-              "NCCL headers (nccl.h) present, or set dist.backend=gloo");
+  TANDEM_FAIL(
+      "this build of tandem has no NCCL, so it cannot reduce GPU tensors across processes; build with the "
+      "NCCL headers (nccl.h) present, or set dist.backend=gloo");
 #endif
 }
 

@@ -19,8 +19,9 @@ namespace {
 int to_int(const EnvLookup& env, const std::string& name, int fallback, bool required) {
   const auto v = env(name);
   if (!v || v->empty()) {
-    TANDEM_CHECK(!required, name, " is not set; a launcher (tandem launch, torchrun, srun, mpirun) sets it, or set it "
-                            "by hand for every process");
+    TANDEM_CHECK(!required, name,
+                 " is not set; a launcher (tandem launch, torchrun, srun, mpirun) sets it, or set it "
+                 "by hand for every process");
     return fallback;
   }
   char* end = nullptr;

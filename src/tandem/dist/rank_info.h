@@ -15,8 +15,8 @@ struct RankInfo {
   int local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int restart_count = 0;   ///< TORCHELASTIC_RESTART_COUNT: how many times the launcher restarted the run
-  int device_index = -1;   ///< TANDEM_DEVICE_INDEX (a launcher's device slot); -1 = local_rank
+  int restart_count = 0;                  ///< TORCHELASTIC_RESTART_COUNT: how many times the launcher restarted the run
+  int device_index = -1;                  ///< TANDEM_DEVICE_INDEX (a launcher's device slot); -1 = local_rank
   std::string source = "single process";  ///< "torchrun", "SLURM", "Open MPI" or "single process"
 
   bool distributed() const { return world_size > 1; }

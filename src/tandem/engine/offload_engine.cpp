@@ -484,28 +484,28 @@ void OffloadEngine::updater_loop() {
     // A failure here (a peer rank gone in the all-gather, a CUDA error) must not end the process
     // from this thread: it is kept and rethrown on the step loop's next wait (updater_error_).
     try {
-    if (ring_) {
-      if (job.slot < 0) ring_d2h(job);
-      if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
-    }
-    if (cuda_) {
-      streams_->landed[job.block]->synchronize();
-      // Delayed mode: the previous update's upload must have read staging before it is rewritten.
-      if (options_.delayed) streams_->uploaded[job.block]->synchronize();
-      // Host ring: the slot's previous Block must have gone up before staging is rewritten.
-      if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
-    }
-    {
-      // This Block's gradient copy has landed; its previous upload finished before the forward
-      // that preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
-      const size_t i = job.block;
-      const double xfer = completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
-                          (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.transfer_s += xfer;
-    }
-    run_cpu_update(job);
-    if (job.upload) upload(job.block, job.slot);
+      if (ring_) {
+        if (job.slot < 0) ring_d2h(job);
+        if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
+      }
+      if (cuda_) {
+        streams_->landed[job.block]->synchronize();
+        // Delayed mode: the previous update's upload must have read staging before it is rewritten.
+        if (options_.delayed) streams_->uploaded[job.block]->synchronize();
+        // Host ring: the slot's previous Block must have gone up before staging is rewritten.
+        if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
+      }
+      {
+        // This Block's gradient copy has landed; its previous upload finished before the forward
+        // that preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
+        const size_t i = job.block;
+        const double xfer = completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
+                            (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.transfer_s += xfer;
+      }
+      run_cpu_update(job);
+      if (job.upload) upload(job.block, job.slot);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!updater_error_) updater_error_ = std::current_exception();

@@ -8,14 +8,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <optional>
-#include <string>
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 

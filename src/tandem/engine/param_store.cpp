@@ -68,8 +68,10 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
     b.shard_numel = b.padded_numel / w;
     b.shard_offset = b.shard_numel * options_.shard_rank;
     for (const auto& f : b.params) {
-      const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + b.shard_numel);
-      if (lo < hi) b.shard_params.push_back({f.name, f.param, lo - b.shard_offset, hi - lo, {hi - lo}, f.weight_decay_scale});
+      const int64_t lo = std::max(f.offset, b.shard_offset),
+                    hi = std::min(f.offset + f.numel, b.shard_offset + b.shard_numel);
+      if (lo < hi)
+        b.shard_params.push_back({f.name, f.param, lo - b.shard_offset, hi - lo, {hi - lo}, f.weight_decay_scale});
     }
     const bool gpu = b.side == UpdateSide::kGpu;
     const int64_t sn = b.shard_numel;
@@ -77,7 +79,9 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
     b.master.zero_();
     for (const auto& f : b.params) {
       const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + sn);
-      if (lo < hi) b.master.narrow(0, lo - b.shard_offset, hi - lo).copy_(f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
+      if (lo < hi)
+        b.master.narrow(0, lo - b.shard_offset, hi - lo)
+            .copy_(f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
     }
     const auto st = options_.host_state_dtype;
     b.m = gpu ? torch::zeros({sn}, fdev) : host_buffer(sn, st).zero_();
@@ -197,7 +201,8 @@ void ParamStore::load_shard_state(
   for (auto& b : blocks_) {
     // The slice past the Block's end is padding: it stays zero.
     const int64_t n = std::max<int64_t>(0, std::min(b.shard_numel, b.numel - b.shard_offset));
-    for (const auto& [kind, t] : {std::pair<std::string, torch::Tensor>{"master", b.master}, {"exp_avg", b.m}, {"exp_avg_sq", b.v}}) {
+    for (const auto& [kind, t] :
+         {std::pair<std::string, torch::Tensor>{"master", b.master}, {"exp_avg", b.m}, {"exp_avg_sq", b.v}}) {
       auto tmp = torch::zeros({b.shard_numel}, torch::kFloat32);
       if (n > 0) read(b.name, kind, b.shard_offset, n, tmp.narrow(0, 0, n));
       t.copy_(tmp);

@@ -64,8 +64,9 @@ struct BlockStore {
   UpdateSide side = UpdateSide::kCpu;
   torch::Tensor working, grad;  // (padded_numel) compute dtype, device
   torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only
-  torch::Tensor master, m, v;   // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
-  torch::Tensor landing, staging;            // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
+  torch::Tensor master, m,
+      v;  // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
+  torch::Tensor landing, staging;  // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
   torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) fp32 host; kCpu with speculation only
 };
 
@@ -125,8 +126,8 @@ class ParamStore {
   /// Sharded stores: fills this rank's slices from `read(name, kind, offset, n, out)`, which copies
   /// elements [offset, offset + n) of Block `name`'s whole range of master, "exp_avg" or
   /// "exp_avg_sq" into `out` (fp32); the padding stays zero. Then refreshes the working weights.
-  void load_shard_state(const std::function<void(const std::string&, const std::string&, int64_t, int64_t,
-                                                 torch::Tensor)>& read);
+  void load_shard_state(
+      const std::function<void(const std::string&, const std::string&, int64_t, int64_t, torch::Tensor)>& read);
 
   /// Runs `fn` with the module's parameters bound to fp32 masters on the host (CPU-updated) or the
   /// device (GPU-updated), so checkpoint code reads and writes full-precision weights; then binds

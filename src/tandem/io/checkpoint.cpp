@@ -161,8 +161,8 @@ std::string zero_staging_dir(const std::string& parent, int64_t step) {
 }
 
 int checkpoint_zero_world(const std::string& dir) {
-  const auto j = nlohmann::json::parse(read_file((fs::path(dir) / kStateFile).string(), "checkpoint state"), nullptr,
-                                       false);
+  const auto j =
+      nlohmann::json::parse(read_file((fs::path(dir) / kStateFile).string(), "checkpoint state"), nullptr, false);
   return j.is_object() ? j.value("zero_world", 0) : 0;
 }
 
@@ -173,7 +173,8 @@ ZeroShards::ZeroShards(const std::string& dir) {
     files_.push_back(std::make_unique<SafetensorsFile>((fs::path(dir) / zero_shard_file(r)).string()));
     const auto& meta = files_.back()->metadata();
     const auto it = meta.find("tandem_zero");
-    TANDEM_CHECK(it != meta.end(), files_.back()->path(), " has no tandem_zero metadata; the checkpoint is not tandem's");
+    TANDEM_CHECK(it != meta.end(), files_.back()->path(),
+                 " has no tandem_zero metadata; the checkpoint is not tandem's");
     const auto j = nlohmann::json::parse(it->second, nullptr, false);
     TANDEM_CHECK(j.is_object() && j.contains("blocks"), files_.back()->path(), ": malformed tandem_zero metadata");
     std::map<std::string, Piece> pieces;
@@ -311,7 +312,8 @@ TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& op
   TANDEM_CHECK(why.empty(), "checkpoint ", dir, " is damaged: ", why,
                "; resume from an earlier one (--resume auto takes the newest intact checkpoint)");
   const auto j = nlohmann::json::parse(read_file(state_path, "checkpoint state"));
-  TANDEM_CHECK(j.value("zero_world", 0) == 0, "checkpoint ", dir, " holds optimizer shards of ", j.value("zero_world", 0),
+  TANDEM_CHECK(j.value("zero_world", 0) == 0, "checkpoint ", dir, " holds optimizer shards of ",
+               j.value("zero_world", 0),
                " ranks (dist.zero_stage=2); resume it with offload.optimizer=cpu and dist.zero_stage=2, at any world "
                "size (1 included)");
   {

@@ -3,17 +3,17 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <tuple>
-#include <nlohmann/json.hpp>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -28,10 +28,6 @@
 #include "tandem/dist/grad_reducer.h"
 #include "tandem/dist/rank_info.h"
 #include "tandem/engine/offload_engine.h"
-#include "tandem/monitor/run_feed.h"
-#include "tandem/monitor/sampler.h"
-#include "tandem/monitor/tensorboard.h"
-#include "tandem/monitor/web_server.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/fs.h"
@@ -39,6 +35,10 @@
 #include "tandem/io/safetensors.h"
 #include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
+#include "tandem/monitor/run_feed.h"
+#include "tandem/monitor/sampler.h"
+#include "tandem/monitor/tensorboard.h"
+#include "tandem/monitor/web_server.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/autocast.h"
 #include "tandem/run/lr_schedule.h"
@@ -143,8 +143,9 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
                         std::pair<int64_t, int64_t>* range, const RankInfo& ranks) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
-  cap.host_available = cfg.offload.host_memory_gib > 0 ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
-                                                        : host_available_bytes();
+  cap.host_available = cfg.offload.host_memory_gib > 0
+                           ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                           : host_available_bytes();
   // The ranks on this host share its memory; sharded ranks each hold 1/world of the host rows, which
   // the plan counts whole, so the host they are checked against grows by as much (Note [Sharded store]).
   const int64_t shards = cfg.dist.zero_stage == 2 ? ranks.world_size : 1;
@@ -438,7 +439,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     eo.min_gpu_blocks = range.first;
     eo.max_gpu_blocks = range.second;
     eo.resolve_every = cfg.offload.resolve_every;
-    eo.trace_steps = main_rank ? parse_step_list(cfg.offload.trace_steps, "offload.trace_steps") : std::vector<int64_t>{};
+    eo.trace_steps =
+        main_rank ? parse_step_list(cfg.offload.trace_steps, "offload.trace_steps") : std::vector<int64_t>{};
     eo.comm = comm.get();
     eo.trace_path = (fs::path(run_dir) / "trace.json").string();
     eo.log = [](const std::string& line) { log::info(line); };
@@ -487,7 +489,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   // Note [Sharded checkpoints]: dist.zero_stage=2 runs save per-rank shards at every world size.
   const bool zero_format = engine && cfg.dist.zero_stage == 2;
   if (!resume_dir.empty() && checkpoint_zero_world(resume_dir) > 0) {
-    TANDEM_CHECK(zero_format, "checkpoint ", resume_dir, " holds optimizer shards (dist.zero_stage=2); resume it with "
+    TANDEM_CHECK(zero_format, "checkpoint ", resume_dir,
+                 " holds optimizer shards (dist.zero_stage=2); resume it with "
                  "offload.optimizer=cpu and dist.zero_stage=2, at any world size (1 included)");
     state = load_checkpoint_state(resume_dir, device_index);
     const ZeroShards shards(resume_dir);
@@ -498,7 +501,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     log::info(strprintf("resumed from %s at step %lld (optimizer shards of %d ranks, now %d)", resume_dir.c_str(),
                         static_cast<long long>(state.step), shards.world(), world));
   } else if (!resume_dir.empty()) {
-    TANDEM_CHECK(!zero_format || world == 1, "checkpoint ", resume_dir, " holds whole optimizer state; resume it with "
+    TANDEM_CHECK(!zero_format || world == 1, "checkpoint ", resume_dir,
+                 " holds whole optimizer state; resume it with "
                  "dist.zero_stage=0, or in one process, and save again to shard it");
     with_weights([&] { state = load_checkpoint(resume_dir, *model, optimizer, device_index); });
     log::info(strprintf("resumed from %s at step %lld", resume_dir.c_str(), static_cast<long long>(state.step)));
@@ -539,9 +543,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     return f;
   };
   double rank_share = double(rank_rows[static_cast<size_t>(ranks.rank)]) / double(global_rows);
-  std::unique_ptr<BatchLoader> train_loader = std::make_unique<BatchLoader>(
-      data.train, rank_rows[static_cast<size_t>(ranks.rank)], seq_len, cfg.train.seed, device, cfg.data.prefetch,
-      spec.vocab_size, "training", first_row_of(ranks.rank));
+  std::unique_ptr<BatchLoader> train_loader =
+      std::make_unique<BatchLoader>(data.train, rank_rows[static_cast<size_t>(ranks.rank)], seq_len, cfg.train.seed,
+                                    device, cfg.data.prefetch, spec.vocab_size, "training", first_row_of(ranks.rank));
   // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
   if (comm && cfg.train.oom_retry) {
     cfg.train.oom_retry = false;
@@ -561,14 +565,17 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
                       static_cast<long long>(spec.d_model), device.str().c_str(), to_string(cfg.train.precision),
                       data.description.c_str()));
-  log::info(strprintf("batch %lld x %lld tokens x %lld accumulation = %lld tokens/step%s | run dir %s",
-                      static_cast<long long>(global_rows), static_cast<long long>(seq_len),
-                      static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
-                      comm ? strprintf(" | rows %lld .. %lld on rank %d of %d", static_cast<long long>(first_row_of(ranks.rank)),
-                                       static_cast<long long>(first_row_of(ranks.rank) + rank_rows[static_cast<size_t>(ranks.rank)] - 1),
-                                       ranks.rank, world).c_str()
-                           : "",
-                      run_dir.c_str()));
+  log::info(strprintf(
+      "batch %lld x %lld tokens x %lld accumulation = %lld tokens/step%s | run dir %s",
+      static_cast<long long>(global_rows), static_cast<long long>(seq_len),
+      static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
+      comm
+          ? strprintf(" | rows %lld .. %lld on rank %d of %d", static_cast<long long>(first_row_of(ranks.rank)),
+                      static_cast<long long>(first_row_of(ranks.rank) + rank_rows[static_cast<size_t>(ranks.rank)] - 1),
+                      ranks.rank, world)
+                .c_str()
+          : "",
+      run_dir.c_str()));
 
   MetricsWriter metrics(main_rank ? (fs::path(run_dir) / "metrics.jsonl").string() : std::string());
   feed.set_info({{"run_dir", run_dir},
@@ -683,7 +690,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       auto tensors = store->shard_state();
       tensors.emplace_back("_step", torch::full({}, double(engine->stats().steps), torch::kFloat64));
       const nlohmann::json meta = {{"rank", ranks.rank}, {"world", world}, {"blocks", blocks}};
-      write_safetensors((fs::path(staging) / zero_shard_file(ranks.rank)).string(), tensors, {{"tandem_zero", meta.dump()}});
+      write_safetensors((fs::path(staging) / zero_shard_file(ranks.rank)).string(), tensors,
+                        {{"tandem_zero", meta.dump()}});
     } catch (const InternalError&) {
       throw;
     } catch (const std::exception& e) {
@@ -693,7 +701,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     std::string path;
     if (main_rank) {
       try {
-        TANDEM_CHECK(failed == 0, error.empty() ? strprintf("%.0f rank(s) could not write their shards", failed) : error);
+        TANDEM_CHECK(failed == 0,
+                     error.empty() ? strprintf("%.0f rank(s) could not write their shards", failed) : error);
         CheckpointSnapshot snap = take_checkpoint_snapshot(*model, optimizer, state, cfg, device_index, true);
         snap.zero_world = world;
         for (int r = 0; r < world; ++r) snap.adopt.push_back((fs::path(staging) / zero_shard_file(r)).string());
@@ -789,7 +798,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   int64_t tokens_run = 0;
 
   int64_t oom_parts = 1, oom_clean_steps = 0;  // Note [Adaptive micro-batch]
-  std::vector<double> compute_s;                // forward + backward seconds per step (dist.balance=auto)
+  std::vector<double> compute_s;               // forward + backward seconds per step (dist.balance=auto)
   for (int64_t step = state.step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = lr_at(cfg.optim, step, cfg.train.steps);
@@ -833,7 +842,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
             // Note [Data parallel]: weighted by this rank's share of the global batch; the ranks' sum is its mean.
             torch::Tensor scaled = world == 1 ? (parts == 1 ? loss / double(cfg.train.grad_accum)
                                                             : loss * (share / double(cfg.train.grad_accum)))
-                                   : loss * (share * rank_share / double(cfg.train.grad_accum));
+                                              : loss * (share * rank_share / double(cfg.train.grad_accum));
             if (fp16) scaled = scaled * scale;
             scaled.backward();
             loss_sum += parts == 1 ? loss.detach() : loss.detach() * share;
@@ -997,10 +1006,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       if (device_index >= 0 && accelerator()) {
         const auto ms = accelerator()->memory_stats(device_index);
         // Activation memory per row from the step's peak over the memory held between steps.
-        const double per_row = std::max(1.0, double(ms.peak_allocated - ms.allocated) /
-                                                 double(rank_rows[static_cast<size_t>(ranks.rank)]));
+        const double per_row = std::max(
+            1.0, double(ms.peak_allocated - ms.allocated) / double(rank_rows[static_cast<size_t>(ranks.rank)]));
         const double room = double(ms.total) * cfg.offload.gpu_memory_fraction - double(ms.peak_allocated);
-        max_rows = std::min(max_rows, double(rank_rows[static_cast<size_t>(ranks.rank)]) + std::max(0.0, room) / per_row);
+        max_rows =
+            std::min(max_rows, double(rank_rows[static_cast<size_t>(ranks.rank)]) + std::max(0.0, room) / per_row);
       }
       const auto speeds = comm->all_gather(mine);
       const auto caps_d = comm->all_gather(max_rows);
@@ -1059,8 +1069,8 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   progress.finish();
   const double wall = std::chrono::duration<double>(Clock::now() - run_start).count();
 
-  if (val_loader && main_rank && !summary.interrupted && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) &&
-      state.step > summary.first_step) {
+  if (val_loader && main_rank && !summary.interrupted &&
+      (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0) && state.step > summary.first_step) {
     summary.last_eval_loss = evaluate();
     publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }

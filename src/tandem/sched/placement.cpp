@@ -28,9 +28,7 @@ namespace tandem {
 //    paced: idle time added at the GPU's idle power until the average meets it, the same remedy as
 //    running all-GPU and idling, which the search therefore always includes and can only beat.
 
-int64_t Placement::cpu_blocks() const {
-  return std::count(blocks.begin(), blocks.end(), BlockDevice::kCpu);
-}
+int64_t Placement::cpu_blocks() const { return std::count(blocks.begin(), blocks.end(), BlockDevice::kCpu); }
 
 std::string Placement::str() const {
   std::string s;
@@ -44,8 +42,8 @@ Placement parse_placement(const std::string& text, int64_t blocks) {
     p.blocks.assign(static_cast<size_t>(blocks), text == "gpu" ? BlockDevice::kGpu : BlockDevice::kCpu);
     return p;
   }
-  TANDEM_CHECK(static_cast<int64_t>(text.size()) == blocks, "placement '", text, "' has ", text.size(),
-               " letters for ", blocks, " blocks; give one G or C per block, or gpu / cpu");
+  TANDEM_CHECK(static_cast<int64_t>(text.size()) == blocks, "placement '", text, "' has ", text.size(), " letters for ",
+               blocks, " blocks; give one G or C per block, or gpu / cpu");
   for (const char c : text) {
     TANDEM_CHECK(c == 'G' || c == 'g' || c == 'C' || c == 'c', "placement '", text, "': '", std::string(1, c),
                  "' is neither G (GPU) nor C (CPU)");
@@ -85,9 +83,9 @@ void check_costs(const std::vector<BlockDeviceCost>& costs, const CostModelOptio
   for (const auto& c : costs)
     for (const double v : {c.gpu_s, c.cpu_s, c.gpu_j, c.cpu_j, c.cpu_host_j})
       TANDEM_CHECK(std::isfinite(v) && v >= 0, "a block cost is negative or not finite (", v, ")");
-  TANDEM_CHECK(o.time_bins >= 10 && o.gpu_idle_w >= 0 && o.cpu_idle_w >= 0 && o.max_step_s >= 0 &&
-                   o.gpu_power_budget_w >= 0,
-               "cost model options out of range");
+  TANDEM_CHECK(
+      o.time_bins >= 10 && o.gpu_idle_w >= 0 && o.cpu_idle_w >= 0 && o.max_step_s >= 0 && o.gpu_power_budget_w >= 0,
+      "cost model options out of range");
 }
 
 struct Cost {

@@ -68,10 +68,10 @@ class StaticPlacement : public PlacementPolicy {
 
 /// The seed's rule with hysteresis.
 struct ThresholdOptions {
-  double gpu_power_w = 200;   ///< above this (and the CPU below cpu_util_pct) a Block moves to the CPU
-  double cpu_util_pct = 80;   ///< the CPU must be less busy than this to take a Block
-  double release_w = 20;      ///< a Block comes back when power is below gpu_power_w - release_w, or the CPU is busy
-  int64_t dwell_steps = 5;    ///< steps between two moves
+  double gpu_power_w = 200;  ///< above this (and the CPU below cpu_util_pct) a Block moves to the CPU
+  double cpu_util_pct = 80;  ///< the CPU must be less busy than this to take a Block
+  double release_w = 20;     ///< a Block comes back when power is below gpu_power_w - release_w, or the CPU is busy
+  int64_t dwell_steps = 5;   ///< steps between two moves
   /// Blocks that may move, first to go first (e.g. the dense CPU-friendly Blocks); they come back
   /// in the reverse order.
   std::vector<int64_t> movable;
@@ -99,11 +99,11 @@ struct CostModelOptions {
     kMinEnergy,      ///< least joules per step with the step no longer than max_step_s
     kMaxThroughput,  ///< shortest step with average GPU power at most gpu_power_budget_w
   } objective = Objective::kMaxThroughput;
-  double max_step_s = 0;            ///< kMinEnergy's throughput floor as a step-time ceiling; 0 = none
-  double gpu_power_budget_w = 0;    ///< kMaxThroughput's software budget (the GPU's own limit is never changed)
-  double gpu_idle_w = 70;           ///< GPU power while it waits (a CPU Block runs, or pacing)
-  double cpu_idle_w = 0;            ///< CPU power above its baseline while it waits; 0 when not measured
-  int64_t time_bins = 2000;         ///< resolution of the search over step times
+  double max_step_s = 0;          ///< kMinEnergy's throughput floor as a step-time ceiling; 0 = none
+  double gpu_power_budget_w = 0;  ///< kMaxThroughput's software budget (the GPU's own limit is never changed)
+  double gpu_idle_w = 70;         ///< GPU power while it waits (a CPU Block runs, or pacing)
+  double cpu_idle_w = 0;          ///< CPU power above its baseline while it waits; 0 when not measured
+  int64_t time_bins = 2000;       ///< resolution of the search over step times
 };
 
 /// The placement that minimises energy under a throughput floor, or maximises throughput under a
