@@ -13,7 +13,7 @@ BUILD_DIR=${TANDEM_BUILD_DIR:-build}
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
-              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev
+              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev
               prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
 
 say() { printf '[setup] %s\n' "$*"; }

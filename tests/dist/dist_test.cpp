@@ -88,6 +88,7 @@ TEST(Dist, TwoProcessesEqualOneWithTheSameGlobalBatch) {
     const Result r2 = launch(2, port(k), two, 30, "--set train.micro_batch=4 " + mode);
     ASSERT_EQ(r2.code, 0) << r2.out;
     EXPECT_NE(r2.out.find("[rank 1]"), std::string::npos);
+    EXPECT_NE(r2.out.find("rank 1: CPU share"), std::string::npos) << r2.out;  // Note [Core division]
     SCOPED_TRACE("mode '" + mode + "'");
     expect_same_losses(losses(one), losses(two), 2e-5);
     EXPECT_FALSE(fs::exists(two + "/metrics.rank1.jsonl"));

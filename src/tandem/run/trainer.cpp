@@ -21,7 +21,7 @@
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
-#include "tandem/core/thread_pool.h"
+#include "tandem/core/cpu_topology.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/comm.h"
@@ -257,17 +257,17 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   const int device_index = device.is_cuda() ? device.index() : -1;
   std::unique_ptr<Comm> comm;
   int cpu_share = 0;  // this rank's cores, when the host's are divided (Note [Data parallel])
+  std::string cpu_how;
   if (ranks.local_world_size > 1) {
-    // The local ranks split the cores they all may use into disjoint ranges, before any thread
-    // starts (every later thread inherits the mask): the CPU updates of two ranks never share a core.
-    const std::vector<int> cpus = allowed_cpus();
-    const size_t per = cpus.size() / static_cast<size_t>(ranks.local_world_size);
-    if (per >= 1) {
+    // The local ranks split the cores they all may use into disjoint shares (Note [Core division])
+    // before any thread starts (every later thread inherits the mask): the CPU updates of two
+    // ranks never share a core.
+    const std::vector<int> cpus = rank_cpus(ranks.local_rank, ranks.local_world_size, &cpu_how);
+    if (!cpus.empty()) {
       cpu_set_t set;
       CPU_ZERO(&set);
-      for (size_t i = per * static_cast<size_t>(ranks.local_rank); i < per * (ranks.local_rank + 1); ++i)
-        CPU_SET(cpus[i], &set);
-      if (sched_setaffinity(0, sizeof set, &set) == 0) cpu_share = static_cast<int>(per);
+      for (const int c : cpus) CPU_SET(c, &set);
+      if (sched_setaffinity(0, sizeof set, &set) == 0) cpu_share = static_cast<int>(cpus.size());
     }
   }
   if (ranks.distributed()) {
@@ -287,6 +287,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                         device.str().c_str(), co.nccl ? "NCCL" : "Gloo", ranks.master_addr.c_str(), ranks.master_port,
                         ranks.restart_count ? strprintf(" | restart %d", ranks.restart_count).c_str() : ""));
     if (ranks.rank != 0) cfg.train.progress = "off";
+    if (cpu_share > 0) log::info(strprintf("rank %d: CPU share %s", ranks.rank, cpu_how.c_str()));
     // torchrun sets OMP_NUM_THREADS=1: the CPU update kernels take this rank's cores instead,
     // unless optim.cpu_threads or TANDEM_CPU_THREADS says otherwise.
     if (cpu_share > 0 && cfg.optim.cpu_threads == 0 && std::getenv("TANDEM_CPU_THREADS") == nullptr)
@@ -474,7 +475,6 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   std::unique_ptr<GradReducer> reducer;  // Note [Gradient reducer]
   if (comm && !engine) reducer = std::make_unique<GradReducer>(*model, *comm);
-  const bool sharded = store && store->sharded();
   Optimizer& optimizer = *optimizer_ptr;
   // Checkpoint code reads and writes the fp32 masters when the engine holds them.
   const auto with_weights = [&](const std::function<void()>& fn) {
