@@ -19,39 +19,18 @@
 #include <thread>
 #include <vector>
 
+#include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
 
 // Worker commands are small /bin/sh scripts. launch() runs in a forked child wherever a test sets
 // the launcher's environment, reads its stdout or stderr, or signals it; the child's files are
-// read after it exits. (tests/test_util.h is not included: it pulls in LibTorch, and this test
-// also builds on its own without it.)
+// read after it exits.
 
 namespace tandem {
 namespace {
 
-/// A fresh directory removed at scope exit.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-launcher-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using test::read_text;
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
@@ -80,7 +59,7 @@ struct EnvEdit {
 
 /// Runs launch(o) in a forked child whose stdout and stderr go to dir's files "launcher.out" and
 /// "launcher.err"; returns the child's pid.
-pid_t start_launcher(const LaunchOptions& o, const ScratchDir& dir, const std::vector<EnvEdit>& env = {}) {
+pid_t start_launcher(const LaunchOptions& o, const test::TempDir& dir, const std::vector<EnvEdit>& env = {}) {
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
@@ -122,7 +101,7 @@ int wait_launcher(pid_t pid, double timeout_s = 15) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-int run_launcher(const LaunchOptions& o, const ScratchDir& dir, const std::vector<EnvEdit>& env = {}) {
+int run_launcher(const LaunchOptions& o, const test::TempDir& dir, const std::vector<EnvEdit>& env = {}) {
   return wait_launcher(start_launcher(o, dir, env));
 }
 
@@ -165,22 +144,14 @@ bool group_gone(pid_t pgid, double timeout_s = 3) {
 }
 
 /// `script` with every "@D" replaced by dir's path.
-std::string in_dir(std::string script, const ScratchDir& dir) {
+std::string in_dir(std::string script, const test::TempDir& dir) {
   for (size_t at; (at = script.find("@D")) != std::string::npos;) script.replace(at, 2, dir.path());
   return script;
 }
 
-std::string user_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Launcher, GivesEachWorkerTheTorchrunEnvironment) {
-  ScratchDir dir;
+  test::TempDir dir;
   const std::string script =
       "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
       "$TORCHELASTIC_RESTART_COUNT $TANDEM_DEVICE_INDEX $GROUP_RANK $NODE_RANK "
@@ -200,7 +171,7 @@ TEST(Launcher, GivesEachWorkerTheTorchrunEnvironment) {
   }
 
   // The second of two nodes: ranks start at node_rank * n; OMP_NUM_THREADS set outside is kept.
-  ScratchDir dir2;
+  test::TempDir dir2;
   LaunchOptions o2 = sh_options(in_dir("echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $NODE_RANK "
                                        "$TANDEM_DEVICE_INDEX $OMP_NUM_THREADS\" > @D/env_$RANK",
                                        dir2),
@@ -216,7 +187,7 @@ TEST(Launcher, GivesEachWorkerTheTorchrunEnvironment) {
 }
 
 TEST(Launcher, PrefixesWholeLinesWithTheRank) {
-  ScratchDir dir;
+  test::TempDir dir;
   // Lines longer than a pipe's buffer arrive in pieces; they must still go out whole and unmixed.
   const std::string script =
       "case $RANK in 0) c=a;; 1) c=b;; *) c=c;; esac\n"
@@ -253,7 +224,7 @@ TEST(Launcher, PrefixesWholeLinesWithTheRank) {
 }
 
 TEST(Launcher, PassesLinesOnBareWithoutPrefix) {
-  ScratchDir dir;
+  test::TempDir dir;
   LaunchOptions o = sh_options("echo \"hello $RANK\"", 2);
   o.prefix_output = false;
   ASSERT_EQ(run_launcher(o, dir), 0) << read_text(dir.file("launcher.err"));
@@ -263,7 +234,7 @@ TEST(Launcher, PassesLinesOnBareWithoutPrefix) {
 }
 
 TEST(Launcher, ReturnsTheFailedWorkersCodeAndStopsTheOthers) {
-  ScratchDir dir;
+  test::TempDir dir;
   // Rank 1 starts a sleep in its process group, notes its pid and waits; it would write the
   // marker after 30 s. Rank 0 fails once rank 1 is up.
   const std::string script = in_dir(
@@ -287,7 +258,7 @@ TEST(Launcher, ReturnsTheFailedWorkersCodeAndStopsTheOthers) {
 }
 
 TEST(Launcher, KillsAWorkerThatIgnoresSigtermAfterTheGraceTime) {
-  ScratchDir dir;
+  test::TempDir dir;
   const std::string script = in_dir(
       "if [ $RANK = 0 ]; then\n"
       "  while [ ! -e @D/ready ]; do sleep 0.02; done; exit 1\n"
@@ -305,18 +276,18 @@ TEST(Launcher, KillsAWorkerThatIgnoresSigtermAfterTheGraceTime) {
 
 TEST(Launcher, RestartsAFailedAttemptWhileRestartsRemain) {
   // One worker: with two, the one that fails may stop the other before it notes its attempt.
-  const auto attempts_script = [](const ScratchDir& dir) {
+  const auto attempts_script = [](const test::TempDir& dir) {
     return in_dir("echo $TORCHELASTIC_RESTART_COUNT >> @D/attempts\n[ $TORCHELASTIC_RESTART_COUNT -ge 1 ] || exit 4\n",
                   dir);
   };
-  ScratchDir dir;
+  test::TempDir dir;
   LaunchOptions o = sh_options(attempts_script(dir), 1);
   o.max_restarts = 1;
   EXPECT_EQ(run_launcher(o, dir), 0) << read_text(dir.file("launcher.err"));
   EXPECT_EQ(read_text(dir.file("attempts")), "0\n1\n");
   EXPECT_NE(read_text(dir.file("launcher.err")).find("tandem launch: restart 1 of 1"), std::string::npos);
 
-  ScratchDir dir2;
+  test::TempDir dir2;
   LaunchOptions o2 = sh_options(attempts_script(dir2), 1);
   o2.max_restarts = 0;
   EXPECT_EQ(run_launcher(o2, dir2), 4);
@@ -324,7 +295,7 @@ TEST(Launcher, RestartsAFailedAttemptWhileRestartsRemain) {
 }
 
 TEST(Launcher, CountsAWorkerKilledBySignalAs128PlusSignal) {
-  ScratchDir dir;
+  test::TempDir dir;
   EXPECT_EQ(run_launcher(sh_options("kill -9 $$", 1), dir), 137);
   EXPECT_NE(read_text(dir.file("launcher.err")).find("tandem launch: rank 0 was killed by signal 9 (SIGKILL)"),
             std::string::npos)
@@ -332,7 +303,7 @@ TEST(Launcher, CountsAWorkerKilledBySignalAs128PlusSignal) {
 }
 
 TEST(Launcher, ReportsACommandThatCannotRun) {
-  ScratchDir dir;
+  test::TempDir dir;
   LaunchOptions o = sh_options("", 1);
   o.command = {"/nonexistent/tandem-launcher-test-binary"};
   EXPECT_EQ(run_launcher(o, dir), 127);
@@ -343,7 +314,7 @@ TEST(Launcher, ReportsACommandThatCannotRun) {
 }
 
 TEST(Launcher, ForwardsSigtermToTheWorkersAndDoesNotRestart) {
-  ScratchDir dir;
+  test::TempDir dir;
   const std::string script = in_dir(
       "trap 'touch @D/term_$RANK; exit 0' TERM\n"
       "echo $TORCHELASTIC_RESTART_COUNT >> @D/attempts_$RANK\n"
@@ -364,7 +335,7 @@ TEST(Launcher, ForwardsSigtermToTheWorkersAndDoesNotRestart) {
 }
 
 TEST(Launcher, KillsTheWorkersOnASecondSignal) {
-  ScratchDir dir;
+  test::TempDir dir;
   const std::string script = in_dir("trap '' INT; sleep 30 & touch @D/ready_$RANK; wait; touch @D/marker\n", dir);
   const pid_t launcher = start_launcher(sh_options(script, 2), dir);
   ASSERT_TRUE(wait_for_files({dir.file("ready_0"), dir.file("ready_1")})) << read_text(dir.file("launcher.err"));
@@ -382,7 +353,7 @@ TEST(Launcher, KillsTheWorkersOnASecondSignal) {
 TEST(Launcher, DropsASlotThatFailedTwiceAndGoesOnWithFewerWorkers) {
   for (const int broken : {1, 0}) {
     SCOPED_TRACE("broken slot " + std::to_string(broken));
-    ScratchDir dir;
+    test::TempDir dir;
     // The broken slot's worker always fails, once every worker has noted its attempt.
     const std::string script = in_dir(
         "notes=@D/attempt_$TORCHELASTIC_RESTART_COUNT\n"
@@ -417,7 +388,7 @@ TEST(Launcher, DropsASlotThatFailedTwiceAndGoesOnWithFewerWorkers) {
 }
 
 TEST(Launcher, KeepsRestartingAtTheMinimum) {
-  ScratchDir dir;
+  test::TempDir dir;
   const std::string script = in_dir("echo $TORCHELASTIC_RESTART_COUNT $WORLD_SIZE >> @D/attempts; exit 2", dir);
   LaunchOptions o = sh_options(script, 1);
   o.max_restarts = 3;
@@ -460,7 +431,7 @@ TEST(Launcher, ParsesAWorkerCountOrARange) {
   EXPECT_EQ(o.max_procs, 4);
   for (const std::string bad : {"0", "4:2", "x", "1:", ":3", "", "-1", " 4", "1:2:3", "0:2", "99999999"}) {
     LaunchOptions p;
-    const std::string message = user_error_of([&] { parse_nproc(bad, p); });
+    const std::string message = test::error_of([&] { parse_nproc(bad, p); });
     EXPECT_NE(message.find("--nproc-per-node '" + bad + "'"), std::string::npos) << "'" << bad << "': " << message;
     EXPECT_NE(message.find("MIN:MAX"), std::string::npos) << message;
   }
@@ -470,7 +441,7 @@ TEST(Launcher, RefusesBadOptionsNamingTheOption) {
   const auto refused = [](void (*edit)(LaunchOptions&)) {
     LaunchOptions o = sh_options("exit 0", 2);
     edit(o);
-    return user_error_of([&] { launch(o); });
+    return test::error_of([&] { launch(o); });
   };
   EXPECT_NE(refused([](LaunchOptions& o) { o.command.clear(); }).find("after `--`"), std::string::npos);
   EXPECT_NE(refused([](LaunchOptions& o) { o.min_procs = o.max_procs = 0; }).find("--nproc-per-node"),

@@ -179,6 +179,12 @@ std::string Comm::broadcast_string(const std::string& key, const std::string& va
   return std::string(v.begin(), v.end());
 }
 
+std::vector<double> Comm::from_rank0(const std::vector<double>& values) {
+  std::vector<at::Tensor> t{torch::tensor(values, torch::kFloat64)};
+  host_->broadcast(t)->wait();  // root 0
+  return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
+}
+
 std::vector<double> Comm::all_gather(double value) {
   auto in = torch::full({1}, value, torch::kFloat64);
   auto out = torch::empty({world()}, torch::kFloat64);

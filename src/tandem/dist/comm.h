@@ -61,6 +61,8 @@ class Comm {
   void check_same(const std::string& what, const std::string& value, const std::string& fix);
   /// Rank 0's `value` on every rank (through the store under `key`).
   std::string broadcast_string(const std::string& key, const std::string& value);
+  /// Rank 0's values on every rank (Gloo broadcast).
+  std::vector<double> from_rank0(const std::vector<double>& values);
   /// Every rank's value, in rank order (Gloo).
   std::vector<double> all_gather(double value);
   /// The sum over ranks (Gloo).

@@ -240,8 +240,11 @@ void OffloadEngine::on_param_ready(size_t block) {
 // gradient of the global batch. With the CPU as the device, Gloo reduces synchronously.
 torch::Tensor OffloadEngine::reduce_gradient(size_t i) {
   auto& b = store_.blocks()[i];
+  const auto square_norm = [&](const torch::Tensor& g) {
+    sqnorm_[i] = torch::linalg_vector_norm(g, 2, std::nullopt, false, torch::kFloat32).square();
+  };
   if (options_.comm == nullptr) {
-    sqnorm_[i] = torch::linalg_vector_norm(b.grad, 2, std::nullopt, false, torch::kFloat32).square();
+    square_norm(b.grad);
     return b.grad;
   }
   auto& group = options_.comm->device_group(0);
@@ -254,15 +257,15 @@ torch::Tensor OffloadEngine::reduce_gradient(size_t i) {
     std::vector<at::Tensor> t{b.grad};
     work = group.allreduce(t);
   }
-  if (cuda_) {
-    const c10::StreamGuard guard(streams_->d2h);
-    work->wait();  // the D2H stream waits; the compute stream goes on with backward
-    sqnorm_[i] = torch::linalg_vector_norm(g, 2, std::nullopt, false, torch::kFloat32).square();
-    streams_->grad_ready[i]->record(streams_->d2h);
-  } else {
+  if (!cuda_) {
     work->wait();
-    sqnorm_[i] = torch::linalg_vector_norm(g, 2, std::nullopt, false, torch::kFloat32).square();
+    square_norm(g);
+    return g;
   }
+  const c10::StreamGuard guard(streams_->d2h);
+  work->wait();  // the D2H stream waits; the compute stream goes on with backward
+  square_norm(g);
+  streams_->grad_ready[i]->record(streams_->d2h);
   return g;
 }
 
@@ -810,7 +813,7 @@ void OffloadEngine::resolve_split() {
   std::vector<double> sorted = step_times_;
   std::sort(sorted.begin(), sorted.end());
   // Every rank applies rank 0's split: the ranks' collectives must match Block for Block.
-  if (options_.comm) g = static_cast<int64_t>(options_.comm->all_gather(double(g))[0]);
+  if (options_.comm) g = static_cast<int64_t>(options_.comm->from_rank0({double(g)})[0]);
   split_.measured_step_s = sorted.empty() ? 0.0 : sorted[sorted.size() / 2];
   split_.predicted_measured_s = predict_step(timing, c, current).step_s;
   split_.gpu_blocks = g;

@@ -374,15 +374,12 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;       // no plan to choose from (the CPU as the device)
     if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
     if (comm) {  // rank 0's plan everywhere: the ranks' collectives must match Block for Block
-      const auto plan0 = comm->all_gather(double(gpu_blocks));
-      const auto ring0 = comm->all_gather(double(cfg.offload.host_ring));
-      const auto lo0 = comm->all_gather(double(range.first)), hi0 = comm->all_gather(double(range.second));
-      const auto pin0 = comm->all_gather(cfg.offload.pin_memory ? 1.0 : 0.0);
+      const auto plan0 = comm->from_rank0({double(gpu_blocks), double(cfg.offload.host_ring), double(range.first),
+                                           double(range.second)});
       gpu_blocks = static_cast<int64_t>(plan0[0]);
-      cfg.offload.host_ring = static_cast<int64_t>(ring0[0]);
+      cfg.offload.host_ring = static_cast<int64_t>(plan0[1]);
       if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
-      range = {static_cast<int64_t>(lo0[0]), static_cast<int64_t>(hi0[0])};
-      cfg.offload.pin_memory = pin0[ranks.rank] != 0.0;  // pinning is this host's own business
+      range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
     }
   }
 
