@@ -184,12 +184,13 @@ const std::vector<Field>& fields() {
                      F(model.tie_embeddings)),
       opt_double_field("model.rope_theta", "RoPE base frequency (null = preset)", F(model.rope_theta)),
       opt_double_field("model.norm_eps", "RMSNorm epsilon (null = preset)", F(model.norm_eps)),
-      opt_int_field("model.n_experts", "ResNet-BK: experts per MoE layer (null = preset)", F(model.n_experts)),
-      opt_int_field("model.top_k", "ResNet-BK: experts per token (null = preset)", F(model.top_k)),
-      opt_double_field("model.capacity_factor", "ResNet-BK: expert capacity factor (null = preset)",
+      opt_int_field("model.n_experts", "MoE presets: experts per MoE layer (null = preset)", F(model.n_experts)),
+      opt_int_field("model.top_k", "MoE presets: experts per token (null = preset)", F(model.top_k)),
+      opt_double_field("model.capacity_factor", "MoE presets: expert capacity factor (null = preset)",
                        F(model.capacity_factor)),
-      opt_double_field("model.moe_aux_weight", "ResNet-BK: load-balance loss weight (null = preset)",
+      opt_double_field("model.moe_aux_weight", "MoE presets: load-balance loss weight (null = preset)",
                        F(model.moe_aux_weight)),
+      opt_int_field("model.n_dense", "AMX+MoE: dense layers before the MoE layers (null = preset)", F(model.n_dense)),
       bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward",
                  F(model.checkpointing)),
 
@@ -319,6 +320,38 @@ const std::vector<Field>& fields() {
                    F(dist.balance)),
       int_field("dist.balance_after", "dist.balance=auto: steps measured before the rows are rebalanced",
                 F(dist.balance_after)),
+      string_field("placement.policy",
+                   "where each block runs per step: off | static | threshold (GPU power and CPU load, seed 000's rule) "
+                   "| cost (measured time and energy per block); needs offload.optimizer=cpu",
+                   F(placement.policy)),
+      string_field("placement.blocks", "static: gpu | cpu (every movable block) | one letter per block, G or C",
+                   F(placement.blocks)),
+      string_field("placement.movable",
+                   "blocks that may run on the CPU: empty = every decoder layer, or a comma list of block indices "
+                   "(0 = embedding); they stay CPU-updated",
+                   F(placement.movable)),
+      double_field("placement.threshold_w", "threshold: GPU power (W) above which a block moves to the CPU",
+                   F(placement.threshold_w)),
+      double_field("placement.threshold_cpu_pct", "threshold: the CPU must be less busy than this (%)",
+                   F(placement.threshold_cpu_pct)),
+      double_field("placement.release_w", "threshold: a block comes back below threshold_w - release_w",
+                   F(placement.release_w)),
+      int_field("placement.dwell_steps", "threshold: steps between two moves", F(placement.dwell_steps)),
+      string_field("placement.objective",
+                   "cost: throughput (fastest under placement.gpu_power_budget_w) | energy (least J under "
+                   "placement.max_step_s)",
+                   F(placement.objective)),
+      double_field("placement.gpu_power_budget_w",
+                   "cost: software GPU power budget in W (0 = none); the GPU's own power limit is never changed",
+                   F(placement.gpu_power_budget_w)),
+      double_field("placement.max_step_s", "cost, energy objective: step-time ceiling in s (0 = none)",
+                   F(placement.max_step_s)),
+      int_field("placement.profile_steps", "cost: steps per profile probe (the last one is measured)",
+                F(placement.profile_steps)),
+      int_field("placement.mirror_every",
+                "device copies of CPU-updated blocks refreshed every N updates (1 = exact; N > 1: weights on the "
+                "device up to N-1 updates old)",
+                F(placement.mirror_every)),
       int_field("offload.host_ring",
                 "host gradient and weight buffers: -1 = auto (per block when the memory plan fits the host, "
                 "else a ring of 4), 0 = per block, N = a ring of N block-sized slots (updates wait for the norm)",
@@ -726,6 +759,23 @@ void validate_config(const Config& c) {
   TANDEM_CHECK(c.dist.timeout_s > 0 && c.dist.heartbeat_s >= 0 && c.dist.heartbeat_timeout_s > c.dist.heartbeat_s,
                "dist.timeout_s must be > 0, dist.heartbeat_s >= 0 and dist.heartbeat_timeout_s above the period");
   TANDEM_CHECK(c.dist.balance_after >= 1, "dist.balance_after must be >= 1, got ", c.dist.balance_after);
+  const auto& pl = c.placement;
+  TANDEM_CHECK(pl.policy == "off" || pl.policy == "static" || pl.policy == "threshold" || pl.policy == "cost",
+               "placement.policy must be off, static, threshold or cost; got '", pl.policy, "'");
+  TANDEM_CHECK(pl.objective == "throughput" || pl.objective == "energy",
+               "placement.objective must be throughput or energy; got '", pl.objective, "'");
+  TANDEM_CHECK(pl.threshold_w > 0 && pl.release_w >= 0 && pl.release_w < pl.threshold_w,
+               "placement.threshold_w must be > 0 and placement.release_w in [0, threshold_w)");
+  TANDEM_CHECK(pl.threshold_cpu_pct > 0 && pl.threshold_cpu_pct <= 100,
+               "placement.threshold_cpu_pct must be in (0, 100], got ", pl.threshold_cpu_pct);
+  TANDEM_CHECK(pl.dwell_steps >= 1 && pl.profile_steps >= 1 && pl.mirror_every >= 1,
+               "placement.dwell_steps, placement.profile_steps and placement.mirror_every must be >= 1");
+  TANDEM_CHECK(pl.gpu_power_budget_w >= 0 && pl.max_step_s >= 0,
+               "placement.gpu_power_budget_w and placement.max_step_s must be >= 0");
+  TANDEM_CHECK(pl.policy == "off" || c.offload.optimizer == OffloadTarget::kCpu,
+               "placement.policy=", pl.policy, " runs blocks from the CPU-side weight store: set offload.optimizer=cpu");
+  TANDEM_CHECK(pl.policy == "off" || c.train.precision != Precision::kFp16,
+               "placement.policy=", pl.policy, " runs blocks on the CPU in fp32 or bf16: set train.precision=bf16");
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,

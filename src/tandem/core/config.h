@@ -25,7 +25,8 @@ struct ModelConfig {
   std::optional<int64_t> n_layer, d_model, n_head, n_kv_head, d_ff, vocab_size, max_seq_len;
   std::optional<bool> tie_embeddings;
   std::optional<double> rope_theta, norm_eps;
-  std::optional<int64_t> n_experts, top_k;                ///< ResNet-BK MoE (null = preset)
+  std::optional<int64_t> n_experts, top_k;                ///< MoE presets (null = preset)
+  std::optional<int64_t> n_dense;                         ///< AMX+MoE: dense layers before the MoE ones
   std::optional<double> capacity_factor, moe_aux_weight;  ///< ResNet-BK MoE (null = preset)
   bool checkpointing = false;  ///< recompute each decoder block in backward (activation checkpointing)
   std::string init_from;       ///< HF LLaMA directory: architecture from its config.json, weights from its safetensors
@@ -142,6 +143,22 @@ struct DistConfig {
   int64_t balance_after = 5;
 };
 
+/// Where each Block runs per step, CPU or GPU (sched/placement.h, Note [Block placement]).
+struct PlacementConfig {
+  std::string policy = "off";  ///< off | static | threshold | cost
+  std::string blocks = "gpu";  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
+  std::string movable;         ///< Blocks that may run on the CPU: "" = every decoder layer, or a comma list of Block indices (0 = embedding)
+  double threshold_w = 200;    ///< threshold: GPU power above which a Block moves to the CPU
+  double threshold_cpu_pct = 80;  ///< threshold: the CPU must be less busy than this
+  double release_w = 20;       ///< threshold: a Block comes back under threshold_w - release_w
+  int64_t dwell_steps = 5;     ///< threshold: steps between two moves
+  std::string objective = "throughput";  ///< cost: throughput (under gpu_power_budget_w) | energy (under max_step_s)
+  double gpu_power_budget_w = 0;  ///< cost: software GPU power budget, W (0 = none); the GPU's own limit is never changed
+  double max_step_s = 0;          ///< cost, energy: the step-time ceiling (the throughput floor); 0 = none
+  int64_t profile_steps = 2;      ///< cost: steps per profile probe (the last one is measured)
+  int64_t mirror_every = 1;       ///< device copies of CPU-updated Blocks refreshed every N updates (1 = exact)
+};
+
 /// The whole configuration of a run.
 struct Config {
   ModelConfig model;
@@ -152,6 +169,7 @@ struct Config {
   MonitorConfig monitor;
   OffloadConfig offload;
   DistConfig dist;
+  PlacementConfig placement;
 };
 
 /// One settable key: its dotted name, a one-line description, and its current value as text.

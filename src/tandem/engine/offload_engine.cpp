@@ -127,7 +127,10 @@ OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions opti
       ring_(store.options().ring_slots > 0) {
   const size_t n = store_.blocks().size();
   remaining_.assign(n, 0);
-  dispatched_.assign(n, false);
+  dispatched_.assign(n, 0);
+  host_run_.assign(n, false);
+  upload_now_.assign(n, true);
+  zero_landing_.assign(n, false);
   sqnorm_.resize(n);
   done_.assign(n, 1);
   step_tensor_ = torch::zeros({}, torch::kFloat32);
@@ -140,6 +143,10 @@ OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions opti
   TANDEM_CHECK(!ring_ || (options_.speculate == EngineOptions::Speculate::kNever && !options_.delayed),
                "a host ring (offload.host_ring) updates each Block once the norm is known, one slot at a time: set "
                "offload.speculate=never and offload.delayed_update=false, or offload.host_ring=0");
+  TANDEM_CHECK(options_.mirror_every >= 1, "placement.mirror_every must be >= 1, got ", options_.mirror_every);
+  TANDEM_CHECK(options_.mirror_every == 1 || (!options_.delayed && !ring_),
+               "placement.mirror_every > 1 (stale device copies) does not combine with offload.delayed_update or a "
+               "host ring; set placement.mirror_every=1");
   slot_owner_.assign(static_cast<size_t>(store_.options().ring_slots), -1);
   for (size_t i = 0; i < n; ++i)
     for (auto& f : store_.blocks()[i].params)
@@ -203,7 +210,11 @@ void OffloadEngine::begin_step(double lr, double loss_scale) {
   if (std::binary_search(options_.trace_steps.begin(), options_.trace_steps.end(), steps_begun_)) start_trace();
   lr_ = lr;
   loss_scale_ = loss_scale;
-  std::fill(dispatched_.begin(), dispatched_.end(), false);
+  std::fill(dispatched_.begin(), dispatched_.end(), 0);
+  for (size_t i = 0; i < dispatched_.size(); ++i) {
+    upload_now_[i] = !host_run_[i] && store_.blocks()[i].mirror_lag + 1 >= options_.mirror_every;
+    zero_landing_[i] = host_run_[i];
+  }
   using S = EngineOptions::Speculate;
   constexpr size_t kSpeculationWindow = 8;
   speculate_now_ = !options_.delayed &&
@@ -271,10 +282,26 @@ torch::Tensor OffloadEngine::reduce_gradient(size_t i) {
 
 void OffloadEngine::dispatch(size_t i) {
   torch::NoGradGuard no_grad;
-  dispatched_[i] = true;
+  dispatched_[i] = 1;
   auto& b = store_.blocks()[i];
   auto& st = *stamps_;
   mark_on_compute(st.bwd[i]);
+  if (host_run_[i]) {  // Note [Block placement]: the gradient is already in the landing buffer
+    sqnorm_[i] = torch::linalg_vector_norm(b.landing, 2, std::nullopt, false, torch::kFloat32)
+                     .square()
+                     .to(store_.options().device);
+    if (!speculate_now_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[i] = 0;
+      ++in_flight_;
+      Job job{i, 1.0 / loss_scale_, lr_, stats_.steps + 1, true, false};
+      job.host = true;
+      queue_.push_back(job);
+    }
+    cv_.notify_all();
+    return;
+  }
   if (options_.delayed && pending_upload_[i]) upload_after_backward(i);
   const torch::Tensor grad = reduce_gradient(i);
   const bool reduced_on_d2h = cuda_ && options_.comm != nullptr;  // G_i already recorded
@@ -305,7 +332,7 @@ void OffloadEngine::dispatch(size_t i) {
     done_[i] = 0;
     ++in_flight_;
     // Always with an undo log: the non-finite check may roll back even without clipping.
-    queue_.push_back({i, 1.0 / loss_scale_, lr_, stats_.steps + 1, true});
+    queue_.push_back({i, 1.0 / loss_scale_, lr_, stats_.steps + 1, true, static_cast<bool>(upload_now_[i])});
   }
   cv_.notify_all();
 }
@@ -502,8 +529,9 @@ void OffloadEngine::updater_loop() {
         // This Block's gradient copy has landed; its previous upload finished before the forward
         // that preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
         const size_t i = job.block;
-        const double xfer = completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
-                            (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
+        const double xfer = job.host ? 0.0
+                                     : completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
+                                           (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
         std::lock_guard<std::mutex> lock(mu_);
         stats_.transfer_s += xfer;
       }
@@ -532,8 +560,79 @@ void OffloadEngine::wait_block(size_t i) {
 }
 
 void OffloadEngine::before_block(size_t i) {
+  auto& b = store_.blocks()[i];
+  if (b.side == UpdateSide::kCpu && !host_run_[i] && b.mirror_lag > 0) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return done_[i] != 0; });
+      if (updater_error_) std::rethrow_exception(updater_error_);
+    }
+    // Note [Block placement]: the device copy is behind the master (the Block ran on the CPU, or
+    // stale mirrors): refreshed now when it is mirror_every updates behind.
+    if (b.mirror_lag >= options_.mirror_every) {
+      upload(i);
+      b.mirror_lag = 0;
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.mirror_refreshes;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.max_mirror_lag = std::max(stats_.max_mirror_lag, b.mirror_lag);
+  }
   wait_block(i);
+  if (host_run_[i] && zero_landing_[i] && torch::GradMode::is_enabled()) {
+    b.landing.zero_();  // its update, which read it, is done (wait_block)
+    zero_landing_[i] = false;
+  }
   if (in_forward_) mark_on_compute(stamps_->fwd[i]);
+}
+
+// Note [Block placement]
+// A Block placed on the CPU (set_placement, from a policy in sched/placement.h) computes with the
+// ParamStore's host copies: its parameters become views of the staging buffer (the master in the
+// compute dtype, which every CPU update rewrites: with bf16 it is a bf16 mirror, so oneDNN runs
+// the matmuls in bf16 on the CPU's matrix units) and their gradients views of the landing buffer,
+// so backward accumulates straight into the memory the CPU update reads: no D2H. Activations cross
+// through pinned buffers inside autograd (Model::set_host_blocks, cross_device). The Block must be
+// CPU-updated (the split keeps such Blocks on the CPU, ParamStore::keep_cpu_updated). Its update
+// does not go up; its device copy falls behind (BlockStore::mirror_lag) and is refreshed when it
+// next runs on the device. With mirror_every = n > 1 the device copies of CPU-updated Blocks go up
+// only every n updates, so the device computes with weights up to n - 1 updates old (the seed's
+// "synchronise weights less often"; stats().max_mirror_lag). The landing buffer is cleared in the
+// Block's first forward of a step, once its previous update has read it. Placement changes only
+// between steps; a host-run Block is never updated on the device.
+void OffloadEngine::set_placement(const std::vector<bool>& on_host) {
+  auto& blocks = store_.blocks();
+  TANDEM_CHECK(on_host.size() == blocks.size(), "a placement names ", on_host.size(), " blocks; the model has ",
+               blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (on_host[i] == host_run_[i]) continue;
+    if (on_host[i]) {
+      TANDEM_CHECK(model_.blocks()[i]->kind() == BlockKind::kLayer, "block ", blocks[i].name,
+                   " cannot run on the CPU: only decoder layers move (the embedding and the head stay on the device)");
+      TANDEM_CHECK(blocks[i].side == UpdateSide::kCpu, "block ", blocks[i].name,
+                   " is GPU-updated and cannot run on the CPU; list it in placement.movable so it stays CPU-updated");
+      TANDEM_CHECK(!ring_ && !options_.delayed && options_.comm == nullptr,
+                   "blocks run on the CPU only with per-Block host buffers, exact updates and one process: set "
+                   "offload.host_ring=0 and offload.delayed_update=false, and run one process (placement.policy=gpu "
+                   "otherwise)");
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return done_[i] != 0; });
+      if (updater_error_) std::rethrow_exception(updater_error_);
+    }
+    store_.bind_block(i, on_host[i]);
+  }
+  host_run_ = on_host;
+  model_.set_host_blocks(on_host);
+}
+
+std::vector<double> OffloadEngine::block_seconds() const {
+  const size_t n = store_.blocks().size();
+  std::vector<double> out(n, 0.0);
+  const auto& st = *stamps_;
+  for (size_t i = 1; i + 1 < n; ++i) out[i] = between(st.fwd[i], st.fwd[i + 1]) + between(st.bwd[i + 1], st.bwd[i]);
+  return out;
 }
 
 void OffloadEngine::wait_cpu_jobs() {
@@ -638,7 +737,9 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
         if (blocks[i].side != UpdateSide::kCpu) continue;
         done_[i] = 0;
         ++in_flight_;
-        queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false, !options_.delayed});
+        Job job{i, inv_scale * coef, lr_, stats_.steps + 1, false, !options_.delayed && upload_now_[i]};
+        job.host = host_run_[i];
+        queue_.push_back(job);
         if (options_.delayed) pending_upload_[i] = true;
       }
     }
@@ -654,13 +755,15 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
       cpu_rollback(sp, undo_logs(b), options_.pool);
       if (!sp.empty() && sp[0].bf16_out == nullptr) b.staging.copy_(b.master);
       if (out.skipped) {
-        upload(i);
+        if (upload_now_[i]) upload(i);  // the speculative weights went up: the old ones follow
         continue;
       }
       std::lock_guard<std::mutex> lock(mu_);
       done_[i] = 0;
       ++in_flight_;
-      queue_.push_back({i, inv_scale * coef, lr_, stats_.steps + 1, false});
+      Job job{i, inv_scale * coef, lr_, stats_.steps + 1, false, static_cast<bool>(upload_now_[i])};
+      job.host = host_run_[i];
+      queue_.push_back(job);
     }
     cv_.notify_all();
   }
@@ -670,6 +773,8 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
     ++stats_.skipped;
   } else {
     update_gpu_blocks(inv_scale * coef);
+    for (size_t i = 0; i < blocks.size(); ++i)  // Note [Block placement]
+      if (blocks[i].side == UpdateSide::kCpu) blocks[i].mirror_lag = upload_now_[i] ? 0 : blocks[i].mirror_lag + 1;
     ++stats_.steps;
     step_tensor_.fill_(static_cast<double>(stats_.steps));
   }
@@ -679,7 +784,7 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     if (b.side == UpdateSide::kCpu) {
-      if (ring_zeroes) continue;
+      if (ring_zeroes || host_run_[i]) continue;  // a host-run Block's device gradient is untouched
       if (cuda_ && dispatched_[i] && !ring_) streams_->compute().wait(*streams_->landed[i]);
     }
     b.grad.zero_();

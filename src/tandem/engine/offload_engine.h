@@ -64,6 +64,10 @@ struct EngineOptions {
   std::function<std::vector<CounterPoint>(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
       trace_counters;
   std::function<void(const std::string&)> log;  ///< one line per split decision and trace written
+  /// Stale mirrors (Note [Block placement]): a CPU-updated Block's device copy is refreshed every
+  /// this many updates, so a Block on the device computes with weights at most mirror_every - 1
+  /// updates old; 1 = every update (exact).
+  int64_t mirror_every = 1;
   /// Data parallel (Note [Data-parallel engine]): each Block's gradient is summed over the ranks as
   /// soon as backward completes it (all-reduce, or reduce-scatter with a sharded store). Null: one process.
   Comm* comm = nullptr;
@@ -98,6 +102,8 @@ struct EngineStats {
   int64_t cpu_updated_params = 0;
   int64_t delayed_steps = 0;  ///< steps whose CPU-updated weights lagged one update
   int64_t abandoned = 0;      ///< steps given up part-way (abandon_step)
+  int64_t mirror_refreshes = 0;  ///< device copies refreshed when a Block came back from the CPU
+  int64_t max_mirror_lag = 0;    ///< the most updates a device-run Block's weights have lagged its master
 };
 
 class OffloadEngine {
@@ -120,6 +126,16 @@ class OffloadEngine {
   /// Blocks until every update of the last step is in the working weights (for evaluation,
   /// checkpoints and the end of training).
   void wait_all();
+
+  /// Note [Block placement]: the Blocks flagged run on the CPU from the next forward on, with the
+  /// host copies of the ParamStore; the rest on the device. Between steps only. UserError for a
+  /// Block that cannot run on the CPU (the embedding and head, GPU-updated Blocks) or an engine
+  /// mode that does not allow it (host ring, delayed update, several ranks).
+  void set_placement(const std::vector<bool>& on_host);
+  const std::vector<bool>& placement() const { return host_run_; }
+  /// Per Block, the last step's forward + backward seconds of its last micro-batch as the compute
+  /// stream saw them (crossing copies and waits included); 0 for the embedding and the head.
+  std::vector<double> block_seconds() const;
 
   /// A consistent copy of the counters (the updater thread adds to them).
   EngineStats stats() const {
@@ -146,6 +162,7 @@ class OffloadEngine {
     bool upload = true;  ///< false in delayed mode: the next backward's dispatch uploads
     int64_t slot = -1;   ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
     int64_t prev_owner = -1;  ///< host ring: the Block whose upload last read the slot's staging
+    bool host = false;        ///< the Block ran on the CPU: its gradient was already on the host
   };
   struct CpuSpan {  // one CPU update, for the trace
     size_t block;
@@ -188,7 +205,10 @@ class OffloadEngine {
   bool speculate_now_ = true;
   std::deque<bool> would_roll_back_;  // recent steps: clipped or non-finite
   std::vector<int64_t> remaining_;  // per Block: parameters whose gradient is not yet complete
-  std::vector<bool> dispatched_;
+  std::vector<char> dispatched_;  // char, not bool: the CPU and device autograd threads dispatch concurrently
+  std::vector<bool> host_run_;      // Note [Block placement]
+  std::vector<bool> upload_now_;    // per Block, this step: its update goes up to the device copy
+  std::vector<bool> zero_landing_;  // host-run Blocks: the landing buffer is cleared before this step's backward
   std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm
 
   struct Streams;  // CUDA streams and events (Note [Gradient streaming])

@@ -119,6 +119,7 @@ void ParamStore::allocate_host_side(BlockStore& b) {
   if (options_.ring_slots == 0 && !b.landing.defined()) {
     b.landing = host_buffer(b.shard_numel, landing_dtype());
     b.staging = host_buffer(b.shard_numel, options_.compute_dtype);
+    b.staging.copy_(b.master);  // a host-run Block computes with it before its first update
   }
   if (options_.undo && !b.undo_master.defined()) {
     b.undo_master = torch::empty({b.shard_numel}, torch::kFloat32);
@@ -130,21 +131,44 @@ void ParamStore::allocate_host_side(BlockStore& b) {
 void ParamStore::bind_working() {
   for (auto& b : blocks_)
     for (auto& f : b.params) {
-      f.param.set_data(view_of(b.working, f));
-      f.param.mutable_grad() = view_of(b.grad, f);
+      f.param.set_data(view_of(b.host_run ? b.staging : b.working, f));
+      f.param.mutable_grad() = view_of(b.host_run ? b.landing : b.grad, f);
     }
 }
 
+void ParamStore::bind_block(size_t i, bool host) {
+  auto& b = blocks_.at(i);
+  if (b.host_run == host) return;
+  if (host) {
+    TANDEM_CHECK(b.side == UpdateSide::kCpu && b.staging.defined() && !sharded() &&
+                     b.landing.scalar_type() == options_.compute_dtype,
+                 "block ", b.name, " cannot run on the CPU: it must be CPU-updated with its own host buffers in the "
+                 "compute dtype (no offload.host_ring, no dist.zero_stage=2, train.precision fp32 or bf16)");
+  }
+  b.host_run = host;
+  for (auto& f : b.params) {
+    f.param.set_data(view_of(host ? b.staging : b.working, f));
+    f.param.mutable_grad() = view_of(host ? b.landing : b.grad, f);
+  }
+}
+
+void ParamStore::keep_cpu_updated(const std::vector<bool>& keep) {
+  TANDEM_ASSERT(keep.size() == blocks_.size(), "keep_cpu_updated: ", keep.size(), " flags for ", blocks_.size(),
+                " blocks");
+  keep_cpu_ = keep;
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    if (keep_cpu_[i]) move_block(i, UpdateSide::kCpu);
+}
+
 int64_t ParamStore::gpu_blocks() const {
-  int64_t g = 0;
-  while (g < static_cast<int64_t>(blocks_.size()) && blocks_[g].side == UpdateSide::kGpu) ++g;
-  return g;
+  return std::count_if(blocks_.begin(), blocks_.end(), [](const BlockStore& b) { return b.side == UpdateSide::kGpu; });
 }
 
 void ParamStore::move_block(size_t i, UpdateSide side) {
   TANDEM_ASSERT(i < blocks_.size(), "block ", i, " of ", blocks_.size());
   auto& b = blocks_[i];
   if (b.side == side) return;
+  TANDEM_ASSERT(!(b.host_run && side == UpdateSide::kGpu), "block ", b.name, " runs on the CPU: it stays CPU-updated");
   torch::NoGradGuard no_grad;
   // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states widen
   // exactly on the way up and round to nearest on the way down).
@@ -163,8 +187,13 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
 }
 
 void ParamStore::set_gpu_blocks(int64_t gpu_blocks) {
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    move_block(i, static_cast<int64_t>(i) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu);
+  int64_t given = 0;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const bool keep = i < keep_cpu_.size() && keep_cpu_[i];
+    const bool gpu = !keep && given < gpu_blocks;
+    if (gpu) ++given;
+    move_block(i, gpu ? UpdateSide::kGpu : UpdateSide::kCpu);
+  }
 }
 
 void ParamStore::sync_working_from_master() {
@@ -173,6 +202,8 @@ void ParamStore::sync_working_from_master() {
     auto& b = blocks_[i];
     b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
     if (sharded()) gather_working(i, 0);
+    if (b.side == UpdateSide::kCpu && b.staging.defined()) b.staging.copy_(b.master);
+    b.mirror_lag = 0;
   }
 }
 

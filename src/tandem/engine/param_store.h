@@ -68,6 +68,12 @@ struct BlockStore {
       v;  // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
   torch::Tensor landing, staging;  // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
   torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) fp32 host; kCpu with speculation only
+  /// Note [Block placement]: the module's parameters are views of staging (weights) and landing
+  /// (gradients) on the host, so the Block runs on the CPU; false: views of working and grad.
+  bool host_run = false;
+  /// Updates of the master not yet in the device working copy (a host-run Block's mirror is
+  /// refreshed when it next runs on the device; EngineOptions::mirror_every).
+  int64_t mirror_lag = 0;
 };
 
 struct ParamStoreOptions {
@@ -97,6 +103,7 @@ class ParamStore {
  public:
   /// Takes the model's current (fp32, host) parameters as the masters, then binds the parameters
   /// to device working copies. Blocks [0, gpu_blocks) are GPU-updated, the rest CPU-updated.
+  /// gpu_blocks() counts the GPU-updated Blocks.
   ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks);
 
   std::vector<BlockStore>& blocks() { return blocks_; }
@@ -111,10 +118,19 @@ class ParamStore {
   /// bf16 host states the move to the GPU widens exactly and the move back rounds m and v to
   /// nearest (the master stays exact).
   void move_block(size_t i, UpdateSide side);
-  /// Sets the prefix [0, gpu_blocks) GPU-updated and the rest CPU-updated, moving what changes.
+  /// Sets the first `gpu_blocks` Blocks GPU-updated (in forward order, skipping those kept on the
+  /// CPU by keep_cpu_updated) and the rest CPU-updated, moving what changes.
   void set_gpu_blocks(int64_t gpu_blocks);
+  /// Blocks that stay CPU-updated whatever the split (those that may run on the CPU, Note [Block
+  /// placement]); moves any of them now GPU-updated back to the CPU.
+  void keep_cpu_updated(const std::vector<bool>& keep);
+  /// Binds Block i's parameters to its host copies (staging, landing) or back to the device's
+  /// (working, grad) (Note [Block placement]). The Block must be CPU-updated with its own landing
+  /// and staging buffers in the compute dtype (no ring, unsharded, fp32 or bf16).
+  void bind_block(size_t i, bool host);
 
-  /// working = master (cast to the compute dtype), for every Block; synchronous.
+  /// working = master (cast to the compute dtype), for every Block, and the CPU-updated Blocks'
+  /// staging too (the host copy a host-run Block computes with); synchronous.
   void sync_working_from_master();
   bool sharded() const { return options_.shard_count > 1; }
   /// Sharded stores: all-gathers Block i's working weights from every rank's slice, on the current
@@ -146,6 +162,7 @@ class ParamStore {
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;
   std::vector<RingSlot> ring_;
+  std::vector<bool> keep_cpu_;  // per Block: stays CPU-updated (keep_cpu_updated)
 };
 
 }  // namespace tandem

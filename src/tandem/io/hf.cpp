@@ -43,6 +43,15 @@ std::string hf_config_json(const ModelSpec& s, const std::string& torch_dtype) {
     j["capacity_factor"] = s.capacity_factor;
     j["router_aux_loss_coef"] = s.moe_aux_weight;
     j["hidden_act"] = "silu";
+  } else if (s.arch == Arch::kAmxMoe) {
+    j["architectures"] = {"TandemAmxMoeForCausalLM"};
+    j["model_type"] = "tandem_amx_moe";
+    j["num_dense_layers"] = s.n_dense;
+    j["num_local_experts"] = s.n_experts;
+    j["num_experts_per_tok"] = s.top_k;
+    j["capacity_factor"] = s.capacity_factor;
+    j["router_aux_loss_coef"] = s.moe_aux_weight;
+    j["hidden_act"] = "gelu (dense), silu (experts)";
   } else {
     j["architectures"] = {"TandemMlpForCausalLM"};
     j["model_type"] = "tandem_mlp";

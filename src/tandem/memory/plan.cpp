@@ -48,11 +48,13 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Blocks in forward order. The head owns the final norm and, when untied, the lm_head; a tied
   // lm_head is the embedding's matrix and is counted there.
   const int64_t emb = spec.padded_vocab() * spec.d_model;
-  const int64_t head = spec.num_params() - emb - L * spec.params_per_layer();
+  int64_t layers = 0;
+  for (int64_t i = 0; i < L; ++i) layers += spec.layer_params(i);
+  const int64_t head = spec.num_params() - emb - layers;
   const auto side = [&](bool gpu) { return gpu ? UpdateSide::kGpu : UpdateSide::kCpu; };
   plan.blocks.push_back({"embedding", emb, side(gpu_blocks > 0)});
   for (int64_t i = 0; i < L; ++i)
-    plan.blocks.push_back({"layer." + std::to_string(i), spec.params_per_layer(), side(i < gpu_blocks)});
+    plan.blocks.push_back({"layer." + std::to_string(i), spec.layer_params(i), side(i < gpu_blocks)});
   plan.blocks.push_back({"head", head, UpdateSide::kCpu});
 
   int64_t n_all = 0, n_gpu = 0, n_cpu = 0;

@@ -1,8 +1,12 @@
 #include "tandem/models/model.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <unordered_set>
 
 #include "tandem/core/error.h"
+#include "tandem/models/amx_moe.h"
 #include "tandem/models/checkpointing.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/resnet_bk.h"
@@ -23,6 +27,8 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
       layer = std::make_shared<LlamaLayer>(spec_, i, rope);
     else if (spec_.arch == Arch::kResNetBk)
       layer = std::make_shared<ResNetBkLayer>(spec_, i);
+    else if (spec_.arch == Arch::kAmxMoe && i >= spec_.n_dense)
+      layer = std::make_shared<MoeFfnLayer>(spec_, i);
     else
       layer = std::make_shared<MlpLayer>(spec_, i);
     blocks_.push_back(register_module("layer" + std::to_string(i), layer));
@@ -31,16 +37,56 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
   blocks_.push_back(register_module("head", head));
 }
 
+namespace {
+
+torch::Tensor copy_across(const torch::Tensor& x, c10::Device to) {
+  if (x.device() == to) return x;
+  if (to.is_cpu()) {
+    auto out = torch::empty(x.sizes(), x.options().device(torch::kCPU).pinned_memory(true));
+    out.copy_(x, /*non_blocking=*/true);
+    c10::impl::VirtualGuardImpl impl(x.device().type());
+    c10::Event done(x.device().type());
+    done.record(impl.getStream(x.device()));
+    done.synchronize();  // the CPU computes with it next
+    return out;
+  }
+  // The caching host allocator keeps the pinned block until the copy has read it.
+  const auto src = x.is_pinned() ? x : x.pin_memory();
+  return src.to(to, /*non_blocking=*/true);
+}
+
+struct CrossDevice : torch::autograd::Function<CrossDevice> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, c10::Device to) {
+    ctx->saved_data["from"] = x.device();
+    return copy_across(x, to);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return {copy_across(grad[0], ctx->saved_data["from"].toDevice()), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor cross_device(const torch::Tensor& x, c10::Device device) {
+  if (x.device() == device) return x;
+  return CrossDevice::apply(x, device);
+}
+
 torch::Tensor Model::forward(const torch::Tensor& tokens) {
   const bool recompute = checkpointing_ && is_training() && torch::GradMode::is_enabled();
   torch::Tensor x = tokens;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     auto& block = blocks_[i];
     if (before_block_) before_block_(i);
+    const bool host = i < host_blocks_.size() && host_blocks_[i];
+    const c10::Device home = x.device();
+    if (host) x = cross_device(x, torch::kCPU);
     if (recompute && block->kind() == BlockKind::kLayer)
       x = checkpointed_forward(*block, x);
     else
       x = block->forward(x);
+    if (host) x = cross_device(x, home);
   }
   return x;
 }
@@ -50,13 +96,21 @@ torch::Tensor Model::loss(const torch::Tensor& logits, const torch::Tensor& targ
   if (spec_.padded_vocab() != spec_.vocab_size) l = l.narrow(-1, 0, spec_.vocab_size);
   auto ce = torch::nn::functional::cross_entropy(l.reshape({-1, spec_.vocab_size}).to(torch::kFloat32),
                                                  targets.reshape({-1}));
-  if (spec_.arch == Arch::kResNetBk && spec_.moe_aux_weight > 0) {
-    // The load-balance losses of the forward pass that produced these logits, averaged over layers.
+  if ((spec_.arch == Arch::kResNetBk || spec_.arch == Arch::kAmxMoe) && spec_.moe_aux_weight > 0) {
+    // The load-balance losses of the forward pass that produced these logits, averaged over the
+    // MoE layers (a host-run layer's comes to the loss's device inside autograd).
     torch::Tensor aux;
-    for (const auto& b : blocks_)
-      if (const auto* layer = dynamic_cast<const ResNetBkLayer*>(b.get()))
-        aux = aux.defined() ? aux + layer->aux_loss() : layer->aux_loss();
-    if (aux.defined()) ce = ce + spec_.moe_aux_weight * aux / double(spec_.n_layer);
+    int64_t n = 0;
+    const auto add = [&](const torch::Tensor& a) {
+      const auto t = cross_device(a, ce.device());
+      aux = aux.defined() ? aux + t : t;
+      ++n;
+    };
+    for (const auto& b : blocks_) {
+      if (const auto* layer = dynamic_cast<const ResNetBkLayer*>(b.get())) add(layer->aux_loss());
+      if (const auto* layer = dynamic_cast<const MoeFfnLayer*>(b.get())) add(layer->aux_loss());
+    }
+    if (aux.defined()) ce = ce + spec_.moe_aux_weight * aux / double(n);
   }
   return ce;
 }

@@ -48,6 +48,14 @@ class Model : public torch::nn::Module {
   /// that Block's weights of this step); empty = none.
   void set_before_block(std::function<void(size_t)> fn) { before_block_ = std::move(fn); }
 
+  /// Note [Block placement]: Blocks flagged here run on the host. Their input crosses to the CPU
+  /// and their output back to the input's device through pinned buffers, inside autograd (the
+  /// gradient crosses back the same way); their parameters must already be host tensors (the
+  /// offload engine binds them to the ParamStore's host copies). Empty = every Block where its
+  /// parameters are.
+  void set_host_blocks(std::vector<bool> host) { host_blocks_ = std::move(host); }
+  const std::vector<bool>& host_blocks() const { return host_blocks_; }
+
   /// The HF shape a named parameter has in a checkpoint.
   std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;
 
@@ -56,7 +64,13 @@ class Model : public torch::nn::Module {
   bool checkpointing_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::function<void(size_t)> before_block_;
+  std::vector<bool> host_blocks_;
 };
+
+/// x on `device` inside autograd: a device-to-host copy lands in pinned memory (the calling thread
+/// waits only for the copy), a host-to-device copy leaves from pinned memory without blocking the
+/// host; the backward copies the gradient the other way. Same device: x itself.
+torch::Tensor cross_device(const torch::Tensor& x, c10::Device device);
 
 /// Builds the model for a spec, initialised from torch's current RNG.
 std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing);

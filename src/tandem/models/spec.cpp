@@ -44,6 +44,15 @@ const std::vector<ModelSpec>& presets() {
     ModelSpec mlp = llama("mlp", 4, 256, 1, 1, 1024, 256, 128, true);
     mlp.arch = Arch::kMlp;
     p.push_back(mlp);
+    // Seed 000's model: dense layers for the CPU's matrix units feeding MoE layers for the GPU.
+    ModelSpec amx = llama("amx-moe", 6, 1024, 1, 1, 2048, 8192, 512, true);
+    amx.arch = Arch::kAmxMoe;
+    amx.n_dense = 2, amx.n_experts = 8, amx.top_k = 2;
+    p.push_back(amx);
+    ModelSpec amx_tiny = llama("amx-moe-tiny", 4, 128, 1, 1, 256, 256, 128, true);
+    amx_tiny.arch = Arch::kAmxMoe;
+    amx_tiny.n_dense = 2, amx_tiny.n_experts = 4, amx_tiny.top_k = 2;
+    p.push_back(amx_tiny);
     return p;
   }();
   return kPresets;
@@ -51,7 +60,14 @@ const std::vector<ModelSpec>& presets() {
 
 }  // namespace
 
+int64_t ModelSpec::layer_params(int64_t i, bool padded) const {
+  if (arch != Arch::kAmxMoe) return params_per_layer(padded);
+  if (i < n_dense) return 2 * d_model * d_ff + d_model;
+  return d_model + d_model * n_experts + 3 * n_experts * d_model * d_ff;
+}
+
 int64_t ModelSpec::params_per_layer(bool padded) const {
+  if (arch == Arch::kAmxMoe) return layer_params(n_dense < n_layer ? n_dense : 0, padded);
   const int64_t ff = padded ? padded_d_ff() : d_ff;
   if (arch == Arch::kMlp) return 2 * d_model * ff + d_model;
   if (arch == Arch::kResNetBk)
@@ -65,12 +81,16 @@ int64_t ModelSpec::params_per_layer(bool padded) const {
 
 int64_t ModelSpec::num_params() const {
   const int64_t emb = padded_vocab() * d_model;
-  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer() + d_model;
+  int64_t layers = 0;
+  for (int64_t i = 0; i < n_layer; ++i) layers += layer_params(i);
+  return emb * (tie_embeddings ? 1 : 2) + layers + d_model;
 }
 
 int64_t ModelSpec::num_params_unpadded() const {
   const int64_t emb = vocab_size * d_model;
-  return emb * (tie_embeddings ? 1 : 2) + n_layer * params_per_layer(false) + d_model;
+  int64_t layers = 0;
+  for (int64_t i = 0; i < n_layer; ++i) layers += layer_params(i, false);
+  return emb * (tie_embeddings ? 1 : 2) + layers + d_model;
 }
 
 std::vector<std::string> preset_names() {
@@ -108,17 +128,29 @@ void validate_spec(const ModelSpec& s) {
     TANDEM_CHECK(s.capacity_factor > 0, "model.capacity_factor must be > 0, got ", s.capacity_factor);
     TANDEM_CHECK(s.moe_aux_weight >= 0, "model.moe_aux_weight must be >= 0, got ", s.moe_aux_weight);
   }
+  if (s.arch == Arch::kAmxMoe) {
+    TANDEM_CHECK(s.n_dense >= 0 && s.n_dense <= s.n_layer, "model.n_dense must be within 0 .. model.n_layer (",
+                 s.n_layer, "), got ", s.n_dense);
+    TANDEM_CHECK(s.n_experts >= 1 && s.top_k >= 1 && s.top_k <= s.n_experts,
+                 "an AMX+MoE model needs 1 <= model.top_k <= model.n_experts, got ", s.top_k, " of ", s.n_experts);
+    TANDEM_CHECK(s.capacity_factor > 0, "model.capacity_factor must be > 0, got ", s.capacity_factor);
+    TANDEM_CHECK(s.moe_aux_weight >= 0, "model.moe_aux_weight must be >= 0, got ", s.moe_aux_weight);
+  }
 }
 
 ModelSpec resolve_model_spec(const ModelConfig& c) {
   ModelSpec s = preset_spec(c.preset);
   const bool custom = c.n_layer || c.d_model || c.n_head || c.n_kv_head || c.d_ff || c.vocab_size || c.max_seq_len ||
                       c.tie_embeddings || c.rope_theta || c.norm_eps || c.n_experts || c.top_k || c.capacity_factor ||
-                      c.moe_aux_weight;
-  TANDEM_CHECK(s.arch == Arch::kResNetBk || !(c.n_experts || c.top_k || c.capacity_factor || c.moe_aux_weight),
-               "model.n_experts, model.top_k, model.capacity_factor and model.moe_aux_weight apply to ResNet-BK "
-               "presets (bk-tiny, bk-125M); model.preset is ",
+                      c.moe_aux_weight || c.n_dense;
+  const bool moe = s.arch == Arch::kResNetBk || s.arch == Arch::kAmxMoe;
+  TANDEM_CHECK(moe || !(c.n_experts || c.top_k || c.capacity_factor || c.moe_aux_weight),
+               "model.n_experts, model.top_k, model.capacity_factor and model.moe_aux_weight apply to MoE presets "
+               "(bk-tiny, bk-125M, amx-moe, amx-moe-tiny); model.preset is ",
                s.name);
+  TANDEM_CHECK(s.arch == Arch::kAmxMoe || !c.n_dense, "model.n_dense applies to the AMX+MoE presets (amx-moe, "
+               "amx-moe-tiny); model.preset is ", s.name);
+  if (c.n_dense) s.n_dense = *c.n_dense;
   if (c.n_layer) s.n_layer = *c.n_layer;
   if (c.d_model) s.d_model = *c.d_model;
   if (c.n_head) s.n_head = *c.n_head;
@@ -158,6 +190,12 @@ std::vector<MatrixShape> matrix_shapes(const ModelSpec& s) {
     m.push_back({"mlp.router", s.n_experts, s.d_model});
     m.push_back({"mlp.experts gate, up", s.d_model, ff});
     m.push_back({"mlp.experts down", ff, s.d_model});
+  } else if (s.arch == Arch::kAmxMoe) {
+    m.push_back({"dense up_proj", ff, s.d_model});
+    m.push_back({"dense down_proj", s.d_model, ff});
+    m.push_back({"mlp.router", s.n_experts, s.d_model});
+    m.push_back({"mlp.experts gate, up", s.d_model, ff});
+    m.push_back({"mlp.experts down", ff, s.d_model});
   } else {
     m.push_back({"up_proj", ff, s.d_model});
     m.push_back({"down_proj", s.d_model, ff});
@@ -182,6 +220,8 @@ const char* to_string(Arch a) {
       return "mlp";
     case Arch::kResNetBk:
       return "resnet_bk";
+    case Arch::kAmxMoe:
+      return "amx_moe";
   }
   return "?";
 }

@@ -10,7 +10,9 @@
 namespace tandem {
 
 /// Which family a model belongs to.
-enum class Arch { kLlama, kMlp, kResNetBk };
+/// kAmxMoe (seed 000's model): n_dense dense MLP layers ("AMX" layers, meant for the CPU's matrix
+/// units) feeding n_layer - n_dense Mixture-of-Experts layers (meant for the GPU).
+enum class Arch { kLlama, kMlp, kResNetBk, kAmxMoe };
 
 /// RoPE frequency scaling as in HF's rope_scaling {"rope_type": "llama3", ...}; factor 0 = none.
 struct RopeScaling {
@@ -33,7 +35,9 @@ struct ModelSpec {
   RopeScaling rope_scaling;
   // ResNet-BK: n_head is the number of BK heads; the feed-forward is a Mixture of Experts of
   // n_experts SwiGLU experts of size d_ff, top_k per token.
+  // AMX+MoE: the first n_dense layers are dense (hidden d_ff), the rest MoE (experts of hidden d_ff).
   int64_t n_experts = 0, top_k = 0;
+  int64_t n_dense = 0;
   double capacity_factor = 1.25;
   double moe_aux_weight = 0.01;  ///< weight of the load-balance loss in the training loss
 
@@ -42,13 +46,18 @@ struct ModelSpec {
   int64_t padded_vocab() const { return (vocab_size + 63) / 64 * 64; }
   /// Feed-forward size as stored, rounded up to a multiple of 64: the extra units start at zero
   /// and stay zero (Note [Zero padding keeps the function]), so the model is unchanged.
-  int64_t padded_d_ff() const { return arch == Arch::kResNetBk ? d_ff : (d_ff + 63) / 64 * 64; }
+  int64_t padded_d_ff() const {
+    return arch == Arch::kResNetBk || arch == Arch::kAmxMoe ? d_ff : (d_ff + 63) / 64 * 64;
+  }
   /// Parameters as stored (padded vocabulary rows included).
   int64_t num_params() const;
   /// Parameters of the real model (as an HF checkpoint counts them).
   int64_t num_params_unpadded() const;
-  /// Parameters of one decoder block (as stored, or as in an HF checkpoint).
+  /// Parameters of one decoder block (as stored, or as in an HF checkpoint); the largest layer's
+  /// when layers differ (AMX+MoE).
   int64_t params_per_layer(bool padded = true) const;
+  /// Parameters of decoder layer i.
+  int64_t layer_params(int64_t i, bool padded = true) const;
 };
 
 /// Names of the built-in presets.

@@ -42,6 +42,7 @@
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/autocast.h"
 #include "tandem/run/lr_schedule.h"
+#include "tandem/run/placement_driver.h"
 #include "tandem/run/progress.h"
 #include "tandem/run/step_timer.h"
 #include "tandem/sched/batch_balance.h"
@@ -397,6 +398,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   RunFeed feed;                      // read by the live endpoints; outlives the sampler feeding it
   std::unique_ptr<Sampler> sampler;  // started with the loop (Note [Telemetry])
   std::unique_ptr<OffloadEngine> engine;
+  std::unique_ptr<PlacementDriver> placement;  // Note [Block placement]
   std::unique_ptr<Optimizer> optimizer_ptr;
   if (offload) {
     // Parameters stay on the host as the fp32 masters; only buffers (RoPE tables) move.
@@ -417,6 +419,20 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     const auto t_store = std::chrono::steady_clock::now();
     store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
+    // Note [Block placement]: Blocks that may run on the CPU stay CPU-updated whatever the split.
+    const std::vector<bool> movable = placement_movable(cfg.placement, *model);
+    const auto n_movable = std::count(movable.begin(), movable.end(), true);
+    if (n_movable > 0) {
+      TANDEM_CHECK(!comm, "placement.policy=", cfg.placement.policy,
+                   " runs in one process; run one process or set placement.policy=off");
+      TANDEM_CHECK(so.ring_slots == 0, "placement.policy=", cfg.placement.policy,
+                   " needs per-block host buffers, but the memory plan chose a host ring of ", so.ring_slots,
+                   " slots (host memory is short): set offload.host_ring=0 if the host holds them, or "
+                   "placement.policy=off");
+      store->keep_cpu_updated(movable);
+      range.second = std::min<int64_t>(range.second, static_cast<int64_t>(movable.size()) - n_movable);
+      range.first = std::min(range.first, range.second);
+    }
     log::info(strprintf("offload: model built in %.1f s, parameter store (%s host buffers) in %.1f s", build_s,
                         so.pin_memory && device.is_cuda() ? "pinned" : "plain",
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count()));
@@ -431,6 +447,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                    : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
                                                       : EngineOptions::Speculate::kAuto;
     eo.delayed = cfg.offload.delayed_update;
+    eo.mirror_every = cfg.placement.mirror_every;
     eo.state_rounding = cfg.optim.state_rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearestEven;
     eo.solve_split = true;
     eo.fixed_k = parse_update_split(cfg.offload.update_split);
@@ -466,6 +483,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     };
     engine = std::make_unique<OffloadEngine>(*model, *store, eo);
     optimizer_ptr = std::make_unique<EngineOptimizer>(*engine, cfg.dist.zero_stage == 2);
+    if (cfg.placement.policy != "off")
+      placement = std::make_unique<PlacementDriver>(cfg.placement, *model, *engine,
+                                                    [](const std::string& line) { log::info(line); });
   } else {
     model->to(device);
     optimizer_ptr = make_optimizer(cfg.optim, model->hf_parameters(), device);
@@ -809,6 +829,10 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     // train.oom_grow_after clean steps the parts halve again. At micro-batch 1 the plan cannot fit.
     torch::Tensor loss_sum;
     const int64_t data_pos0 = train_loader->position();
+    if (placement) {
+      const TelemetrySample latest = sampler ? sampler->latest() : TelemetrySample{};
+      placement->before_step(step + 1, sampler ? &latest : nullptr);
+    }
     for (;;) {
       timer.begin();
       loss_sum = torch::zeros({}, fopts);
@@ -914,6 +938,9 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     const bool skipped = host[2].item<double>() != 0.0;
     const double scale_v = host[3].item<double>();
+    // Pacing toward a GPU power budget (Note [Placement policies]): the GPU idles, the step's time counts it.
+    if (placement && placement->pace_s() > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(placement->pace_s()));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     state.step = step + 1;
     state.tokens_seen += tokens_per_step;
@@ -954,8 +981,11 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     }
     if (skipped) m["skipped"] = true;
     tokens_run += tokens_per_step;
+    std::optional<double> step_gpu_j, step_cpu_j;
     if (sampler) {
       const EnergyCounters e = sampler->energy_now();
+      if (e.gpu_j && energy_prev.gpu_j) step_gpu_j = *e.gpu_j - *energy_prev.gpu_j;
+      if (e.cpu_j && energy_prev.cpu_j) step_cpu_j = *e.cpu_j - *energy_prev.cpu_j;
       if (e.gpu_j && energy_prev.gpu_j) {
         m["energy_gpu_j"] = *e.gpu_j - *energy_prev.gpu_j;
         m["energy_gpu_j_per_token"] = (*e.gpu_j - *energy_prev.gpu_j) / double(tokens_per_step);
@@ -984,6 +1014,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
       }
     }
     if (comm) m["dist_rows"] = rank_rows;
+    if (placement) placement->after_step(dt, step_gpu_j, step_cpu_j, m);
     publish(m);
     // Fault injection for the tests of Note [Launcher]: "RANK:STEP" kills (or, with TANDEM_FAULT_STOP,
     // stops) that rank after that step, in the first attempt only, or in every attempt with
@@ -1126,6 +1157,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"oom_retries", summary.oom_retries},
                       {"checkpoint_error", summary.checkpoint_error},
                       {"telemetry", telemetry}};
+  if (placement) s["placement"] = placement->summary();
   if (main_rank) write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
   if (comm) {
     // Every rank stops its heartbeat before rank 0, which serves the store, may exit.

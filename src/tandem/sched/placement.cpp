@@ -124,7 +124,7 @@ Placement solve_placement(const std::vector<BlockDeviceCost>& costs, const CostM
   // The quantity minimised per time bin: total energy (kMinEnergy) or GPU energy (kMaxThroughput).
   const auto value = [&](const Cost& c) { return min_energy ? c.gpu_j + c.cpu_j : c.gpu_j; };
   double t_max = 0;
-  for (const auto& c : costs) t_max += std::max(c.gpu_s, c.cpu_s);
+  for (const auto& c : costs) t_max += c.movable ? std::max(c.gpu_s, c.cpu_s) : c.gpu_s;
   const int64_t bins = o.time_bins;
   const double width = t_max > 0 ? t_max / double(bins) : 1.0;
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -138,6 +138,7 @@ Placement solve_placement(const std::vector<BlockDeviceCost>& costs, const CostM
     for (size_t b = 0; b < best.size(); ++b) {
       if (best[b] == kInf) continue;
       for (const BlockDevice d : {BlockDevice::kGpu, BlockDevice::kCpu}) {
+        if (d == BlockDevice::kCpu && !costs[i].movable) continue;
         const Cost c = block_cost(costs[i], d, o);
         const double t = time[b] + c.t;
         const size_t nbin = std::min<size_t>(best.size() - 1, static_cast<size_t>(std::llround(t / width)));
@@ -202,5 +203,114 @@ void CostModelPlacement::set_costs(std::vector<BlockDeviceCost> costs) {
 }
 
 Placement CostModelPlacement::decide(const PlacementInputs&) { return current_; }
+
+void CostModelPlacement::observe(double gpu_power_w, double step_s) {
+  if (costs_.empty() || o_.objective != CostModelOptions::Objective::kMaxThroughput || o_.gpu_power_budget_w <= 0 ||
+      o_.gpu_power_budget_w <= o_.gpu_idle_w || !(step_s > 0) || !std::isfinite(gpu_power_w))
+    return;
+  // Idle time s at gpu_idle_w that moves the average from P to the budget B over a step of T:
+  // (P T + idle s) / (T + s) = B, so s = T (P - B) / (B - idle); negative when under the budget.
+  const double b = o_.gpu_power_budget_w;
+  const double s = step_s * (gpu_power_w - b) / (b - o_.gpu_idle_w);
+  current_.pace_s = std::max(0.0, current_.pace_s + 0.5 * s);
+  prediction_ = predict_placement(costs_, current_, o_);
+}
+
+PlacementProfiler::PlacementProfiler(std::vector<int64_t> signature, int64_t warmup, int64_t steps_per_probe)
+    : signature_(std::move(signature)), warmup_(warmup), per_probe_(std::max<int64_t>(1, steps_per_probe)),
+      warm_left_(std::max<int64_t>(0, warmup)) {
+  probes_.push_back(-1);
+  std::vector<int64_t> seen;
+  for (size_t i = 0; i < signature_.size(); ++i) {
+    const int64_t g = signature_[i];
+    if (g < 0 || std::find(seen.begin(), seen.end(), g) != seen.end()) continue;
+    seen.push_back(g);
+    probes_.push_back(static_cast<int64_t>(i));
+  }
+  measured_.resize(probes_.size());
+}
+
+std::optional<Placement> PlacementProfiler::next() const {
+  if (done()) return std::nullopt;
+  Placement p;
+  p.blocks.assign(signature_.size(), BlockDevice::kGpu);
+  const int64_t cpu = warm_left_ > 0 ? -1 : probes_[static_cast<size_t>(probe_)];
+  if (cpu >= 0) p.blocks[static_cast<size_t>(cpu)] = BlockDevice::kCpu;
+  return p;
+}
+
+void PlacementProfiler::record(const std::vector<double>& block_s, double step_s, std::optional<double> gpu_j,
+                               std::optional<double> cpu_j) {
+  if (done()) return;
+  if (warm_left_ > 0) {
+    --warm_left_;
+    return;
+  }
+  if (++step_in_probe_ < per_probe_) return;  // the probe's first steps warm it up
+  TANDEM_CHECK(block_s.size() == signature_.size(), "profile: times for ", block_s.size(), " blocks of ",
+               signature_.size());
+  measured_[static_cast<size_t>(probe_)] = {block_s, step_s, gpu_j, cpu_j};
+  step_in_probe_ = 0;
+  ++probe_;
+}
+
+std::string PlacementProfiler::describe() const {
+  if (done()) return "profile done";
+  if (warm_left_ > 0) return "profile warm-up (all on the GPU)";
+  const int64_t cpu = probes_[static_cast<size_t>(probe_)];
+  return "profile " + std::to_string(probe_ + 1) + "/" + std::to_string(probes_.size()) + ": " +
+         (cpu < 0 ? std::string("all on the GPU") : "block " + std::to_string(cpu) + " on the CPU");
+}
+
+std::vector<BlockDeviceCost> PlacementProfiler::costs(CostModelOptions& o) const {
+  TANDEM_ASSERT(done(), "profile not finished");
+  const size_t n = signature_.size();
+  const Measure& a = measured_[0];
+  std::vector<BlockDeviceCost> c(n);
+  double measured = 0;
+  for (size_t i = 0; i < n; ++i) {
+    c[i].gpu_s = std::max(0.0, a.block_s[i]);
+    c[i].movable = signature_[i] >= 0;
+    measured += c[i].gpu_s;
+  }
+  // The rest of the step goes to the first Block that stays on the GPU.
+  const double rest = std::max(0.0, a.step_s - measured);
+  size_t anchor = 0;
+  while (anchor + 1 < n && c[anchor].movable) ++anchor;
+  c[anchor].gpu_s += rest;
+  const double t_a = a.step_s;
+  const double p_busy = a.gpu_j && t_a > 0 ? *a.gpu_j / t_a : 0.0;
+  const double p_host = a.cpu_j && t_a > 0 ? *a.cpu_j / t_a : 0.0;
+  double idle_sum = 0;
+  int64_t idle_n = 0;
+  for (size_t k = 1; k < probes_.size(); ++k) {
+    const auto r = static_cast<size_t>(probes_[k]);
+    const Measure& m = measured_[k];
+    const double cpu_s = std::max(0.0, m.block_s[r]);
+    const double g = c[r].gpu_s;
+    // The GPU was busy for t_a - g and waited for the rest of the probe's step.
+    const double wait = m.step_s - (t_a - g);
+    double p_run = 0;
+    if (wait > 1e-6) {
+      if (m.gpu_j && a.gpu_j) {
+        idle_sum += std::clamp((*m.gpu_j - p_busy * (t_a - g)) / wait, 0.0, p_busy);
+        ++idle_n;
+      }
+      if (m.cpu_j && a.cpu_j) p_run = std::max(0.0, (*m.cpu_j - p_host * (t_a - g)) / wait);
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (signature_[i] == signature_[r]) {
+        c[i].cpu_s = cpu_s;
+        c[i].cpu_j = cpu_s * p_run;
+      }
+  }
+  if (idle_n > 0) o.gpu_idle_w = idle_sum / double(idle_n);
+  for (size_t i = 0; i < n; ++i) {
+    c[i].gpu_j = c[i].gpu_s * p_busy;
+    c[i].cpu_host_j = c[i].gpu_s * p_host;
+    if (!c[i].movable) c[i].cpu_s = 0;
+  }
+  return c;
+}
 
 }  // namespace tandem

@@ -37,6 +37,7 @@ struct BlockDeviceCost {
   double gpu_j = 0;             ///< GPU energy while it runs the Block on the GPU
   double cpu_j = 0;             ///< CPU energy while it runs the Block on the CPU (0 when RAPL is unreadable)
   double cpu_host_j = 0;        ///< CPU energy while the Block runs on the GPU (the host's share)
+  bool movable = true;          ///< false: the Block stays on the GPU (embedding, head, pinned layers)
 };
 
 /// What a cost-model decision predicts, to be compared with what the step measured.
@@ -122,8 +123,14 @@ class CostModelPlacement : public PlacementPolicy {
   CostModelPlacement(int64_t blocks, CostModelOptions o);
   std::string name() const override { return "cost"; }
   void set_costs(std::vector<BlockDeviceCost> costs);
+  bool has_costs() const { return !costs_.empty(); }
   Placement decide(const PlacementInputs& in) override;
   const PlacementPrediction& prediction() const { return prediction_; }
+  const CostModelOptions& options() const { return o_; }
+  /// Closed loop on the budget (kMaxThroughput with a budget): the average GPU power and step time
+  /// measured over recent steps under the current placement; the pacing is corrected by the idle
+  /// time that brings the average to the budget (half of it per call, never below zero).
+  void observe(double gpu_power_w, double step_s);
 
  private:
   CostModelOptions o_;
@@ -131,6 +138,46 @@ class CostModelPlacement : public PlacementPolicy {
   std::vector<BlockDeviceCost> costs_;
   Placement current_;
   PlacementPrediction prediction_;
+};
+
+/// Note [Placement profiles]
+/// The cost model's measurements, taken in the first steps of a run: `warmup` steps on the GPU
+/// (not recorded), then probes of `steps_per_probe` steps each, of which the last is recorded: one
+/// all-GPU probe (every Block's GPU time, the GPU's busy power P_busy = energy / step time, and the
+/// host's power), then, per group of movable Blocks with the same signature (same class and size),
+/// one probe with the group's first Block on the CPU (its CPU time; the GPU's power while it waits,
+/// P_idle, from E = P_busy (T_gpu - g) + P_idle (T - T_gpu + g); the CPU's power while it computes,
+/// the same way from RAPL). Blocks of a group share its CPU time. The step's time outside the
+/// measured Blocks (optimizer tail, loss, host work) is charged to the first Block on the GPU, so
+/// the all-GPU prediction is the measured step. Without energy readings the powers stay at the
+/// options' values (throughput-only decisions still work).
+class PlacementProfiler {
+ public:
+  /// `signature` per Block: -1 not movable, else a group id (Blocks of one group cost the same).
+  PlacementProfiler(std::vector<int64_t> signature, int64_t warmup, int64_t steps_per_probe);
+  /// The placement for the next step while profiling; nullopt once done.
+  std::optional<Placement> next() const;
+  /// What the step placed by next() measured: seconds per Block, the step's seconds, and its GPU
+  /// and CPU energy (nullopt when unreadable).
+  void record(const std::vector<double>& block_s, double step_s, std::optional<double> gpu_j,
+              std::optional<double> cpu_j);
+  bool done() const { return probe_ >= static_cast<int64_t>(probes_.size()); }
+  /// The measured costs (after done()); `o` receives the measured idle powers where readable.
+  std::vector<BlockDeviceCost> costs(CostModelOptions& o) const;
+  /// "profile 2/4: layer.1 on the CPU" for logs and metrics.
+  std::string describe() const;
+
+ private:
+  struct Measure {
+    std::vector<double> block_s;
+    double step_s = 0;
+    std::optional<double> gpu_j, cpu_j;
+  };
+  std::vector<int64_t> signature_;
+  int64_t warmup_, per_probe_;
+  std::vector<int64_t> probes_;  // -1: all-GPU; else the Block run on the CPU
+  int64_t probe_ = 0, step_in_probe_ = 0, warm_left_;
+  std::vector<Measure> measured_;  // per probe
 };
 
 /// Parses a static placement: "gpu", "cpu", or one letter per Block (G/C); UserError otherwise.
