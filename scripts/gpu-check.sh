@@ -26,6 +26,10 @@
 #          dist.zero_stage=2) against DeepSpeed ZeRO-2 with offload_optimizer=cpu. DIST_PARTS (default "resident
 #          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
 #          240 / 540 s) limit each run.
+#   placement energy-aware Block placement (Note [Block placement]) on PL_MODELS (default "amx-moe 1B"): all-GPU
+#          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
+#          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
+#          PL_STEPS_<model> steps each (default 60 for amx-moe, 30 for 1B); table via bench/placement_table.py.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -422,6 +426,34 @@ if dist_has offload && (( ${#dist_ns[@]} )); then
 fi
 fi
 
+if has placement; then
+pl_args=()
+for model in ${PL_MODELS:-amx-moe 1B}; do
+  case $model in
+    amx-moe) shape=(--set train.micro_batch=16 --set train.seq_len=512) mov="1,2" steps=${PL_STEPS_amx:-60} ;;
+    1B) shape=(--set train.micro_batch=8 --set train.seq_len=2048) mov="24" steps=${PL_STEPS_1B:-30} ;;
+    *) shape=() mov="" steps=30 ;;
+  esac
+  pl=(-p "$model" --set train.precision=bf16 --set offload.optimizer=cpu --set offload.host_ring=0 "${shape[@]}"
+      --steps "$steps" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines
+      --set train.log_every=10 --set monitor.period_s=0.1 --set placement.movable="$mov")
+  echo "== placement: $model, movable blocks $mov, $steps steps per run"
+  run_pl() {  # name, extra settings...
+    local name=$1; shift
+    "$BUILD/tandem" train "${pl[@]}" "$@" --run-dir "$OUT/pl-$model-$name" >"$OUT/pl-$model-$name.log" 2>&1 \
+      || tail -3 "$OUT/pl-$model-$name.log"
+    grep -E "placement (at|cost)" "$OUT/pl-$model-$name.log" | head -4 | cut -c1-300
+    pl_args+=("$model:$name=$OUT/pl-$model-$name")
+  }
+  run_pl all-gpu --set placement.policy=static --set placement.blocks=gpu
+  budget=$(python3 bench/placement_table.py budget "$OUT/pl-$model-all-gpu" 2>/dev/null || echo 0)
+  echo "budget: $budget W (60 % of the all-GPU average)"
+  run_pl threshold --set placement.policy=threshold
+  run_pl cost-budget --set placement.policy=cost --set placement.gpu_power_budget_w="$budget"
+  run_pl idle-budget --set placement.policy=cost --set placement.gpu_power_budget_w="$budget" --set placement.movable=none
+done
+fi
+
 echo "== summary ($(date -u +%Y-%m-%d), $(head -2 "$OUT/gpu.txt" | tail -1))"
 has tests && grep -E "tests passed" "$OUT/ctest.log"
 has optim && python3 bench/optim_table.py "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
@@ -433,6 +465,7 @@ has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-g
 has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" "$OUT/big-delayed" "$OUT/big-deepspeed.jsonl"
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
+has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"
 has dist && python3 bench/dist_scaling_table.py table "$OUT/dist-runs.jsonl" --json "$OUT/dist-scaling.json" \
   --gpu-txt "$OUT/gpu.txt"
 exit $test_rc

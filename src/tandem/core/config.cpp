@@ -327,8 +327,8 @@ const std::vector<Field>& fields() {
       string_field("placement.blocks", "static: gpu | cpu (every movable block) | one letter per block, G or C",
                    F(placement.blocks)),
       string_field("placement.movable",
-                   "blocks that may run on the CPU: empty = every decoder layer, or a comma list of block indices "
-                   "(0 = embedding); they stay CPU-updated",
+                   "blocks that may run on the CPU: empty = every decoder layer, none, or a comma list of block "
+                   "indices (0 = embedding); they stay CPU-updated",
                    F(placement.movable)),
       double_field("placement.threshold_w", "threshold: GPU power (W) above which a block moves to the CPU",
                    F(placement.threshold_w)),

@@ -147,7 +147,7 @@ struct DistConfig {
 struct PlacementConfig {
   std::string policy = "off";  ///< off | static | threshold | cost
   std::string blocks = "gpu";  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
-  std::string movable;         ///< Blocks that may run on the CPU: "" = every decoder layer, or a comma list of Block indices (0 = embedding)
+  std::string movable;         ///< Blocks that may run on the CPU: "" = every decoder layer, "none", or a comma list of Block indices (0 = embedding)
   double threshold_w = 200;    ///< threshold: GPU power above which a Block moves to the CPU
   double threshold_cpu_pct = 80;  ///< threshold: the CPU must be less busy than this
   double release_w = 20;       ///< threshold: a Block comes back under threshold_w - release_w

@@ -23,7 +23,7 @@ std::string trim(const std::string& s) {
 std::vector<bool> placement_movable(const PlacementConfig& cfg, const Model& model) {
   const auto& blocks = model.blocks();
   std::vector<bool> out(blocks.size(), false);
-  if (cfg.policy == "off") return out;
+  if (cfg.policy == "off" || trim(cfg.movable) == "none") return out;
   if (trim(cfg.movable).empty()) {
     for (size_t i = 0; i < blocks.size(); ++i) out[i] = blocks[i]->kind() == BlockKind::kLayer;
     return out;
@@ -93,7 +93,8 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
       const auto key = std::make_pair(std::string(typeid(*blocks[static_cast<size_t>(i)]).name()), numel(i));
       sig[static_cast<size_t>(i)] = groups.emplace(key, static_cast<int64_t>(groups.size())).first->second;
     }
-    profiler_ = std::make_unique<PlacementProfiler>(sig, /*warmup=*/2, cfg.profile_steps);
+    // Warm-up past the update split's first solve (step 3), whose step is slow.
+    profiler_ = std::make_unique<PlacementProfiler>(sig, /*warmup=*/4, cfg.profile_steps);
   } else {
     TANDEM_FAIL("placement.policy must be static, threshold or cost here; got '", cfg.policy, "'");
   }
