@@ -13,6 +13,7 @@
 #include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
+#include "tandem/run/autocast.h"
 
 namespace tandem {
 namespace {
@@ -47,13 +48,14 @@ struct PlacedRun {
 
 // `placement(step)` gives the host flags for each step; `check(step, store)` runs after each step.
 PlacedRun train(const ModelSpec& spec, int steps, torch::Device device, const std::function<std::vector<bool>(int)>& placement,
-          int64_t mirror_every = 1, const std::function<void(int, ParamStore&)>& check = nullptr) {
+          int64_t mirror_every = 1, const std::function<void(int, ParamStore&)>& check = nullptr,
+          torch::ScalarType compute = torch::kFloat32) {
   torch::manual_seed(7);
   auto model = build_model(spec, false);
   for (auto& b : model->buffers()) b.set_data(b.to(device));
   ParamStoreOptions so;
   so.device = device;
-  so.compute_dtype = torch::kFloat32;
+  so.compute_dtype = compute;
   ParamStore store(*model, so, /*gpu_blocks=*/0);
   EngineOptions eo;
   eo.adam.beta1 = 0.9;
@@ -70,7 +72,11 @@ PlacedRun train(const ModelSpec& spec, int steps, torch::Device device, const st
     engine.begin_micro(true);
     torch::manual_seed(1000 + step % 4);
     auto t = torch::randint(0, spec.vocab_size, {4, 17}, torch::kInt64).to(device);
-    auto loss = model->loss(model->forward(t.narrow(1, 0, 16)), t.narrow(1, 1, 16));
+    torch::Tensor loss;
+    {
+      const AutocastGuard ac(device.type(), compute == torch::kBFloat16 ? Precision::kBf16 : Precision::kFp32);
+      loss = model->loss(model->forward(t.narrow(1, 0, 16)), t.narrow(1, 1, 16));
+    }
     loss.backward();
     run.losses.push_back(loss.item<double>());
     engine.end_step();
@@ -211,6 +217,19 @@ TEST(PlacementEngineGpu, AlternatingPlacementsMatchAllGpuOnCuda) {
     expect_close(moving.losses, one.losses, 2e-4);
     EXPECT_GT(moving.stats.mirror_refreshes, 0);
     EXPECT_TRUE(moving.mirrors_match) << spec.name;
+  }
+}
+
+TEST(PlacementEngineGpu, Bf16HostBlocksRunUnderTheDevicesAutocast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const ModelSpec& spec : {llama_spec(), amx_moe_spec()}) {
+    const size_t n = static_cast<size_t>(spec.n_layer) + 2;
+    const auto every = [&](int step) { return step % 2 == 0 ? flags(n, {1, n - 2}) : flags(n, {2}); };
+    const PlacedRun one = train(spec, 8, torch::kCUDA, nullptr, 1, nullptr, torch::kBFloat16);
+    const PlacedRun moving = train(spec, 8, torch::kCUDA, every, 1, nullptr, torch::kBFloat16);
+    expect_close(moving.losses, one.losses, 2e-2);  // bf16 on two kinds of processor
+    EXPECT_LT(moving.losses.back(), moving.losses.front()) << spec.name;
+    EXPECT_TRUE(moving.staging_match) << spec.name;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "tandem/models/model.h"
 
+#include <ATen/autocast_mode.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -55,6 +56,28 @@ torch::Tensor copy_across(const torch::Tensor& x, c10::Device to) {
   return src.to(to, /*non_blocking=*/true);
 }
 
+// The CPU's autocast set as the device's for one host-run Block; restored on exit.
+class HostAutocast {
+ public:
+  HostAutocast(bool on, c10::DeviceType device)
+      : on_(on), was_(at::autocast::is_autocast_enabled(at::kCPU)), dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::autocast::get_autocast_dtype(device));
+  }
+  ~HostAutocast() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, was_);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype_);
+  }
+  HostAutocast(const HostAutocast&) = delete;
+  HostAutocast& operator=(const HostAutocast&) = delete;
+
+ private:
+  bool on_, was_;
+  at::ScalarType dtype_;
+};
+
 struct CrossDevice : torch::autograd::Function<CrossDevice> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, c10::Device to) {
     ctx->saved_data["from"] = x.device();
@@ -82,6 +105,9 @@ torch::Tensor Model::forward(const torch::Tensor& tokens) {
     const bool host = i < host_blocks_.size() && host_blocks_[i];
     const c10::Device home = x.device();
     if (host) x = cross_device(x, torch::kCPU);
+    // A host-run Block computes under the device's autocast, moved to the CPU (its weights are
+    // bf16 host copies; activations may arrive in fp32 from the device's norms).
+    const HostAutocast cast(host && !home.is_cpu() && at::autocast::is_autocast_enabled(home.type()), home.type());
     if (recompute && block->kind() == BlockKind::kLayer)
       x = checkpointed_forward(*block, x);
     else
