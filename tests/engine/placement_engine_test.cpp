@@ -90,6 +90,7 @@ PlacedRun train(const ModelSpec& spec, int steps, torch::Device device, const st
   engine.set_placement(std::vector<bool>(store.blocks().size(), false));
   {
     torch::NoGradGuard ng;
+    const AutocastGuard ac(device.type(), compute == torch::kBFloat16 ? Precision::kBf16 : Precision::kFp32);
     model->forward(torch::zeros({1, 4}, torch::kInt64).to(device));
   }
   engine.wait_all();

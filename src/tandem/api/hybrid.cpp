@@ -1,0 +1,46 @@
+#include "tandem/api/hybrid.h"
+
+namespace tandem {
+
+Config hybrid_config(const HybridModel& m) {
+  Config cfg;
+  cfg.model.preset = "amx-moe";
+  cfg.model.n_layer = m.dense_blocks + m.moe_blocks;
+  cfg.model.n_dense = m.dense_blocks;
+  cfg.model.d_model = m.width;
+  cfg.model.d_ff = m.hidden;
+  cfg.model.n_experts = m.experts;
+  cfg.model.top_k = m.top_k;
+  cfg.model.vocab_size = m.vocab;
+  cfg.model.max_seq_len = m.seq_len;
+  cfg.offload.optimizer = OffloadTarget::kCpu;
+  cfg.offload.host_ring = 0;  // per-block host buffers: a block runs on the CPU from them
+  cfg.train.precision = resolve_device(cfg.train.device).is_cuda() ? Precision::kBf16 : Precision::kFp32;
+  cfg.placement.policy = "static";
+  cfg.placement.blocks = "gpu";
+  std::string dense;
+  for (int64_t i = 1; i <= m.dense_blocks; ++i) dense += (dense.empty() ? "" : ",") + std::to_string(i);
+  cfg.placement.movable = dense.empty() ? "none" : dense;
+  return cfg;
+}
+
+void use_static(Config& cfg, const std::string& blocks) {
+  cfg.placement.policy = "static";
+  cfg.placement.blocks = blocks;
+}
+
+void use_threshold(Config& cfg, double gpu_power_w, double cpu_util_pct) {
+  cfg.placement.policy = "threshold";
+  cfg.placement.threshold_w = gpu_power_w;
+  cfg.placement.threshold_cpu_pct = cpu_util_pct;
+}
+
+void use_cost_model(Config& cfg, double gpu_power_budget_w) {
+  cfg.placement.policy = "cost";
+  cfg.placement.objective = "throughput";
+  cfg.placement.gpu_power_budget_w = gpu_power_budget_w;
+}
+
+void set_movable(Config& cfg, const std::string& blocks) { cfg.placement.movable = blocks; }
+
+}  // namespace tandem
