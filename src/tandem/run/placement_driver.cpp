@@ -64,7 +64,11 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
       p.blocks.assign(blocks.size(), BlockDevice::kGpu);
       for (const int64_t i : order) p.blocks[static_cast<size_t>(i)] = BlockDevice::kCpu;
     } else {
-      p = parse_placement(cfg.blocks, n);
+      try {
+        p = parse_placement(cfg.blocks, n);
+      } catch (const UserError& e) {
+        TANDEM_FAIL("placement.blocks: ", e.what());
+      }
       for (int64_t i = 0; i < n; ++i)
         TANDEM_CHECK(p.blocks[static_cast<size_t>(i)] == BlockDevice::kGpu || movable_[static_cast<size_t>(i)],
                      "placement.blocks puts block ", i, " (", blocks[static_cast<size_t>(i)]->name(),
