@@ -96,7 +96,7 @@ PlacedRun train(const ModelSpec& spec, int steps, torch::Device device, const st
   engine.wait_all();
   run.mirrors_match = run.staging_match = true;
   for (auto& b : store.blocks()) {
-    const auto master = b.master.cpu();
+    const auto master = b.master.cpu().to(compute);  // the copies hold the master in the compute dtype
     const bool staging = !b.staging.defined() || torch::equal(b.staging.cpu(), master);
     run.staging_match = run.staging_match && staging;
     run.mirrors_match = run.mirrors_match && staging && torch::equal(b.working.cpu(), master);
