@@ -389,7 +389,9 @@ void flatten_yaml(Config& cfg, const YAML::Node& node, const std::string& prefix
   switch (node.Type()) {
     case YAML::NodeType::Map:
       for (const auto& kv : node) {
-        const std::string k = kv.first.as<std::string>();
+        TANDEM_CHECK(kv.first.IsScalar(), where(kv.first),
+                     ": a config key must be a plain name such as train.steps, not a mapping or a list");
+        const std::string k = kv.first.Scalar();
         flatten_yaml(cfg, kv.second, prefix.empty() ? k : prefix + "." + k, origin);
       }
       break;
@@ -450,7 +452,11 @@ void load_yaml_config_text(Config& cfg, const std::string& text, const std::stri
   }
   if (root.IsNull()) return;
   TANDEM_CHECK(root.IsMap(), origin, ": expected a mapping of config keys at the top level");
-  flatten_yaml(cfg, root, "", origin);
+  try {
+    flatten_yaml(cfg, root, "", origin);
+  } catch (const YAML::Exception& e) {
+    TANDEM_FAIL(origin, ":", e.mark.line + 1, ": ", e.msg, "; fix the file");
+  }
 }
 
 void load_yaml_config(Config& cfg, const std::string& path) {
