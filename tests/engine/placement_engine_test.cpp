@@ -47,9 +47,10 @@ struct PlacedRun {
 };
 
 // `placement(step)` gives the host flags for each step; `check(step, store)` runs after each step.
-PlacedRun train(const ModelSpec& spec, int steps, torch::Device device, const std::function<std::vector<bool>(int)>& placement,
-          int64_t mirror_every = 1, const std::function<void(int, ParamStore&)>& check = nullptr,
-          torch::ScalarType compute = torch::kFloat32) {
+PlacedRun train(const ModelSpec& spec, int steps, torch::Device device,
+                const std::function<std::vector<bool>(int)>& placement, int64_t mirror_every = 1,
+                const std::function<void(int, ParamStore&)>& check = nullptr,
+                torch::ScalarType compute = torch::kFloat32) {
   torch::manual_seed(7);
   auto model = build_model(spec, false);
   for (auto& b : model->buffers()) b.set_data(b.to(device));

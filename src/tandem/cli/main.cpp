@@ -182,11 +182,12 @@ int run_inspect(const Config& cfg, const InspectOptions& opts) {
         "capacity factor %g\n",
         (long long)s.n_head, (long long)s.n_experts, (long long)s.d_ff, (long long)s.top_k, s.capacity_factor);
   if (s.arch == Arch::kAmxMoe)
-    std::printf("AMX+MoE: %lld dense layers (d_ff %lld, %s each), then %lld MoE layers of %lld experts (d_ff %lld, "
-                "%s each), top-%lld, capacity factor %g\n",
-                (long long)s.n_dense, (long long)s.d_ff, format_count(double(s.layer_params(0))).c_str(),
-                (long long)(s.n_layer - s.n_dense), (long long)s.n_experts, (long long)s.d_ff,
-                format_count(double(s.layer_params(s.n_layer - 1))).c_str(), (long long)s.top_k, s.capacity_factor);
+    std::printf(
+        "AMX+MoE: %lld dense layers (d_ff %lld, %s each), then %lld MoE layers of %lld experts (d_ff %lld, "
+        "%s each), top-%lld, capacity factor %g\n",
+        (long long)s.n_dense, (long long)s.d_ff, format_count(double(s.layer_params(0))).c_str(),
+        (long long)(s.n_layer - s.n_dense), (long long)s.n_experts, (long long)s.d_ff,
+        format_count(double(s.layer_params(s.n_layer - 1))).c_str(), (long long)s.top_k, s.capacity_factor);
   const int64_t emb = s.padded_vocab() * s.d_model;
   std::printf("\nparameters: %s (%lld; %lld as stored with vocabulary padding)\n",
               format_count(double(s.num_params_unpadded())).c_str(), (long long)s.num_params_unpadded(),

@@ -778,10 +778,10 @@ void validate_config(const Config& c) {
                "placement.dwell_steps, placement.profile_steps and placement.mirror_every must be >= 1");
   TANDEM_CHECK(pl.gpu_power_budget_w >= 0 && pl.max_step_s >= 0,
                "placement.gpu_power_budget_w and placement.max_step_s must be >= 0");
-  TANDEM_CHECK(pl.policy == "off" || c.offload.optimizer == OffloadTarget::kCpu,
-               "placement.policy=", pl.policy, " runs blocks from the CPU-side weight store: set offload.optimizer=cpu");
-  TANDEM_CHECK(pl.policy == "off" || c.train.precision != Precision::kFp16,
-               "placement.policy=", pl.policy, " runs blocks on the CPU in fp32 or bf16: set train.precision=bf16");
+  TANDEM_CHECK(pl.policy == "off" || c.offload.optimizer == OffloadTarget::kCpu, "placement.policy=", pl.policy,
+               " runs blocks from the CPU-side weight store: set offload.optimizer=cpu");
+  TANDEM_CHECK(pl.policy == "off" || c.train.precision != Precision::kFp16, "placement.policy=", pl.policy,
+               " runs blocks on the CPU in fp32 or bf16: set train.precision=bf16");
   TANDEM_CHECK(c.offload.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                c.offload.resolve_every);
   TANDEM_CHECK(c.offload.gpu_memory_fraction > 0 && c.offload.gpu_memory_fraction <= 1,

@@ -147,16 +147,18 @@ struct DistConfig {
 struct PlacementConfig {
   std::string policy = "off";  ///< off | static | threshold | cost
   std::string blocks = "gpu";  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
-  std::string movable;         ///< Blocks that may run on the CPU: "" = every decoder layer, "none", or a comma list of Block indices (0 = embedding)
-  double threshold_w = 200;    ///< threshold: GPU power above which a Block moves to the CPU
-  double threshold_cpu_pct = 80;  ///< threshold: the CPU must be less busy than this
-  double release_w = 20;       ///< threshold: a Block comes back under threshold_w - release_w
-  int64_t dwell_steps = 5;     ///< threshold: steps between two moves
+  /// Blocks that may run on the CPU: "" = every decoder layer, "none", or a comma list of Block indices (0 = embedding)
+  std::string movable;
+  double threshold_w = 200;              ///< threshold: GPU power above which a Block moves to the CPU
+  double threshold_cpu_pct = 80;         ///< threshold: the CPU must be less busy than this
+  double release_w = 20;                 ///< threshold: a Block comes back under threshold_w - release_w
+  int64_t dwell_steps = 5;               ///< threshold: steps between two moves
   std::string objective = "throughput";  ///< cost: throughput (under gpu_power_budget_w) | energy (under max_step_s)
-  double gpu_power_budget_w = 0;  ///< cost: software GPU power budget, W (0 = none); the GPU's own limit is never changed
-  double max_step_s = 0;          ///< cost, energy: the step-time ceiling (the throughput floor); 0 = none
-  int64_t profile_steps = 2;      ///< cost: steps per profile probe (the last one is measured)
-  int64_t mirror_every = 1;       ///< device copies of CPU-updated Blocks refreshed every N updates (1 = exact)
+  /// cost: software GPU power budget, W (0 = none); the GPU's own limit is never changed
+  double gpu_power_budget_w = 0;
+  double max_step_s = 0;      ///< cost, energy: the step-time ceiling (the throughput floor); 0 = none
+  int64_t profile_steps = 2;  ///< cost: steps per profile probe (the last one is measured)
+  int64_t mirror_every = 1;   ///< device copies of CPU-updated Blocks refreshed every N updates (1 = exact)
 };
 
 /// The whole configuration of a run.

@@ -529,9 +529,10 @@ void OffloadEngine::updater_loop() {
         // This Block's gradient copy has landed; its previous upload finished before the forward
         // that preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
         const size_t i = job.block;
-        const double xfer = job.host ? 0.0
-                                     : completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
-                                           (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
+        const double xfer = job.host
+                                ? 0.0
+                                : completed_between(stamps_->d2h0[i], stamps_->d2h1[i]) +
+                                      (options_.delayed ? 0.0 : completed_between(stamps_->h2d0[i], stamps_->h2d1[i]));
         std::lock_guard<std::mutex> lock(mu_);
         stats_.transfer_s += xfer;
       }

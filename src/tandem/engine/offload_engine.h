@@ -205,7 +205,7 @@ class OffloadEngine {
   bool speculate_now_ = true;
   std::deque<bool> would_roll_back_;  // recent steps: clipped or non-finite
   std::vector<int64_t> remaining_;  // per Block: parameters whose gradient is not yet complete
-  std::vector<char> dispatched_;  // char, not bool: the CPU and device autograd threads dispatch concurrently
+  std::vector<char> dispatched_;    // char, not bool: the CPU and device autograd threads dispatch concurrently
   std::vector<bool> host_run_;      // Note [Block placement]
   std::vector<bool> upload_now_;    // per Block, this step: its update goes up to the device copy
   std::vector<bool> zero_landing_;  // host-run Blocks: the landing buffer is cleared before this step's backward

@@ -142,7 +142,8 @@ void ParamStore::bind_block(size_t i, bool host) {
   if (host) {
     TANDEM_CHECK(b.side == UpdateSide::kCpu && b.staging.defined() && !sharded() &&
                      b.landing.scalar_type() == options_.compute_dtype,
-                 "block ", b.name, " cannot run on the CPU: it must be CPU-updated with its own host buffers in the "
+                 "block ", b.name,
+                 " cannot run on the CPU: it must be CPU-updated with its own host buffers in the "
                  "compute dtype (no offload.host_ring, no dist.zero_stage=2, train.precision fp32 or bf16)");
   }
   b.host_run = host;

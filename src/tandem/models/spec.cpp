@@ -148,8 +148,10 @@ ModelSpec resolve_model_spec(const ModelConfig& c) {
                "model.n_experts, model.top_k, model.capacity_factor and model.moe_aux_weight apply to MoE presets "
                "(bk-tiny, bk-125M, amx-moe, amx-moe-tiny); model.preset is ",
                s.name);
-  TANDEM_CHECK(s.arch == Arch::kAmxMoe || !c.n_dense, "model.n_dense applies to the AMX+MoE presets (amx-moe, "
-               "amx-moe-tiny); model.preset is ", s.name);
+  TANDEM_CHECK(s.arch == Arch::kAmxMoe || !c.n_dense,
+               "model.n_dense applies to the AMX+MoE presets (amx-moe, "
+               "amx-moe-tiny); model.preset is ",
+               s.name);
   if (c.n_dense) s.n_dense = *c.n_dense;
   if (c.n_layer) s.n_layer = *c.n_layer;
   if (c.d_model) s.d_model = *c.d_model;

@@ -36,7 +36,8 @@ std::vector<bool> placement_movable(const PlacementConfig& cfg, const Model& mod
                  "placement.movable: '", t, "' is not a block index in 0 .. ", blocks.size() - 1,
                  " (0 = embedding; decoder layers are 1 .. ", blocks.size() - 2, ")");
     TANDEM_CHECK(blocks[static_cast<size_t>(i)]->kind() == BlockKind::kLayer, "placement.movable: block ", i, " (",
-                 blocks[static_cast<size_t>(i)]->name(), ") is not a decoder layer; only decoder layers move to the CPU");
+                 blocks[static_cast<size_t>(i)]->name(),
+                 ") is not a decoder layer; only decoder layers move to the CPU");
     out[static_cast<size_t>(i)] = true;
   }
   return out;
@@ -130,8 +131,9 @@ void PlacementDriver::before_step(int64_t step, const TelemetrySample* latest) {
     std::string why;
     if (inputs_.gpu_power_w) why += strprintf("; GPU %.0f W", *inputs_.gpu_power_w);
     if (inputs_.cpu_util_pct) why += strprintf(", CPU %.0f%%", *inputs_.cpu_util_pct);
-    if (log_) log_(strprintf("placement at step %lld: %s (%s%s)", static_cast<long long>(step), next.str().c_str(),
-                             phase_.c_str(), why.c_str()));
+    if (log_)
+      log_(strprintf("placement at step %lld: %s (%s%s)", static_cast<long long>(step), next.str().c_str(),
+                     phase_.c_str(), why.c_str()));
   }
   current_ = next;
   std::vector<bool> host(current_.blocks.size());
@@ -172,10 +174,11 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
           per_block += strprintf(" %s GPU %.1f ms / CPU %.1f ms;", model_.blocks()[i]->name().c_str(),
                                  costs_[i].gpu_s * 1e3, costs_[i].cpu_s * 1e3);
       if (log_)
-        log_(strprintf("placement cost model: GPU idle %.0f W;%s chose %s with %.3f s pacing, predicted %.1f ms per "
-                       "step at %.0f W",
-                       cost_options_.gpu_idle_w, per_block.c_str(), cost_->decide(inputs_).str().c_str(),
-                       cost_->decide(inputs_).pace_s, pr.step_s * 1e3, pr.gpu_power_w));
+        log_(
+            strprintf("placement cost model: GPU idle %.0f W;%s chose %s with %.3f s pacing, predicted %.1f ms per "
+                      "step at %.0f W",
+                      cost_options_.gpu_idle_w, per_block.c_str(), cost_->decide(inputs_).str().c_str(),
+                      cost_->decide(inputs_).pace_s, pr.step_s * 1e3, pr.gpu_power_w));
     }
     return;
   }
@@ -192,8 +195,8 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
 }
 
 nlohmann::json PlacementDriver::summary() const {
-  nlohmann::json j = {{"policy", cfg_.policy}, {"moves", moves_}, {"final", current_.str()},
-                      {"pace_s", current_.pace_s}};
+  nlohmann::json j = {
+      {"policy", cfg_.policy}, {"moves", moves_}, {"final", current_.str()}, {"pace_s", current_.pace_s}};
   const EngineStats es = engine_.stats();
   j["mirror_every"] = cfg_.mirror_every;
   j["mirror_refreshes"] = es.mirror_refreshes;

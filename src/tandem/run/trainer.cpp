@@ -15,13 +15,13 @@
 #include <thread>
 #include <tuple>
 
+#include "tandem/core/cpu_topology.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
-#include "tandem/core/cpu_topology.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/dist/comm.h"

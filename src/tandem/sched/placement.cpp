@@ -217,7 +217,9 @@ void CostModelPlacement::observe(double gpu_power_w, double step_s) {
 }
 
 PlacementProfiler::PlacementProfiler(std::vector<int64_t> signature, int64_t warmup, int64_t steps_per_probe)
-    : signature_(std::move(signature)), warmup_(warmup), per_probe_(std::max<int64_t>(1, steps_per_probe)),
+    : signature_(std::move(signature)),
+      warmup_(warmup),
+      per_probe_(std::max<int64_t>(1, steps_per_probe)),
       warm_left_(std::max<int64_t>(0, warmup)) {
   probes_.push_back(-1);
   std::vector<int64_t> seen;
