@@ -11,7 +11,7 @@
 
 int main(int argc, char** argv) try {
   tandem::HybridModel model;
-  model.width = 128, model.hidden = 256, model.experts = 4, model.vocab = 256, model.seq_len = 128;
+  model.width = 128, model.hidden = 256, model.experts = 8, model.vocab = 256, model.seq_len = 128;
   tandem::Config cfg = tandem::hybrid_config(model);
   tandem::use_threshold(cfg, /*gpu_power_w=*/200, /*cpu_util_pct=*/80);
   cfg.train.steps = argc > 1 ? std::atoll(argv[1]) : 50;

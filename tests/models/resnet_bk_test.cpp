@@ -76,7 +76,7 @@ TEST(ResNetBk, MoeKeysOverrideThePresetAndAreCheckedUpFront) {
             std::string::npos);
   ModelConfig l;
   l.n_experts = 4;  // preset tiny is LLaMA
-  EXPECT_NE(test::error_of([&] { resolve_model_spec(l); }).find("apply to ResNet-BK presets"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { resolve_model_spec(l); }).find("apply to MoE presets"), std::string::npos);
 }
 
 TEST(ResNetBk, CheckpointingIsRefusedWithTheReason) {

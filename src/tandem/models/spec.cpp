@@ -51,7 +51,7 @@ const std::vector<ModelSpec>& presets() {
     p.push_back(amx);
     ModelSpec amx_tiny = llama("amx-moe-tiny", 4, 128, 1, 1, 256, 256, 128, true);
     amx_tiny.arch = Arch::kAmxMoe;
-    amx_tiny.n_dense = 2, amx_tiny.n_experts = 4, amx_tiny.top_k = 2;
+    amx_tiny.n_dense = 2, amx_tiny.n_experts = 8, amx_tiny.top_k = 2;
     p.push_back(amx_tiny);
     return p;
   }();
