@@ -551,23 +551,21 @@ void OffloadEngine::updater_loop() {
   }
 }
 
+void OffloadEngine::wait_updated(size_t i) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_[i] != 0; });
+  if (updater_error_) std::rethrow_exception(updater_error_);
+}
+
 void OffloadEngine::wait_block(size_t i) {
-  if (!options_.delayed || !pending_upload_[i]) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_[i] != 0; });
-    if (updater_error_) std::rethrow_exception(updater_error_);
-  }
+  if (!options_.delayed || !pending_upload_[i]) wait_updated(i);
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
 }
 
 void OffloadEngine::before_block(size_t i) {
   auto& b = store_.blocks()[i];
   if (b.side == UpdateSide::kCpu && !host_run_[i] && b.mirror_lag > 0) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return done_[i] != 0; });
-      if (updater_error_) std::rethrow_exception(updater_error_);
-    }
+    wait_updated(i);
     // Note [Block placement]: the device copy is behind the master (the Block ran on the CPU, or
     // stale mirrors): refreshed now when it is mirror_every updates behind.
     if (b.mirror_lag >= options_.mirror_every) {
@@ -617,11 +615,7 @@ void OffloadEngine::set_placement(const std::vector<bool>& on_host) {
                    "offload.host_ring=0 and offload.delayed_update=false, and run one process (placement.policy=gpu "
                    "otherwise)");
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return done_[i] != 0; });
-      if (updater_error_) std::rethrow_exception(updater_error_);
-    }
+    wait_updated(i);
     store_.bind_block(i, on_host[i]);
   }
   host_run_ = on_host;

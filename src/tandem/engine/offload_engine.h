@@ -174,6 +174,7 @@ class OffloadEngine {
   void updater_loop();
   void run_cpu_update(const Job& job);
   void upload(size_t block, int64_t slot = -1);
+  void wait_updated(size_t block);  // until Block's latest update is done (uploaded or enqueued); rethrows the updater's failure
   void wait_block(size_t block);
   void wait_cpu_jobs();
   std::vector<UpdateSpan> spans(size_t block, int64_t slot);

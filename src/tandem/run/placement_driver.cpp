@@ -168,6 +168,7 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
       cost_ = policy.get();
       policy_ = std::move(policy);
       const auto& pr = cost_->prediction();
+      const Placement chosen = cost_->decide(inputs_);
       std::string per_block;
       for (size_t i = 0; i < costs_.size(); ++i)
         if (costs_[i].movable)
@@ -177,8 +178,8 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
         log_(
             strprintf("placement cost model: GPU idle %.0f W;%s chose %s with %.3f s pacing, predicted %.1f ms per "
                       "step at %.0f W",
-                      cost_options_.gpu_idle_w, per_block.c_str(), cost_->decide(inputs_).str().c_str(),
-                      cost_->decide(inputs_).pace_s, pr.step_s * 1e3, pr.gpu_power_w));
+                      cost_options_.gpu_idle_w, per_block.c_str(), chosen.str().c_str(), chosen.pace_s,
+                      pr.step_s * 1e3, pr.gpu_power_w));
     }
     return;
   }
