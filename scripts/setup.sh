@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TORCH_VERSION=2.11.0
+TRANSFORMERS_VERSION=5.24.0  # the tests' reference (tests/io/hf_transformers_fixture.py)
 BUILD_DIR=${TANDEM_BUILD_DIR:-build}
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
@@ -45,6 +46,11 @@ else
   if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
     say "installing torch==$TORCH_VERSION into .venv (the LibTorch distribution; a few GB)"
     .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  fi
+  # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself.
+  if ! .venv/bin/python -c "import transformers, safetensors, pytest, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest)"
+    .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" safetensors pytest
   fi
   prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi
