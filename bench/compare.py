@@ -6,8 +6,9 @@ Each tandem RUN_DIR holds summary.json and model_config.json; each JSON is bench
 """
 import argparse
 import json
-import os
 import statistics
+
+from run_dir import read_model_config, read_summary, run_cli
 
 
 def main():
@@ -17,8 +18,8 @@ def main():
     a = ap.parse_args()
     rows = []
     for d in a.tandem:
-        s = json.load(open(os.path.join(d, "summary.json")))
-        c = json.load(open(os.path.join(d, "model_config.json")))
+        s = read_summary(d)
+        c = read_model_config(d)
         tokens = s["tokens_per_step"]
         L, dm, T = c["num_hidden_layers"], c["hidden_size"], s["seq_len"]
         flops = 6 * s["params"] * tokens + 12 * L * dm * T * tokens
@@ -37,4 +38,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -33,29 +33,21 @@ import statistics
 import subprocess
 import sys
 
+from run_dir import RunDirError, has_summary, read_metrics, read_summary, run_cli
+
 WORKLOAD_ORDER = ["1b-resident", "big-offload"]
 
 
 def tandem_result(run_dir, warmup):
     """Median over the steps after `warmup` of rank 0's metrics.jsonl (tokens/s global)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return {"error": "no metrics.jsonl"}
-    rows = []
-    for line in open(path):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if "step_time_s" in r and "loss" in r and "step" in r:
-            rows.append(r)
-    timed = [r for r in rows if r["step"] > warmup]
-    if not timed:
-        return {"error": f"{len(rows)} steps logged, none after the first {warmup}"}
-    summary = {}
-    spath = os.path.join(run_dir, "summary.json")
-    if os.path.exists(spath):
-        summary = json.load(open(spath))
+    try:
+        rows = read_metrics(run_dir).steps  # a line cut short by a kill is left out
+        timed = [r for r in rows if r["step"] > warmup]
+        if not timed:
+            return {"error": f"{len(rows)} steps logged, none after the first {warmup}"}
+        summary = read_summary(run_dir) if has_summary(run_dir) else {}
+    except RunDirError as e:
+        return {"error": e.reason}
     tokens = summary.get("tokens_per_step") or timed[-1].get("tokens") or \
         round(timed[-1]["tokens_per_s"] * timed[-1]["step_time_s"])
     med = statistics.median(r["step_time_s"] for r in timed)
@@ -295,4 +287,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -14,6 +14,8 @@ import os
 import statistics
 import sys
 
+from run_dir import RunDirError, read_metrics, run_cli
+
 
 def last_json(path):
     if not os.path.exists(path):
@@ -23,15 +25,13 @@ def last_json(path):
 
 
 def engine(run):
-    path = os.path.join(run, "metrics.jsonl")
-    if not os.path.exists(path):
+    try:
+        rows = read_metrics(run).steps
+    except RunDirError:
         return None
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    rows = [r for r in rows if "step_time_s" in r]
     late = [r for r in rows if r["step"] >= 5] or rows
     if not late:
         return None
-    s = json.load(open(os.path.join(run, "summary.json"))) if os.path.exists(os.path.join(run, "summary.json")) else {}
     step = statistics.median(r["step_time_s"] for r in late)
     return {
         "step_s": step,
@@ -83,4 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

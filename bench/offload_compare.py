@@ -7,16 +7,15 @@ Prints, per run: median tokens/s, step time, peak GPU memory, host peak, the off
 rollbacks, and the loss's largest relative difference from the reference over the common steps
 (how many steps differ by more than 1%, and the first that does), and the largest relative difference of 25-step means.
 """
-import json
-import os
 import sys
+
+from run_dir import read_metrics, read_summary, run_cli, run_name
 
 
 def load(run):
-    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
-    steps = {r["step"]: r for r in rows if "loss" in r and "tokens_per_s" in r}
-    summary = json.load(open(os.path.join(run, "summary.json")))
-    return steps, summary
+    """Step rows by step number (the last copy of a step a resumed run repeated) and the summary."""
+    steps = {r["step"]: r for r in read_metrics(run).steps}
+    return steps, read_summary(run)
 
 
 def main():
@@ -32,7 +31,7 @@ def main():
         windows = [common[i:i + 25] for i in range(0, len(common) - 24, 25)]
         wdiff = [abs(sum(steps[k]["loss"] for k in w) - sum(ref_steps[k]["loss"] for k in w)) /
                  sum(ref_steps[k]["loss"] for k in w) for w in windows]
-        print(f"| {os.path.basename(run.rstrip('/'))} | {s['median_tokens_per_s']:,.0f} | "
+        print(f"| {run_name(run)} | {s['median_tokens_per_s']:,.0f} | "
               f"{s['median_step_time_s'] * 1e3:.1f} | {s['peak_device_bytes'] / 2**30:.2f} | "
               f"{s['peak_host_bytes'] / 2**30:.2f} | {last.get('offload_gpu_blocks', '-')} | "
               f"{last.get('offload_rollbacks', '-')} | {max(diffs) * 100 if diffs else 0:.3f}% | "
@@ -41,4 +40,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

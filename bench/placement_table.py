@@ -9,14 +9,12 @@ its closed loop settling): tokens / summed step time, GPU joules / summed step t
 import json
 import sys
 
+from run_dir import has_summary, read_metrics, read_summary, run_cli
+
 
 def rows(run):
-    out = []
-    with open(run + "/metrics.jsonl") as f:
-        for line in f:
-            r = json.loads(line)
-            if "step_time_s" in r:
-                out.append(r)
+    """The last half of the run's step rows."""
+    out = read_metrics(run).steps
     return out[len(out) // 2:]
 
 
@@ -36,11 +34,8 @@ def figures(run):
     f["placement"] = last.get("placement", "")
     f["pace_s"] = last.get("placement_pace_s", 0.0)
     f["loss"] = last.get("loss")
-    try:
-        with open(run + "/summary.json") as s:
-            f["summary"] = json.load(s).get("placement", {})
-    except OSError:
-        pass
+    if has_summary(run):
+        f["summary"] = read_summary(run).get("placement", {})
     return f
 
 
@@ -75,4 +70,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

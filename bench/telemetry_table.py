@@ -8,16 +8,14 @@ joules per token (summary.json's telemetry), mean GPU power and utilisation over
 (metrics.jsonl). Last, the overhead: median step time with the sampler over without, each the
 median of its runs (the runs alternate on and off).
 """
-import json
-import os
 import statistics
 import sys
 
+from run_dir import read_metrics, read_summary, run_cli, run_name
+
 
 def load(run):
-    s = json.load(open(os.path.join(run, "summary.json")))
-    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
-    return s, [r for r in rows if "loss" in r]
+    return read_summary(run), read_metrics(run).steps
 
 
 def mean(rows, key):
@@ -39,7 +37,7 @@ def main():
             steps[kind].append(s["median_step_time_s"])
             def f(k, fmt):
                 return format(t[k], fmt) if k in t else "-"
-            print(f"| {os.path.basename(run.rstrip('/'))} | {kind} | {s['median_tokens_per_s']:,.0f} | "
+            print(f"| {run_name(run)} | {kind} | {s['median_tokens_per_s']:,.0f} | "
                   f"{s['median_step_time_s'] * 1e3:.1f} | {f('sampler_cpu_fraction', '.4%')} | "
                   f"{f('energy_gpu_j_per_token', '.4f')} | {f('energy_cpu_j_per_token', '.4f')} | "
                   f"{mean(rows, 'gpu_power_w'):.0f} | {mean(rows, 'gpu_util_pct'):.0f} |")
@@ -49,4 +47,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -5,15 +5,12 @@ window of steps), median tokens/s and peak device memory, and optionally an SVG 
     python3 bench/train_curves.py RUN_DIR [RUN_DIR ...] [--every 25] [--svg curves.svg]
 """
 import argparse
-import json
-import os
+
+from run_dir import read_metrics, read_summary, run_cli, run_name
 
 
 def load(run):
-    rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl")) if l.strip()]
-    steps = [r for r in rows if "loss" in r and "step" in r and "tokens_per_s" in r]
-    summary = json.load(open(os.path.join(run, "summary.json")))
-    return steps, summary
+    return read_metrics(run).steps, read_summary(run)
 
 
 def windows(steps, every):
@@ -60,7 +57,7 @@ def main():
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--svg")
     a = ap.parse_args()
-    data = [(os.path.basename(r.rstrip("/")), *load(r)) for r in a.runs]
+    data = [(run_name(r), *load(r)) for r in a.runs]
     curves = [(name, windows(steps, a.every)) for name, steps, _ in data]
     print("| run | params | tokens/s (median) | step ms | peak GPU GiB | final loss |")
     print("|---|---|---|---|---|---|")
@@ -79,4 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

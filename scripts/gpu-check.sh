@@ -233,21 +233,7 @@ done
 wait $live_pid; echo "live run exit $?, $polls captures while training"
 tail -2 "$OUT/live-1b.log"
 "$BUILD/tandem" report "$live" && cp "$live/report.html" "$OUT/report-1b.html"
-python3 - "$live" <<'PY'
-import glob, json, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-run = sys.argv[1]
-ea = EventAccumulator(run + "/tensorboard"); ea.Reload()
-tags = ea.Tags()["scalars"]
-loss = ea.Scalars("train/loss")
-print(f"tensorboard reader: {len(tags)} scalar tags, train/loss {len(loss)} points, last {loss[-1].value:.4f}")
-t = json.load(open(run + "/trace.json"))["traceEvents"]
-ph = {}
-for e in t: ph[e["ph"]] = ph.get(e["ph"], 0) + 1
-print("trace events by ph:", ph, "| counter tracks:", sorted({e["name"] for e in t if e["ph"] == "C"}))
-s = json.load(open(sys.argv[1] + "/../live-series.json"))
-print(f"captured mid-run: {len(s['rows'])} rows, {len(s['samples'])} samples, done={s['done']}")
-PY
+python3 bench/live_run_outputs.py "$live"
 fi
 
 if has resilience; then
@@ -263,17 +249,7 @@ for mode in true false; do
     --steps 40 --set train.eval_every=0 --set train.save_final=false --set train.checkpoint_every=20 \
     --set train.async_checkpoint=$mode --set train.progress=lines --set train.log_every=10 \
     --run-dir "$OUT/ckpt-$mode" >"$OUT/ckpt-$mode.log" 2>&1 || tail -3 "$OUT/ckpt-$mode.log"
-  python3 - "$OUT/ckpt-$mode" "$mode" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-steps = {r["step"]: r["step_time_s"] for r in rows if "loss" in r}
-ck = [r for r in rows if "checkpoint_blocking_s" in r or "checkpoint_write_s" in r]
-base = statistics.median(steps[s] for s in range(5, 21))
-after = statistics.median(steps[s] for s in range(21, 41))
-print(f"async={sys.argv[2]}: median step 5-20 {base*1e3:.1f} ms, 21-40 {after*1e3:.1f} ms (x{after/base:.3f}), "
-      f"step 21 {steps[21]*1e3:.1f} ms | " + "; ".join(
-      ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k.startswith("checkpoint_") and isinstance(v, float)) for r in ck))
-PY
+  python3 bench/checkpoint_cost.py "$OUT/ckpt-$mode" "$mode"
   du -sh "$OUT/ckpt-$mode/checkpoints" | cut -f1; rm -rf "$OUT/ckpt-$mode/checkpoints"
 done
 fi
