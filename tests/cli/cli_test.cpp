@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <vector>
 
 #include "../test_util.h"
 
@@ -99,6 +101,72 @@ TEST(Cli, ShortTrainRunWritesItsRunDirectory) {
   ASSERT_EQ(r2.code, 0) << r2.err;
   EXPECT_NE(r2.err.find("resumed from"), std::string::npos) << r2.err;
   EXPECT_TRUE(std::filesystem::exists(dir.file("run/checkpoints/step_00000005/trainer_state.json")));
+}
+
+// Each refusal comes before the model is built or a file is read, so none of these takes long.
+TEST(Cli, FlagsPassTheirKeysChecks) {
+  test::TempDir dir;
+  const std::string run = " --device cpu --run-dir " + dir.file("r");
+  expect_user_error("train --steps -5" + run, "train.steps must be >= 0");
+  expect_user_error("train --metrics-port -3" + run, "monitor.metrics_port");
+  expect_user_error("train --dashboard x" + run, "--dashboard");
+}
+
+TEST(Cli, AModelLargerThanTheHostIsRefusedUpFront) {
+  test::TempDir dir;
+  const std::string run = " --run-dir " + dir.file("r") + " --set offload.host_memory_gib=16";
+  // 13B without offload on the CPU: 16 bytes per parameter and activations, on a 16 GiB host.
+  expect_user_error("train -p 13B --device cpu" + run, "GiB of host memory");
+  expect_user_error("train -p 13B --device cpu --set offload.optimizer=cpu" + run, "GiB of host memory");
+  expect_user_error("train -p 13B --device cpu --set offload.optimizer=cpu --set optim.state_dtype=bf16" + run,
+                    "16.00 GiB is available");
+  // The tiny model with a huge micro-batch or width: refused by the estimate, not by an allocation.
+  expect_user_error("train --device cpu --set train.micro_batch=500000" + run, "lower train.micro_batch");
+  expect_user_error("train --device cpu --set model.d_model=1000000 --set model.n_head=4" + run, "GiB of host memory");
+  expect_user_error("train --device cpu --set model.d_model=100000000" + run, "model.d_model must be within");
+  expect_user_error("train --device cpu --set train.micro_batch=100000000" + run, "train.micro_batch must be within");
+  expect_user_error("inspect --set model.n_layer=1000000000000", "model.n_layer must be within");
+}
+
+TEST(Cli, DeepSpeedWithBothHalfPrecisionsIsRefused) {
+  test::TempDir dir;
+  std::ofstream(dir.file("ds.json")) << R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})";
+  expect_user_error("config --deepspeed " + dir.file("ds.json"), "both fp16 and bf16 are enabled");
+  std::ofstream(dir.file("ds0.json")) << R"({"gradient_accumulation_steps": 0, "train_batch_size": 8})";
+  expect_user_error("config --deepspeed " + dir.file("ds0.json"), "must be a positive integer");
+  std::ofstream(dir.file("ds1.json")) << R"({"scheduler": {"type": 3}})";
+  expect_user_error("config --deepspeed " + dir.file("ds1.json"), "'scheduler.type' must be a string");
+}
+
+// A header with llm.c's shape (version, a count that fits the size) under a wrong magic is refused
+// under data.format=auto, not read as raw tokens; a file of exactly T + 1 tokens is one window.
+TEST(Cli, TokenFilesAreReadAsWhatTheyAre) {
+  test::TempDir dir;
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 12345678;  // damaged magic
+    header[1] = 1;         // uint16 tokens
+    header[2] = 1000;
+    std::ofstream f(dir.file("bad.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    const std::vector<uint16_t> tokens(1000, 7);
+    f.write(reinterpret_cast<const char*>(tokens.data()), 2000);
+  }
+  expect_user_error("train --device cpu --set data.path=" + dir.file("bad.bin") + " --run-dir " + dir.file("r"),
+                    "not an llm.c magic");
+  {
+    std::vector<uint16_t> tokens(17);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i);
+    std::ofstream(dir.file("one.bin"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), 2 * static_cast<std::streamsize>(tokens.size()));
+  }
+  const Result r = run_cli(
+      "train --device cpu --steps 1 --set train.seq_len=16 --set train.micro_batch=1 "
+      "--set data.val_fraction=0 --set train.eval_every=0 --set monitor.enabled=false "
+      "--set data.path=" +
+      dir.file("one.bin") + " --run-dir " + dir.file("r1"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("nanoGPT uint16 (no llm.c header; data.format=auto)"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -25,9 +25,21 @@ namespace fs = std::filesystem;
 namespace tandem {
 namespace {
 
-std::vector<std::string> kTinyArgs = {"train", "-p", "tiny", "--device", "cpu", "--set", "train.micro_batch=8",
-                                      "--set", "train.seq_len=64", "--set", "train.eval_every=0", "--set",
-                                      "data.synthetic_bytes=200000", "--set", "train.progress=off"};
+std::vector<std::string> kTinyArgs = {"train",
+                                      "-p",
+                                      "tiny",
+                                      "--device",
+                                      "cpu",
+                                      "--set",
+                                      "train.micro_batch=8",
+                                      "--set",
+                                      "train.seq_len=64",
+                                      "--set",
+                                      "train.eval_every=0",
+                                      "--set",
+                                      "data.synthetic_bytes=200000",
+                                      "--set",
+                                      "train.progress=off"};
 
 /// Starts the CLI with these arguments (and env); returns its pid.
 pid_t spawn(std::vector<std::string> args, const std::vector<std::string>& env = {}) {
@@ -67,7 +79,8 @@ size_t metric_rows(const std::string& path) {
 }
 
 double final_loss(const std::string& run_dir) {
-  return nlohmann::json::parse(test::read_text((fs::path(run_dir) / "summary.json").string()))["final_loss"].get<double>();
+  return nlohmann::json::parse(test::read_text((fs::path(run_dir) / "summary.json").string()))["final_loss"]
+      .get<double>();
 }
 
 TEST(Resilience, ACorruptedByteInAWeightFileIsFoundAndPassedOver) {
@@ -135,7 +148,31 @@ TEST(Resilience, AFullDiskFailsOneCheckpointKeepsTheEarlierAndTrainingGoesOn) {
     for (const auto& e : fs::directory_iterator(mnt.file("run/checkpoints")))
       EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
     EXPECT_NE(test::read_text(mnt.file("run/metrics.jsonl")).find("checkpoint_failed"), std::string::npos);
+    EXPECT_TRUE(s.unsaved) << "the final checkpoint (step 6) did not fit";
   }
+  umount(mnt.path().c_str());
+}
+
+// A run whose every checkpoint fails ends loudly: one line naming the failure, a non-zero exit,
+// and summary.json saying so.
+TEST(Resilience, ARunThatSavedNothingExitsNonZero) {
+  test::TempDir mnt, log;
+  // A 2 MiB tmpfs: the run directory's small files fit, no checkpoint of the tiny model (10 MB) does.
+  if (mount("tmpfs", mnt.path().c_str(), "tmpfs", 0, "size=2m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+  const std::string cmd = "OMP_NUM_THREADS=1 " + test::cli_path() +
+                          " train -p tiny --device cpu --steps 2 --set train.seq_len=32 --set train.eval_every=0 "
+                          "--set data.synthetic_bytes=20000 --set monitor.enabled=false --run-dir " +
+                          mnt.file("run") + " 2>" + log.file("err");
+  const int status = std::system(cmd.c_str());
+  const std::string err = test::read_text(log.file("err"));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << err;
+  EXPECT_NE(err.find("tandem: error: the run ended at step 2 but its checkpoint could not be written"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("nothing of this run is saved"), std::string::npos) << err;
+  const auto summary = nlohmann::json::parse(test::read_text(mnt.file("run/summary.json")));
+  EXPECT_TRUE(summary["unsaved"].get<bool>());
   umount(mnt.path().c_str());
 }
 

@@ -19,6 +19,7 @@
 #include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
+#include "tandem/dist/comm.h"
 #include "tandem/dist/launcher.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
@@ -39,9 +40,8 @@ struct ConfigArgs {
   std::vector<std::string> config_files;
   std::string deepspeed;
   std::vector<std::string> sets;
-  std::string preset, device, init_from, run_dir;
-  int64_t steps = -1;
-  int64_t metrics_port = -1, dashboard_port = -1;
+  // Every flag is kept as its text and set through its key, so it passes the key's own checks.
+  std::string preset, device, init_from, run_dir, steps, metrics_port, dashboard_port;
   bool tensorboard = false;
 
   void add_to(CLI::App* app, bool training) {
@@ -78,11 +78,10 @@ struct ConfigArgs {
     if (!preset.empty()) set_config_key(cfg, "model.preset", preset, "--preset");
     if (!device.empty()) set_config_key(cfg, "train.device", device, "--device");
     if (!init_from.empty()) set_config_key(cfg, "model.init_from", init_from, "--init-from");
-    if (steps >= 0) set_config_key(cfg, "train.steps", std::to_string(steps), "--steps");
+    if (!steps.empty()) set_config_key(cfg, "train.steps", steps, "--steps");
     if (!run_dir.empty()) set_config_key(cfg, "train.run_dir", run_dir, "--run-dir");
-    if (metrics_port >= 0) set_config_key(cfg, "monitor.metrics_port", std::to_string(metrics_port), "--metrics-port");
-    if (dashboard_port >= 0)
-      set_config_key(cfg, "monitor.dashboard_port", std::to_string(dashboard_port), "--dashboard");
+    if (!metrics_port.empty()) set_config_key(cfg, "monitor.metrics_port", metrics_port, "--metrics-port");
+    if (!dashboard_port.empty()) set_config_key(cfg, "monitor.dashboard_port", dashboard_port, "--dashboard");
     if (tensorboard) set_config_key(cfg, "monitor.tensorboard", "true", "--tensorboard");
     for (const auto& s : sets) apply_override(cfg, s);
     validate_config(cfg);
@@ -292,9 +291,10 @@ int main(int argc, char** argv) {
   std::string resume;
   auto* train_cmd = app.add_subcommand("train", "train a model (no options: the embedded default job)");
   train_args.add_to(train_cmd, true);
-  train_cmd->add_option("--resume", resume,
-                        "continue from a checkpoint directory, a run directory's newest intact checkpoint, or auto (the "
-                        "--run-dir's newest intact one; a fresh start when there is none)");
+  train_cmd->add_option(
+      "--resume", resume,
+      "continue from a checkpoint directory, a run directory's newest intact checkpoint, or auto (the "
+      "--run-dir's newest intact one; a fresh start when there is none)");
 
   LaunchOptions launch_opts;
   std::string nproc = "1";
@@ -344,10 +344,10 @@ int main(int argc, char** argv) {
 
   std::string view_dir, view_bind = "127.0.0.1", view_chartjs;
   int view_port = 8080;
-  auto* dashboard_cmd =
-      app.add_subcommand("dashboard", "serve the dashboard for a run directory (finished, or written by another process)");
+  auto* dashboard_cmd = app.add_subcommand(
+      "dashboard", "serve the dashboard for a run directory (finished, or written by another process)");
   dashboard_cmd->add_option("run_dir", view_dir, "run directory")->required();
-  dashboard_cmd->add_option("--port", view_port, "port (default 8080)");
+  dashboard_cmd->add_option("--port", view_port, "port (default 8080)")->check(CLI::Range(1, 65535));
   dashboard_cmd->add_option("--bind", view_bind, "address to listen on (default 127.0.0.1: this machine only)");
   dashboard_cmd->add_option("--chartjs", view_chartjs, "Chart.js file to serve (default Debian's libjs-chart.js)");
 
@@ -361,8 +361,10 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   bench_optim->add_option("--repeats", bench_opts.repeats, "timed steps per variant (median reported)");
   bench_optim->add_option("--warmup", bench_opts.warmup, "untimed steps first");
-  bench_optim->add_option("--threads", bench_opts.threads,
-                          "threads (default: TANDEM_CPU_THREADS, OMP_NUM_THREADS or all cores)");
+  bench_optim
+      ->add_option("--threads", bench_opts.threads,
+                   "threads (default: TANDEM_CPU_THREADS, OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
   bench_optim->add_flag("--pin", bench_opts.pin, "pin kernel threads to cores");
   bench_optim->add_option("--isa", bench_opts.isas, "also time the fp32 variant at these levels: scalar avx2 avx512")
       ->delimiter(',');
@@ -370,16 +372,21 @@ int main(int argc, char** argv) {
 
   BkCoreBenchOptions bk_opts;
   auto* bench_step = bench_cmd->add_subcommand(
-      "step", "forward+backward alone, weights and gradients resident on the device, no optimizer: the GPU-only "
-              "bound of a training step (same model and batch keys as train)");
+      "step",
+      "forward+backward alone, weights and gradients resident on the device, no optimizer: the GPU-only "
+      "bound of a training step (same model and batch keys as train)");
   step_args.add_to(bench_step, true);
   std::string step_json, step_model_json;
   bench_step->add_option("--json", step_json, "append one JSON object with the result to this file");
   bench_step->add_option("--model-json", step_model_json, "write the model's HF config.json here (for peers)");
   auto* bench_bk = bench_cmd->add_subcommand(
       "bk_core", "BK-core kernels vs the same sweeps in LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor");
-  bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")->delimiter(',');
-  bench_bk->add_option("--n", bk_opts.lengths, "sequence lengths (default 1024,4096,65536,1000000)")->delimiter(',');
+  bench_bk->add_option("--batch", bk_opts.batches, "batch sizes (default 1,32,256)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  bench_bk->add_option("--n", bk_opts.lengths, "sequence lengths (default 1024,4096,65536,1000000)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   bench_bk->add_option("--device", bk_opts.device, "auto | cpu | cuda");
   bench_bk->add_option("--repeats", bk_opts.repeats, "timed calls per measurement (median reported)");
   bench_bk->add_option("--ops-max", bk_opts.ops_max_elements, "run the LibTorch-ops baseline where B*N <= this");
@@ -412,7 +419,8 @@ int main(int argc, char** argv) {
         std::vector<std::string> skipped;
         resume_dir = newest_intact_checkpoint(plain.train.run_dir, &skipped);
         for (const auto& s : skipped) log::warn("--resume auto: passing over damaged checkpoint " + s);
-        if (resume_dir.empty()) log::info("--resume auto: no intact checkpoint in " + plain.train.run_dir + "; starting at step 0");
+        if (resume_dir.empty())
+          log::info("--resume auto: no intact checkpoint in " + plain.train.run_dir + "; starting at step 0");
       } else if (!resume.empty()) {
         resume_dir = resolve_checkpoint_dir(resume);
       }
@@ -420,7 +428,17 @@ int main(int argc, char** argv) {
       install_stop_handlers();
       TrainOptions opts;
       opts.resume = resume_dir;
-      train(cfg, opts);
+      const TrainSummary summary = train(cfg, opts);
+      if (summary.unsaved) {
+        std::fprintf(stderr,
+                     "tandem: error: the run ended at step %lld but its checkpoint could not be written (%s); %s; "
+                     "free space or fix the permissions of %s/checkpoints and resume\n",
+                     static_cast<long long>(summary.final_step), summary.checkpoint_error.c_str(),
+                     summary.last_checkpoint.empty() ? "nothing of this run is saved"
+                                                     : ("the newest saved one is " + summary.last_checkpoint).c_str(),
+                     summary.run_dir.c_str());
+        return 1;
+      }
       return 0;
     }
     if (*launch_cmd) {
@@ -460,6 +478,9 @@ int main(int argc, char** argv) {
   } catch (const UserError& e) {
     std::fprintf(stderr, "tandem: error: %s\n", one_line(e.what()).c_str());
     return 2;
+  } catch (const PeerLostError& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", one_line(e.what()).c_str());
+    return kExitPeerLost;
   } catch (const c10::OutOfMemoryError& e) {
     std::fprintf(stderr, "tandem: error: out of memory: %s; lower train.micro_batch or set model.checkpointing=true\n",
                  one_line(e.what_without_backtrace()).c_str());

@@ -495,16 +495,26 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
     TANDEM_CHECK(v.is_object(), origin, ": '", key, "' must be an object, got ", v.dump());
     return v;
   };
+  const auto str = [&](const json& v, const std::string& key) -> std::string {
+    TANDEM_CHECK(v.is_string(), origin, ": '", key, "' must be a string, got ", v.dump());
+    return v.get<std::string>();
+  };
+  const auto positive = [&](const json& v, const std::string& key) -> int64_t {
+    const int64_t n = integer(v, key);
+    TANDEM_CHECK(n > 0, origin, ": '", key, "' must be a positive integer, got ", n);
+    return n;
+  };
 
   std::optional<int64_t> micro, accum, global, zero_stage;
+  bool half_enabled = false;  // fp16 or bf16 enabled: the two exclude each other
   for (const auto& [key, v] : root.items()) {
     if (is_auto(v)) continue;  // HF Trainer placeholders: keep tandem's own value
     if (key == "train_micro_batch_size_per_gpu") {
-      micro = integer(v, key);
+      micro = positive(v, key);
     } else if (key == "gradient_accumulation_steps") {
-      accum = integer(v, key);
+      accum = positive(v, key);
     } else if (key == "train_batch_size") {
-      global = integer(v, key);
+      global = positive(v, key);
     } else if (key == "gradient_clipping") {
       cfg.train.grad_clip = num(v, key);
     } else if (key == "steps_per_print") {
@@ -513,9 +523,9 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
       const json& o = object(v, key);
       for (const auto& [k, x] : o.items()) {
         if (k == "type") {
-          const std::string t = to_lower(x.get<std::string>());
+          const std::string name = str(x, "optimizer.type"), t = to_lower(name);
           TANDEM_CHECK(t == "adam" || t == "adamw" || t == "cpuadam" || t == "fusedadam", origin, ": optimizer type '",
-                       x.get<std::string>(), "' is not supported; use Adam or AdamW");
+                       name, "' is not supported; use Adam or AdamW");
           cfg.optim.type = "adamw";  // DeepSpeed's Adam is AdamW unless adam_w_mode is false
         } else if (k == "params") {
           for (const auto& [p, y] : object(x, "optimizer.params").items()) {
@@ -543,8 +553,8 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
     } else if (key == "scheduler") {
       const json& s = object(v, key);
       TANDEM_CHECK(s.contains("type"), origin, ": 'scheduler' needs a 'type'");
-      const std::string type = s["type"].get<std::string>();
-      const json params = s.value("params", json::object());
+      const std::string type = str(s["type"], "scheduler.type");
+      const json params = s.contains("params") ? object(s["params"], "scheduler.params") : json::object();
       if (type == "WarmupLR" || type == "WarmupDecayLR") {
         cfg.optim.schedule = type == "WarmupLR" ? LrSchedule::kConstant : LrSchedule::kLinear;
         if (type == "WarmupDecayLR") cfg.optim.min_lr_ratio = 0.0;
@@ -585,7 +595,11 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
     } else if (key == "bf16" || key == "fp16") {
       const json& o = object(v, key);
       const bool enabled = o.contains("enabled") && !is_auto(o["enabled"]) && boolean(o["enabled"], key + ".enabled");
-      if (enabled) cfg.train.precision = key == "bf16" ? Precision::kBf16 : Precision::kFp16;
+      if (enabled) {
+        TANDEM_CHECK(!half_enabled, origin, ": both fp16 and bf16 are enabled; enable one (bf16 on GPUs that have it)");
+        half_enabled = true;
+        cfg.train.precision = key == "bf16" ? Precision::kBf16 : Precision::kFp16;
+      }
       for (const auto& [k, x] : o.items()) {
         if (k == "enabled" || is_auto(x)) continue;
         if (key == "fp16" && k == "loss_scale") {
@@ -607,7 +621,7 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
         if (k == "offload_optimizer") {
           for (const auto& [p, y] : object(x, "zero_optimization.offload_optimizer").items()) {
             if (p == "device") {
-              const std::string d = to_lower(y.get<std::string>());
+              const std::string d = to_lower(str(y, "zero_optimization.offload_optimizer.device"));
               TANDEM_CHECK(d == "cpu" || d == "none", origin, ": zero_optimization.offload_optimizer.device '", d,
                            "' is not supported; use cpu or none");
               cfg.offload.optimizer = d == "cpu" ? OffloadTarget::kCpu : OffloadTarget::kNone;
@@ -791,9 +805,17 @@ void validate_config(const Config& c) {
   TANDEM_CHECK(c.offload.host_memory_fraction > 0 && c.offload.host_memory_fraction <= 1,
                "offload.host_memory_fraction must be in (0, 1], got ", c.offload.host_memory_fraction);
   TANDEM_CHECK(c.train.steps >= 0, "train.steps must be >= 0, got ", c.train.steps);
+  // Upper bounds far beyond any run keep the sizes computed from them within int64 (the memory
+  // estimate refuses what does not fit the machine, with the numbers).
+  constexpr int64_t kMaxRows = int64_t{1} << 20, kMaxTokens = int64_t{1} << 24;
   TANDEM_CHECK(c.train.micro_batch > 0, "train.micro_batch must be > 0, got ", c.train.micro_batch);
+  TANDEM_CHECK(c.train.micro_batch <= kMaxRows, "train.micro_batch must be within 1 .. ", kMaxRows, ", got ",
+               c.train.micro_batch);
   TANDEM_CHECK(c.train.grad_accum > 0, "train.grad_accum must be > 0, got ", c.train.grad_accum);
-  TANDEM_CHECK(c.train.seq_len >= 0, "train.seq_len must be >= 0 (0 = model.max_seq_len), got ", c.train.seq_len);
+  TANDEM_CHECK(c.train.grad_accum <= kMaxRows, "train.grad_accum must be within 1 .. ", kMaxRows, ", got ",
+               c.train.grad_accum);
+  TANDEM_CHECK(c.train.seq_len >= 0 && c.train.seq_len <= kMaxTokens, "train.seq_len must be within 0 .. ", kMaxTokens,
+               " (0 = model.max_seq_len), got ", c.train.seq_len);
   TANDEM_CHECK(c.train.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables), got ", c.train.grad_clip);
   TANDEM_CHECK(c.train.log_every > 0, "train.log_every must be > 0, got ", c.train.log_every);
   TANDEM_CHECK(c.train.eval_every >= 0, "train.eval_every must be >= 0, got ", c.train.eval_every);
@@ -821,7 +843,8 @@ void validate_config(const Config& c) {
                c.optim.dampening);
   TANDEM_CHECK(!c.optim.nesterov || (c.optim.momentum > 0 && c.optim.dampening == 0),
                "optim.nesterov needs optim.momentum > 0 and optim.dampening = 0");
-  TANDEM_CHECK(c.optim.cpu_threads >= 0, "optim.cpu_threads must be >= 0 (0 = automatic), got ", c.optim.cpu_threads);
+  TANDEM_CHECK(c.optim.cpu_threads >= 0 && c.optim.cpu_threads <= 4096,
+               "optim.cpu_threads must be within 0 .. 4096 (0 = automatic), got ", c.optim.cpu_threads);
   const auto& isa = c.optim.cpu_isa;
   TANDEM_CHECK(isa == "auto" || isa == "scalar" || isa == "avx2" || isa == "avx512" || isa == "avx512bf16",
                "optim.cpu_isa must be auto, scalar, avx2, avx512 or avx512bf16; got '", isa, "'");
@@ -835,8 +858,11 @@ void validate_config(const Config& c) {
                c.optim.min_lr_ratio);
   TANDEM_CHECK(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction must be in [0, 1), got ",
                c.data.val_fraction);
-  TANDEM_CHECK(c.data.prefetch >= 1, "data.prefetch must be >= 1, got ", c.data.prefetch);
-  TANDEM_CHECK(c.data.synthetic_bytes >= 4096, "data.synthetic_bytes must be >= 4096, got ", c.data.synthetic_bytes);
+  TANDEM_CHECK(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch must be within 1 .. 64, got ",
+               c.data.prefetch);
+  TANDEM_CHECK(c.data.synthetic_bytes >= 4096 && c.data.synthetic_bytes <= (int64_t{1} << 34),
+               "data.synthetic_bytes must be within 4096 .. 16 GiB (for more text, give data.path), got ",
+               c.data.synthetic_bytes);
   TANDEM_CHECK(c.scaler.init_scale > 0, "scaler.init_scale must be > 0");
   TANDEM_CHECK(c.scaler.growth_factor > 1, "scaler.growth_factor must be > 1");
   TANDEM_CHECK(c.scaler.backoff_factor > 0 && c.scaler.backoff_factor < 1, "scaler.backoff_factor must be in (0, 1)");

@@ -38,7 +38,8 @@ BatchLoader::BatchLoader(TokenBuffer tokens, int64_t batch, int64_t seq_len, uin
       vocab_limit_(vocab_limit),
       split_(std::move(split_name)),
       pin_(device.is_cuda()) {
-  TANDEM_CHECK(tokens_.size() >= seq_len_ + 2, "the ", split_, " split has ", tokens_.size(),
+  // One window is T + 1 tokens (the inputs and, shifted by one, the targets).
+  TANDEM_CHECK(tokens_.size() >= seq_len_ + 1, "the ", split_, " split has ", tokens_.size(),
                " tokens, too few for one sequence of train.seq_len=", seq_len_,
                "; use more data or a shorter train.seq_len");
   thread_ = std::thread([this] { worker(); });

@@ -45,6 +45,15 @@ std::string extension(const std::string& path) {
 
 bool looks_like_llmc_magic(int32_t v) { return v >= 20240000 && v <= 20249999; }
 
+// Whether the first 1024 bytes have the rest of an llm.c header's shape: version 1 or 2, and a
+// token count that, at that version's token size, accounts for the file's size exactly. A raw
+// uint16 file matches this only by a coincidence of three numbers.
+bool looks_like_llmc_header(const int32_t* header, int64_t file_bytes) {
+  if (header[1] != kLlmcVersionU16 && header[1] != kLlmcVersionU32) return false;
+  const int64_t bpt = header[1] == kLlmcVersionU16 ? 2 : 4;
+  return header[2] > 0 && kLlmcHeaderBytes + int64_t{header[2]} * bpt == file_bytes;
+}
+
 }  // namespace
 
 TokenBuffer TokenBuffer::from_tokens(std::vector<uint16_t> tokens, std::string description) {
@@ -69,16 +78,25 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
   const int64_t file_bytes = st.st_size;
 
   // Read the first int32 to recognise llm.c files.
+  bool guessed = false;  // data.format=auto chose the format
   int32_t first = 0;
   const bool has_first = file_bytes >= 4 && ::pread(fd, &first, 4, 0) == 4;
   if (format == TokenFormat::kAuto) {
+    // Note [Token file detection]: an llm.c magic (even in a file too short for its header) or a
+    // header whose version and token count fit the file is read as llm.c, where a wrong magic,
+    // version or size is refused; other .bin/.u16/.tok files are raw nanoGPT tokens, the rest text.
+    // The guess is part of the description the trainer logs.
     const std::string ext = extension(path);
-    if (has_first && file_bytes >= kLlmcHeaderBytes && looks_like_llmc_magic(first))
+    int32_t header[256] = {};
+    const bool has_header =
+        file_bytes >= kLlmcHeaderBytes && ::pread(fd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+    if ((has_first && looks_like_llmc_magic(first)) || (has_header && looks_like_llmc_header(header, file_bytes)))
       format = TokenFormat::kLlmc;
     else if (ext == "bin" || ext == "u16" || ext == "tok")
       format = TokenFormat::kNanoGpt;
     else
       format = TokenFormat::kText;
+    guessed = true;
   }
 
   if (format == TokenFormat::kText) {
@@ -88,8 +106,8 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
     ss << in.rdbuf();
     const std::string text = ss.str();
     TANDEM_CHECK(!text.empty(), "text file '", path, "' is empty; give a file with training text");
-    return from_tokens(byte_tokenize(text),
-                       "text (byte-level), " + format_count(double(text.size())) + " tokens from " + path);
+    return from_tokens(byte_tokenize(text), "text (byte-level" + std::string(guessed ? ", by data.format=auto" : "") +
+                                                "), " + format_count(double(text.size())) + " tokens from " + path);
   }
 
   int64_t header_bytes = 0, count = 0;
@@ -143,7 +161,7 @@ TokenBuffer TokenBuffer::open(const std::string& path, TokenFormat format) {
                   file_bytes % 2 ? " (it is probably truncated)" : "");
     }
     count = file_bytes / 2;
-    kind = "nanoGPT uint16";
+    kind = guessed ? "nanoGPT uint16 (no llm.c header; data.format=auto)" : "nanoGPT uint16";
   }
 
   void* map = mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, fd, 0);

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -139,8 +140,8 @@ void Comm::heartbeat_loop() {
         }
       }
     } catch (const std::exception& e) {
-      why = strprintf("the rendezvous store at %s:%d stopped answering (%s): rank 0 is gone", info_.master_addr.c_str(),
-                      info_.master_port, one_line(e.what()).c_str());
+      why = strprintf("rank 0 stopped (the rendezvous store it serves at %s:%d stopped answering: %s)",
+                      info_.master_addr.c_str(), info_.master_port, one_line(e.what()).substr(0, 120).c_str());
     }
     if (why.empty()) continue;
     lost = true;
@@ -148,12 +149,32 @@ void Comm::heartbeat_loop() {
     if (options_.on_peer_lost) {
       options_.on_peer_lost(why);
     } else {
-      log::error(
-          strprintf("rank %d: %s; stopping (exit %d) so the launcher restarts the run from the newest "
-                    "checkpoint",
-                    info_.rank, why.c_str(), kExitPeerLost));
+      log::error(strprintf("rank %d: %s; stopping (exit %d): %s", info_.rank, why.c_str(), kExitPeerLost,
+                           how_the_run_continues(info_, "").c_str()));
       std::_Exit(kExitPeerLost);
     }
+  }
+}
+
+int Comm::find_lost_rank() {
+  if (options_.heartbeat_s <= 0 || info_.world_size < 2) return -1;
+  try {
+    const auto counters = [&] {
+      std::vector<int64_t> v(static_cast<size_t>(info_.world_size), 0);
+      for (int r = 0; r < info_.world_size; ++r) {
+        const std::string key = "hb/" + std::to_string(r);
+        if (store_->check({key})) v[static_cast<size_t>(r)] = store_->add(key, 0);
+      }
+      return v;
+    };
+    const auto before = counters();
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.5, 2.5 * options_.heartbeat_s)));
+    const auto after = counters();
+    for (int r = 0; r < info_.world_size; ++r)
+      if (r != info_.rank && before[static_cast<size_t>(r)] == after[static_cast<size_t>(r)]) return r;
+    return -1;
+  } catch (const std::exception&) {
+    return 0;  // the store is rank 0's
   }
 }
 

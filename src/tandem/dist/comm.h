@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,13 @@ struct CommOptions {
 /// Exit code of a process whose peer was lost: the launcher restarts the run.
 inline constexpr int kExitPeerLost = 75;
 
+/// A collective failed because another rank of the run stopped (died, was killed, or left); the
+/// message names the rank and how the run continues. The CLI exits with kExitPeerLost.
+class PeerLostError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// The communication context of a multi-process run.
 class Comm {
  public:
@@ -53,8 +61,6 @@ class Comm {
   /// step loop's, lane 1 the CPU updater thread's: each group sees its collectives in one order on
   /// every rank, whichever thread runs first (Note [Process groups]).
   c10d::Backend& device_group(int lane);
-  /// Gloo over CPU tensors, for the step loop's small host-side agreements.
-  c10d::Backend& host_group() { return *host_; }
 
   /// Every rank publishes `value`; when the ranks disagree each throws UserError naming `what`, the
   /// values per rank and `fix`.
@@ -71,6 +77,10 @@ class Comm {
   void barrier();
   /// Ends this rank's heartbeat (the end of a run: rank 0, which serves the store, may leave first).
   void stop_heartbeat();
+  /// After a failed collective: the rank whose heartbeat stopped over about two heartbeat periods,
+  /// 0 when the store (served by rank 0) no longer answers, -1 when every rank still beats or there
+  /// is no heartbeat (Note [Heartbeat]).
+  int find_lost_rank();
 
  private:
   void heartbeat_loop();

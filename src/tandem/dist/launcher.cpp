@@ -634,6 +634,9 @@ int launch(const LaunchOptions& o) {
     if (end.code == 0 || end.stopped_by_signal) return end.code;
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0) log_line("all %d restarts used; exiting with code %d", o.max_restarts, end.code);
+      log_line(
+          "to continue from the newest checkpoint, run the same command with --resume auto --run-dir DIR after "
+          "`tandem train` (and --max-restarts N to restart by itself)");
       return end.code;
     }
     for (int slot : end.failed_slots) {

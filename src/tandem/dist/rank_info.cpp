@@ -91,6 +91,7 @@ RankInfo discover_rank(const EnvLookup& lookup) {
   if (const auto a = env("MASTER_ADDR"); a && !a->empty()) r.master_addr = *a;
   r.master_port = to_int(env, "MASTER_PORT", r.master_port, false);
   r.restart_count = to_int(env, "TORCHELASTIC_RESTART_COUNT", 0, false);
+  r.max_restarts = to_int(env, "TORCHELASTIC_MAX_RESTARTS", -1, false);
   r.device_index = to_int(env, "TANDEM_DEVICE_INDEX", -1, false);
   TANDEM_CHECK(r.world_size >= 1 && r.rank < r.world_size, r.source, ": rank ", r.rank, " is not below the world size ",
                r.world_size, "; every process of a run must see the same world size");
@@ -99,6 +100,13 @@ RankInfo discover_rank(const EnvLookup& lookup) {
   TANDEM_CHECK(r.master_port > 0 && r.master_port < 65536, "MASTER_PORT=", r.master_port,
                " is not a TCP port; choose one in 1024..65535");
   return r;
+}
+
+std::string how_the_run_continues(const RankInfo& ranks, const std::string& run_dir) {
+  if (ranks.restart_left()) return "the launcher restarts the run from the newest checkpoint";
+  return "continue from the newest checkpoint with --resume auto --run-dir " +
+         (run_dir.empty() ? std::string("<the run directory>") : run_dir) +
+         " (tandem launch --max-restarts N restarts by itself)";
 }
 
 }  // namespace tandem

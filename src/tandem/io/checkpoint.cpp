@@ -39,12 +39,6 @@ namespace {
 constexpr const char* kStateFile = "trainer_state.json";
 constexpr int kFormatVersion = 2;  // 1: sizes only (still read)
 
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
-  return buf;
-}
-
 torch::Tensor bytes_tensor(const std::string& s) {
   auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
   std::memcpy(t.data_ptr(), s.data(), s.size());
@@ -57,6 +51,12 @@ std::string tensor_bytes(const torch::Tensor& t) {
 }
 
 }  // namespace
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
 
 CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
                                             const Config& config, int device_index, bool copy) {
@@ -73,7 +73,8 @@ CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, 
     cpu_state = gen.get_state();
   }
   s.rng = {{"cpu", cpu_state}};
-  if (device_index >= 0 && accelerator()) s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
+  if (device_index >= 0 && accelerator())
+    s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
   s.hf_config = hf_config_json(model.spec());
   s.tandem_yaml = config_to_yaml(config);
   s.state = state;
@@ -124,7 +125,8 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
     if (snap.zero_world > 0) j["zero_world"] = snap.zero_world;
     nlohmann::json files = nlohmann::json::object();
     for (const auto& e : fs::directory_iterator(tmp_dir))
-      files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())}, {"sha256", sha256_file(e.path().string())}};
+      files[e.path().filename().string()] = {{"bytes", fs::file_size(e.path())},
+                                             {"sha256", sha256_file(e.path().string())}};
     j["files"] = files;
     write_file_synced((tmp_dir / kStateFile).string(), j.dump(2) + "\n");
     fsync_directory(tmp_dir.string());
@@ -163,7 +165,8 @@ std::string zero_staging_dir(const std::string& parent, int64_t step) {
 int checkpoint_zero_world(const std::string& dir) {
   const auto j =
       nlohmann::json::parse(read_file((fs::path(dir) / kStateFile).string(), "checkpoint state"), nullptr, false);
-  return j.is_object() ? j.value("zero_world", 0) : 0;
+  return j.is_object() && j.contains("zero_world") && j["zero_world"].is_number_integer() ? j["zero_world"].get<int>()
+                                                                                          : 0;
 }
 
 ZeroShards::ZeroShards(const std::string& dir) {
@@ -179,8 +182,12 @@ ZeroShards::ZeroShards(const std::string& dir) {
     TANDEM_CHECK(j.is_object() && j.contains("blocks"), files_.back()->path(), ": malformed tandem_zero metadata");
     std::map<std::string, Piece> pieces;
     for (const auto& [name, v] : j["blocks"].items()) {
-      pieces[name] = {v.at(1).get<int64_t>(), v.at(2).get<int64_t>()};
-      numel_[name] = v.at(0).get<int64_t>();
+      const bool ok = v.is_array() && v.size() == 3 && v[0].is_number_integer() && v[1].is_number_integer() &&
+                      v[2].is_number_integer();
+      TANDEM_CHECK(ok, files_.back()->path(), ": malformed tandem_zero metadata for block '", name,
+                   "' (expected [numel, offset, count]); the checkpoint is damaged, resume from an earlier one");
+      pieces[name] = {v[1].get<int64_t>(), v[2].get<int64_t>()};
+      numel_[name] = v[0].get<int64_t>();
     }
     layout_.push_back(std::move(pieces));
   }
@@ -263,7 +270,22 @@ void load_checkpoint_config(Config& cfg, const std::string& dir) {
   load_yaml_config_text(cfg, read_file(p, "checkpoint config"), p);
 }
 
+namespace {
+std::string verify_checkpoint_files(const std::string& dir);
+}  // namespace
+
 std::string verify_checkpoint(const std::string& dir) {
+  try {
+    return verify_checkpoint_files(dir);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    return std::string(kStateFile) + " is malformed (" + e.what() + ")";
+  }
+}
+
+namespace {
+
+// verify_checkpoint's checks; a json exception from a mistyped field is its caller's to report.
+std::string verify_checkpoint_files(const std::string& dir) {
   const fs::path d(dir);
   const fs::path state_path = d / kStateFile;
   std::error_code ec;
@@ -294,6 +316,8 @@ std::string verify_checkpoint(const std::string& dir) {
   }
   return "";
 }
+
+}  // namespace
 
 std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std::string>* skipped) {
   auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
@@ -352,12 +376,19 @@ TrainerState load_checkpoint_state(const std::string& dir, int device_index) {
       accelerator()->set_rng_state(device_index, tensor_bytes(rng.tensor("cuda")));
   }
   TrainerState s;
-  s.step = j.at("step").get<int64_t>();
-  s.data_position = j.at("data_position").get<int64_t>();
-  s.tokens_seen = j.value("tokens_seen", int64_t{0});
-  s.loss_scale = j.value("loss_scale", 1.0);
-  s.growth_tracker = j.value("growth_tracker", int64_t{0});
-  s.config_hash = j.value("config_hash", std::string());
+  try {
+    s.step = j.at("step").get<int64_t>();
+    s.data_position = j.at("data_position").get<int64_t>();
+    s.tokens_seen = j.value("tokens_seen", int64_t{0});
+    s.loss_scale = j.value("loss_scale", 1.0);
+    s.growth_tracker = j.value("growth_tracker", int64_t{0});
+    s.config_hash = j.value("config_hash", std::string());
+  } catch (const nlohmann::json::exception& e) {  // a field missing or of the wrong type
+    TANDEM_FAIL("checkpoint ", dir, ": ", kStateFile, " is malformed (", e.what(),
+                "); resume from an earlier one (--resume auto takes the newest intact checkpoint)");
+  }
+  TANDEM_CHECK(s.step >= 0 && s.data_position >= 0, "checkpoint ", dir, ": ", kStateFile,
+               " has a negative step or data position; resume from an earlier one");
   return s;
 }
 

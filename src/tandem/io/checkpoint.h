@@ -98,6 +98,9 @@ std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std
 /// A checkpoint directory itself, or the newest complete checkpoint under a run directory.
 std::string resolve_checkpoint_dir(const std::string& path);
 
+/// The directory name of the checkpoint at `step`: step_XXXXXXXX.
+std::string step_name(int64_t step);
+
 /// The tandem config stored in a checkpoint (tandem.yaml), applied onto cfg.
 void load_checkpoint_config(Config& cfg, const std::string& checkpoint_dir);
 

@@ -10,31 +10,42 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::rows() const {
           {"logits and loss", logits}};
 }
 
+namespace {
+
+// Bytes as int64, saturated at 2^60 so that sums of the rows stay within int64 for any input.
+int64_t saturate(long double bytes) {
+  constexpr long double kMax = static_cast<long double>(int64_t{1} << 60);
+  return bytes >= kMax ? int64_t{1} << 60 : static_cast<int64_t>(bytes);
+}
+
+}  // namespace
+
 MemoryEstimate estimate_training_memory(const ModelSpec& s, int64_t B, int64_t T, Precision p, bool checkpointing) {
   MemoryEstimate e;
   const int64_t n = s.num_params();
   e.weights = 4 * n;
   e.grads = 4 * n;
   e.optimizer = 8 * n;
-  const int64_t act = p == Precision::kFp32 ? 4 : 2;  // bytes of an activation element under autocast
-  const int64_t tokens = B * T;
+  // Products of the batch with the dimensions in floating point: a huge micro-batch or width gives
+  // a huge estimate (refused with its numbers), never an overflowed one.
+  const long double act = p == Precision::kFp32 ? 4 : 2;  // bytes of an activation element under autocast
+  const long double tokens = static_cast<long double>(B) * T, d = s.d_model;
   // Tensors saved for backward per token of one decoder layer (counted from the layer's ops):
   // residual inputs and norm statistics in fp32, normalised inputs, q/k/v and their rotated
   // copies, attention output, gate/up/activation/product of the SwiGLU.
-  const int64_t kv = s.arch == Arch::kLlama ? s.n_kv_head * s.head_dim() : 0;
+  const long double kv = s.arch == Arch::kLlama ? static_cast<long double>(s.n_kv_head) * s.head_dim() : 0;
   // ResNet-BK: norms and projections, fp32 sweeps (a, b, c, and complex r, s, G per head), and
   // top_k expert inputs and SwiGLU intermediates per token (capacity slack not counted).
-  const int64_t per_token_layer =
-      s.arch == Arch::kLlama
-          ? 2 * 4 * s.d_model + act * (2 * s.d_model + 3 * (s.d_model + 2 * kv) + s.d_model) + act * 4 * s.padded_d_ff()
-      : s.arch == Arch::kResNetBk ? 2 * 4 * s.d_model + act * 2 * s.d_model + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) +
-                                        s.top_k * act * (s.d_model + 4 * s.d_ff)
-                                  : 4 * s.d_model + act * (s.d_model + 2 * s.padded_d_ff());
-  const int64_t per_layer = tokens * per_token_layer;
-  const int64_t layer_input = tokens * s.d_model * 4;
-  e.activations = checkpointing ? s.n_layer * layer_input + per_layer : s.n_layer * per_layer;
+  const long double per_token_layer =
+      s.arch == Arch::kLlama ? 2 * 4 * d + act * (2 * d + 3 * (d + 2 * kv) + d) + act * 4 * s.padded_d_ff()
+      : s.arch == Arch::kResNetBk
+          ? 2 * 4 * d + act * 2 * d + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) + s.top_k * act * (d + 4.0L * s.d_ff)
+          : 4 * d + act * (d + 2.0L * s.padded_d_ff());
+  const long double per_layer = tokens * per_token_layer;
+  const long double layer_input = tokens * d * 4;
+  e.activations = saturate(checkpointing ? s.n_layer * layer_input + per_layer : s.n_layer * per_layer);
   // Logits in the compute dtype, their fp32 copy for the loss, and its gradient.
-  e.logits = tokens * s.padded_vocab() * (act + 4 + 4);
+  e.logits = saturate(tokens * s.padded_vocab() * (act + 4 + 4));
   return e;
 }
 

@@ -1,5 +1,6 @@
 #include "tandem/models/spec.h"
 
+#include <algorithm>
 #include <tuple>
 
 #include "tandem/core/error.h"
@@ -107,11 +108,25 @@ ModelSpec preset_spec(const std::string& name) {
 }
 
 void validate_spec(const ModelSpec& s) {
-  TANDEM_CHECK(s.n_layer > 0, "model.n_layer must be > 0, got ", s.n_layer);
-  TANDEM_CHECK(s.d_model > 0, "model.d_model must be > 0, got ", s.d_model);
-  TANDEM_CHECK(s.d_ff > 0, "model.d_ff must be > 0, got ", s.d_ff);
-  TANDEM_CHECK(s.vocab_size > 0, "model.vocab_size must be > 0, got ", s.vocab_size);
-  TANDEM_CHECK(s.max_seq_len > 0, "model.max_seq_len must be > 0, got ", s.max_seq_len);
+  // Upper bounds far beyond any trained model keep every size of the spec, the memory estimate and
+  // the plan within int64 (and the per-layer loops short): a typo fails here, not in an allocation.
+  const auto in_range = [](const char* key, int64_t v, int64_t max) {
+    TANDEM_CHECK(v > 0 && v <= max, key, " must be within 1 .. ", max, ", got ", v);
+  };
+  in_range("model.n_layer", s.n_layer, kMaxLayers);
+  in_range("model.d_model", s.d_model, kMaxWidth);
+  in_range("model.d_ff", s.d_ff, 4 * kMaxWidth);
+  in_range("model.vocab_size", s.vocab_size, kMaxVocab);
+  in_range("model.max_seq_len", s.max_seq_len, kMaxSeqLen);
+  if (s.arch == Arch::kResNetBk || s.arch == Arch::kAmxMoe) in_range("model.n_experts", s.n_experts, kMaxExperts);
+  // The parameter count in floating point, before any int64 product of the dimensions is formed.
+  const long double d = s.d_model, ff = s.d_ff, e = std::max<int64_t>(s.n_experts, 1);
+  const long double per_layer = 4 * d * d + 3 * d * ff * e + d * e;
+  const long double params = s.n_layer * per_layer + 2 * d * (s.vocab_size + 64);
+  TANDEM_CHECK(params <= static_cast<long double>(kMaxParams), "the model would have ",
+               format_count(static_cast<double>(params)), " parameters, more than tandem plans for (",
+               format_count(static_cast<double>(kMaxParams)),
+               "); check model.d_model, model.d_ff, model.n_layer and model.vocab_size");
   TANDEM_CHECK(s.norm_eps > 0, "model.norm_eps must be > 0, got ", s.norm_eps);
   if (s.arch == Arch::kLlama) {
     TANDEM_CHECK(s.n_head > 0 && s.d_model % s.n_head == 0, "model.d_model (", s.d_model,
@@ -122,7 +137,8 @@ void validate_spec(const ModelSpec& s) {
     TANDEM_CHECK(s.rope_theta > 0, "model.rope_theta must be > 0, got ", s.rope_theta);
   }
   if (s.arch == Arch::kResNetBk) {
-    TANDEM_CHECK(s.n_head > 0, "model.n_head (BK heads) must be > 0, got ", s.n_head);
+    TANDEM_CHECK(s.n_head > 0 && s.n_head <= kMaxWidth, "model.n_head (BK heads) must be within 1 .. ", kMaxWidth,
+                 ", got ", s.n_head);
     TANDEM_CHECK(s.n_experts >= 1 && s.top_k >= 1 && s.top_k <= s.n_experts,
                  "a ResNet-BK model needs 1 <= model.top_k <= model.n_experts, got ", s.top_k, " of ", s.n_experts);
     TANDEM_CHECK(s.capacity_factor > 0, "model.capacity_factor must be > 0, got ", s.capacity_factor);

@@ -69,6 +69,14 @@ ModelSpec preset_spec(const std::string& name);
 /// The preset with the config's overrides applied, validated.
 ModelSpec resolve_model_spec(const ModelConfig& cfg);
 
+/// Bounds validate_spec enforces: far beyond any trained model, they keep every size in int64.
+inline constexpr int64_t kMaxLayers = int64_t{1} << 14;
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
+inline constexpr int64_t kMaxExperts = int64_t{1} << 12;
+inline constexpr int64_t kMaxParams = int64_t{1} << 46;  ///< about 70 trillion
+
 /// Checks shapes for consistency (heads divide d_model, ...); UserError with the fix.
 void validate_spec(const ModelSpec& spec);
 

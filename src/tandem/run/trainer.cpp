@@ -33,6 +33,7 @@
 #include "tandem/io/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
+#include "tandem/memory/host_fit.h"
 #include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
 #include "tandem/monitor/run_feed.h"
@@ -187,6 +188,7 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
                 "out-of-memory");
     }
   }
+  check_host_fits(host_demand(plan, !device.is_cuda()), cap.host_available, spec, cfg, !device.is_cuda());
   log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
                       static_cast<long long>(layers), static_cast<long long>(spec.n_layer),
                       device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
@@ -244,6 +246,29 @@ torch::Device resolve_device(const std::string& s) {
 // host divide its cores (the CPU affinity mask they share) into disjoint ranges, and the CPU update
 // kernels use their rank's range, so the local ranks' CPU updates never oversubscribe the host.
 
+namespace {
+
+TrainSummary train_on(Config& cfg, const TrainOptions& options, const RankInfo& ranks, torch::Device device,
+                      std::unique_ptr<Comm>& comm);
+
+// Note [Peer loss]
+// A rank that dies (killed, crashed, out of memory) breaks the collectives of the others mid-call
+// with a transport error ("Connection reset by peer"). A survivor that catches any such failure
+// asks the heartbeat which rank went silent (Comm::find_lost_rank) and reports that rank and how
+// the run continues: the launcher's restart from the newest checkpoint while restarts remain,
+// else --resume auto by hand. It exits with kExitPeerLost; the original error is kept when no
+// rank is found lost.
+void throw_if_peer_lost(Comm& comm, const std::string& what, const std::string& run_dir) {
+  const int lost = comm.find_lost_rank();
+  if (lost < 0) return;
+  const RankInfo& ranks = comm.info();
+  throw PeerLostError(strprintf("rank %d stopped (rank %d saw: %s); %s", lost, ranks.rank,
+                                one_line(what).substr(0, 160).c_str(),
+                                how_the_run_continues(ranks, run_dir).c_str()));
+}
+
+}  // namespace
+
 TrainSummary train(Config cfg, const TrainOptions& options) {
   validate_config(cfg);
   const RankInfo ranks = discover_rank();
@@ -294,6 +319,22 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     if (cpu_share > 0 && cfg.optim.cpu_threads == 0 && std::getenv("TANDEM_CPU_THREADS") == nullptr)
       cfg.optim.cpu_threads = cpu_share;
   }
+  try {
+    return train_on(cfg, options, ranks, device, comm);
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (comm) throw_if_peer_lost(*comm, e.what(), cfg.train.run_dir);
+    throw;
+  }
+}
+
+namespace {
+
+// The run after device, rank and rendezvous setup (train()).
+TrainSummary train_on(Config& cfg, const TrainOptions& options, const RankInfo& ranks, torch::Device device,
+                      std::unique_ptr<Comm>& comm) {
+  const int device_index = device.is_cuda() ? device.index() : -1;
   const bool main_rank = ranks.rank == 0;
   const int world = ranks.world_size;
   TANDEM_CHECK(cfg.dist.zero_stage == 0 || cfg.offload.optimizer == OffloadTarget::kCpu,
@@ -355,6 +396,17 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   const int64_t seq_len = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
   TANDEM_CHECK(seq_len <= spec.max_seq_len, "train.seq_len=", seq_len, " exceeds model.max_seq_len=", spec.max_seq_len,
                "; lower train.seq_len or raise model.max_seq_len");
+
+  // Note [Host fit]: refused before anything is read or allocated when the host cannot hold the run
+  // (the offload engine's plan is checked in plan_gpu_blocks).
+  if (!offload) {
+    const int64_t available = cfg.offload.host_memory_gib > 0
+                                  ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                                  : host_available_bytes();
+    check_host_fits(host_demand(spec, cfg, seq_len, !device.is_cuda()), available / ranks.local_world_size, spec, cfg,
+                    !device.is_cuda());
+    if (device.is_cuda() && accelerator()) check_gpu_floor(spec, accelerator()->memory_stats(device.index()).total);
+  }
 
   DataSplits data = open_data(cfg.data);
 
@@ -570,7 +622,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   train_loader->seek(state.data_position);
   std::unique_ptr<BatchLoader> val_loader;
-  if (cfg.train.eval_every > 0 && main_rank && data.val.size() >= seq_len + 2)  // rank 0 evaluates
+  if (cfg.train.eval_every > 0 && main_rank && data.val.size() >= seq_len + 1)  // rank 0 evaluates
     val_loader = std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, seq_len, cfg.train.seed ^ 0x5eedull,
                                                device, cfg.data.prefetch, spec.vocab_size, "held-out");
   else if (cfg.train.eval_every > 0 && main_rank)
@@ -1103,8 +1155,15 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
     publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }
   // The last checkpoint is written in place: nothing is left to overlap it.
-  if ((cfg.train.save_final || summary.interrupted) && state.step > summary.first_step) checkpoint(false);
+  const bool final_wanted = (cfg.train.save_final || summary.interrupted) && state.step > summary.first_step;
+  if (final_wanted) checkpoint(false);
   collect_checkpoint(true);
+  // A run that ends without its final checkpoint, or with every checkpoint failed, lost work: the
+  // CLI reports it loudly and exits non-zero (Note [Checkpoint failures]).
+  const std::string final_name = step_name(state.step);
+  summary.unsaved = !summary.checkpoint_error.empty() &&
+                    ((final_wanted && fs::path(summary.last_checkpoint).filename() != final_name) ||
+                     summary.last_checkpoint.empty());
 
   summary.final_step = state.step;
   nlohmann::json telemetry = nlohmann::json::object();
@@ -1156,6 +1215,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
                       {"interrupted", summary.interrupted},
                       {"oom_retries", summary.oom_retries},
                       {"checkpoint_error", summary.checkpoint_error},
+                      {"unsaved", summary.unsaved},
                       {"telemetry", telemetry}};
   if (placement) s["placement"] = placement->summary();
   if (main_rank) write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
@@ -1189,5 +1249,7 @@ TrainSummary train(Config cfg, const TrainOptions& options) {
   }
   return summary;
 }
+
+}  // namespace
 
 }  // namespace tandem

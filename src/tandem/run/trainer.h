@@ -28,9 +28,10 @@ struct TrainSummary {
   double median_step_time_s = 0;
   int64_t peak_device_bytes = 0, peak_host_bytes = 0;
   int64_t skipped_steps = 0;
-  int64_t oom_retries = 0;      ///< steps retried with a halved micro-batch (Note [Adaptive micro-batch])
-  bool interrupted = false;     ///< stopped early on request (a signal): checkpointed, resumable
-  std::string checkpoint_error; ///< the last checkpoint that failed, and why ("" when none did)
+  int64_t oom_retries = 0;       ///< steps retried with a halved micro-batch (Note [Adaptive micro-batch])
+  bool interrupted = false;      ///< stopped early on request (a signal): checkpointed, resumable
+  std::string checkpoint_error;  ///< the last checkpoint that failed, and why ("" when none did)
+  bool unsaved = false;          ///< the final checkpoint (or every checkpoint) failed: the run's end is not saved
 };
 
 /// Trains according to a configuration; throws UserError for bad input before any work is lost.
