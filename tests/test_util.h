@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "error_of.h"
 #include "tandem/core/config.h"
 #include "tandem/core/error.h"
 
@@ -53,16 +54,6 @@ inline ::testing::AssertionResult AllClose(const torch::Tensor& actual, const to
                                          << " (rtol " << rtol << ", atol " << atol << ")";
   }
   return ::testing::AssertionSuccess();
-}
-
-/// The message of the UserError that f throws, or "" when it throws none.
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 /// A short CPU run of the tiny preset on a small generated corpus, writing to `dir`.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "../error_of.h"
 #include "tandem/core/error.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/models/spec.h"
@@ -48,14 +49,7 @@ int64_t rows_containing(const MemoryPlan& p, const std::string& tier, const std:
   return sum;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
   const ModelSpec s = preset_spec("7B");

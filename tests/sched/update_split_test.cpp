@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../error_of.h"
 #include "tandem/core/error.h"
 
 // Expected times below are worked out by hand from Note [Update split]: backward in reverse Block
@@ -20,15 +21,7 @@
 namespace tandem {
 namespace {
 
-// tests/test_util.h has the same helper but pulls in LibTorch; this file needs none.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 std::vector<BlockTiming> uniform_blocks(int n, int64_t params, double fwd_s, double bwd_s) {
   return std::vector<BlockTiming>(n, BlockTiming{params, fwd_s, bwd_s});

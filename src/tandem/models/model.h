@@ -30,7 +30,6 @@ class Model : public torch::nn::Module {
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   const ModelSpec& spec() const { return spec_; }
   bool checkpointing() const { return checkpointing_; }
-  void set_checkpointing(bool on) { checkpointing_ = on; }
 
   /// Every trainable tensor once, under its HF name, with padded vocabulary rows.
   std::vector<NamedTensor> hf_parameters();
@@ -54,7 +53,6 @@ class Model : public torch::nn::Module {
   /// offload engine binds them to the ParamStore's host copies). Empty = every Block where its
   /// parameters are.
   void set_host_blocks(std::vector<bool> host) { host_blocks_ = std::move(host); }
-  const std::vector<bool>& host_blocks() const { return host_blocks_; }
 
   /// The HF shape a named parameter has in a checkpoint.
   std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;

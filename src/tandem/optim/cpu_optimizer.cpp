@@ -59,13 +59,13 @@ void CpuOptimizer::step(double lr, const std::optional<torch::Tensor>& found_inf
     s.weight_decay_scale = e.weight_decay_scale;
     spans.push_back(s);
   }
-  report_ = cpu_update(spans, h, nullptr, options_.pool);
-  if (!report_.ok())
+  const UpdateReport report = cpu_update(spans, h, nullptr, options_.pool);
+  if (!report.ok())
     log::warn(
         strprintf("CPU optimizer: %lld non-finite gradient elements (first at %lld); their %lld tiles were "
                   "not updated",
-                  static_cast<long long>(report_.nonfinite), static_cast<long long>(report_.first_nonfinite),
-                  static_cast<long long>(report_.skipped_tiles)));
+                  static_cast<long long>(report.nonfinite), static_cast<long long>(report.first_nonfinite),
+                  static_cast<long long>(report.skipped_tiles)));
   step_.fill_(static_cast<double>(h.step));
 }
 

@@ -26,8 +26,6 @@ class CpuOptimizer : public Optimizer {
   void step(double lr, const std::optional<torch::Tensor>& found_inf = std::nullopt) override;
   void zero_grad() override;
   std::vector<NamedTensor> state() override;
-  /// What the last step's kernels reported.
-  const UpdateReport& last_report() const { return report_; }
   int64_t steps_taken() const { return static_cast<int64_t>(step_.item<float>()); }
 
  private:
@@ -40,7 +38,6 @@ class CpuOptimizer : public Optimizer {
   CpuOptimizerOptions options_;
   std::vector<Entry> entries_;
   torch::Tensor step_;  // 0-d fp32, shared by every parameter's ".step" entry
-  UpdateReport report_;
 };
 
 }  // namespace tandem

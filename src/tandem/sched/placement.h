@@ -123,7 +123,6 @@ class CostModelPlacement : public PlacementPolicy {
   CostModelPlacement(int64_t blocks, CostModelOptions o);
   std::string name() const override { return "cost"; }
   void set_costs(std::vector<BlockDeviceCost> costs);
-  bool has_costs() const { return !costs_.empty(); }
   Placement decide(const PlacementInputs& in) override;
   const PlacementPrediction& prediction() const { return prediction_; }
   const CostModelOptions& options() const { return o_; }
