@@ -181,7 +181,8 @@ TEST(OffloadEngine, MatchesAPlainAdamWLoopWithClippingRollbacks) {
 TEST(OffloadEngine, GradientAccumulationAndAGpuUpdatedPrefixMatchToo) {
   const auto want = reference_losses(20, 2, 1.0);
   expect_same_losses(engine_losses(20, 2, 1.0, 0).losses, want, 1e-5);
-  // Blocks [0, 2) (embedding and the first layer) updated by the fused multi-tensor AdamW.
+  // Blocks [0, 2) (embedding and the first layer) updated on the device side (on the CPU device by
+  // the CPU kernel on the compute thread, Note [One update kernel on the CPU device]).
   expect_same_losses(engine_losses(20, 2, 1.0, 2).losses, want, 1e-5);
   // Everything "on the GPU": no CPU Block, no speculation.
   const auto all = engine_losses(20, 2, 1.0, 5);
@@ -435,6 +436,36 @@ TEST(OffloadEngine, TheSolvedSplitMovesBlocksBetweenStepsWithoutChangingTheResul
   EXPECT_GT(got.split.alpha, 0.0);
   EXPECT_GT(got.split.predicted_step_s, 0.0);
   EXPECT_GT(got.split.measured_step_s, 0.0);
+}
+
+TEST(OffloadEngine, OnTheCpuDeviceTheSplitChangesNoBit) {
+  // Note [One update kernel on the CPU device]: the split is solved from measured times, so two runs
+  // (or a run and its resumption) may update different Blocks on the device side; that must not
+  // change a bit. Every split, fixed or moved by the solver at step 3, against all Blocks on the CPU
+  // side; fp32 and bf16 weights, accumulation, clipping (speculative rollbacks) and without speculation.
+  using S = EngineOptions::Speculate;
+  for (const auto compute : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto speculate : {S::kAlways, S::kNever}) {
+      SCOPED_TRACE(std::string(compute == torch::kFloat32 ? "fp32" : "bf16") +
+                   (speculate == S::kAlways ? ", speculating" : ", after the norm"));
+      const auto want = engine_losses(12, 2, 1.0, 0, compute, speculate);
+      std::vector<EngineRun> runs;
+      for (const int64_t g : {1, 2, 5}) runs.push_back(engine_losses(12, 2, 1.0, g, compute, speculate));
+      // 0 device-side Blocks for 3 steps, then the memory range [3, 3] makes the solver move 3.
+      runs.push_back(engine_losses(12, 2, 1.0, 0, compute, speculate, [](EngineOptions& o) {
+        o.solve_split = true;
+        o.min_gpu_blocks = o.max_gpu_blocks = 3;
+        o.first_solve_step = 3;
+      }));
+      EXPECT_EQ(runs.back().gpu_blocks, 3);
+      for (const auto& got : runs) {
+        ASSERT_EQ(got.losses.size(), want.losses.size());
+        for (size_t i = 0; i < want.losses.size(); ++i)
+          EXPECT_EQ(got.losses[i], want.losses[i])
+              << "step " << i + 1 << ", " << got.gpu_blocks << " device-side Blocks at the end";
+      }
+    }
+  }
 }
 
 TEST(OffloadEngine, WritesAChromeTraceOfTheChosenSteps) {

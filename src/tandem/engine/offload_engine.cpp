@@ -338,30 +338,35 @@ void OffloadEngine::dispatch(size_t i) {
 }
 
 std::vector<UpdateSpan> OffloadEngine::spans(size_t i, int64_t slot) {
-  auto& b = store_.blocks()[i];
-  const auto landing = store_.landing(i, slot), staging = store_.staging(i, slot);
-  const bool bf16 = store_.options().compute_dtype == torch::kBFloat16;
-  const bool grad_bf16 = landing.scalar_type() == torch::kBFloat16;
-  TANDEM_ASSERT(grad_bf16 || landing.scalar_type() == torch::kFloat32, "landing buffer dtype ",
-                landing.scalar_type(), " (the CPU kernels take fp32 or bf16 gradients)");
+  return block_spans(store_.blocks()[i], store_.landing(i, slot), store_.staging(i, slot));
+}
+
+std::vector<UpdateSpan> OffloadEngine::block_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out) {
+  const bool grad_bf16 = grad.scalar_type() == torch::kBFloat16;
+  TANDEM_ASSERT(grad_bf16 || grad.scalar_type() == torch::kFloat32, "gradient dtype ", grad.scalar_type(),
+                " (the CPU kernels take fp32 or bf16 gradients)");
+  TANDEM_ASSERT(
+      grad.numel() >= b.shard_numel && out.numel() >= b.shard_numel && grad.is_contiguous() && out.is_contiguous(),
+      "block ", b.name, ": a gradient or output buffer not contiguous or shorter than its slice of ", b.shard_numel);
+  const bool bf16_out = out.scalar_type() == torch::kBFloat16;
   const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16;
   const int64_t gsize = grad_bf16 ? 2 : 4, ssize = state_bf16 ? 2 : 4;
-  std::vector<UpdateSpan> out;
+  std::vector<UpdateSpan> spans;
   for (const auto& f : b.shard_params) {
     UpdateSpan s;
     s.master = b.master.data_ptr<float>() + f.offset;
-    s.grad = static_cast<const char*>(landing.data_ptr()) + f.offset * gsize;
+    s.grad = static_cast<const char*>(grad.data_ptr()) + f.offset * gsize;
     s.grad_dtype = grad_bf16 ? Dtype::kBF16 : Dtype::kF32;
     s.m = static_cast<char*>(b.m.data_ptr()) + f.offset * ssize;
     s.v = static_cast<char*>(b.v.data_ptr()) + f.offset * ssize;
     s.state_dtype = state_bf16 ? Dtype::kBF16 : Dtype::kF32;
-    s.bf16_out = bf16 ? reinterpret_cast<uint16_t*>(staging.data_ptr()) + f.offset : nullptr;
+    s.bf16_out = bf16_out ? reinterpret_cast<uint16_t*>(out.data_ptr()) + f.offset : nullptr;
     s.n = f.numel;
     s.index_base = b.index_base + b.shard_offset + f.offset;
     s.weight_decay_scale = f.weight_decay_scale;
-    out.push_back(s);
+    spans.push_back(s);
   }
-  return out;
+  return spans;
 }
 
 std::vector<UndoLog> OffloadEngine::undo_logs(BlockStore& b) {
@@ -644,6 +649,39 @@ void OffloadEngine::wait_all() {
   }
 }
 
+// Note [One update kernel on the CPU device]
+// The update split is solved from measured times (Note [Update split]), so two runs of one config,
+// or a run and its resumption from a checkpoint (which holds no split: the resumed engine starts
+// from the memory plan's and measures again), update different Blocks on the device side. With the
+// CPU as the device, that side's Blocks are updated by the CPU kernel of the CPU side, with the same
+// coefficients (the gradient's scale, the step, the Block's element indices), on the compute thread,
+// the new weights written straight into the working copy: which side updates a Block changes when
+// the update runs, never a bit of its result, and a resumed run repeats the uninterrupted one
+// exactly whatever either solved. ATen's fused AdamW, which the device side runs on a GPU, rounds
+// differently from the CPU kernel in the last bits (Note [CPU update kernels]), so on a GPU the
+// result still depends on the split (and with offload.delayed_update, where only CPU-updated Blocks
+// lag, on any device).
+void OffloadEngine::update_device_blocks_on_host(const std::vector<size_t>& blocks, double grad_scale) {
+  std::vector<UpdateSpan> all;
+  std::vector<torch::Tensor> keep;  // fp16 gradients widened, as the copy into the landing buffer widens them
+  for (const size_t i : blocks) {
+    auto& b = store_.blocks()[i];
+    torch::Tensor g = store_.sharded() ? b.grad_shard : b.grad;
+    if (g.scalar_type() != torch::kFloat32 && g.scalar_type() != torch::kBFloat16) g = g.to(torch::kFloat32);
+    keep.push_back(g);
+    const auto sp = block_spans(b, g, b.working.narrow(0, b.shard_offset, b.shard_numel));
+    all.insert(all.end(), sp.begin(), sp.end());
+  }
+  UpdateHyper h = hyper(lr_, stats_.steps + 1, grad_scale);
+  h.check_finite = false;  // the global norm decided (Note [Speculative clipping])
+  cpu_update(all, h, nullptr, options_.pool);
+  for (const size_t i : blocks) {
+    auto& b = store_.blocks()[i];
+    if (b.working.scalar_type() != torch::kBFloat16) b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
+    if (store_.sharded()) store_.gather_working(i, 0);
+  }
+}
+
 void OffloadEngine::update_gpu_blocks(double grad_scale) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> params[2], grads[2], m[2], v[2], steps[2];
@@ -652,6 +690,7 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
     auto& b = store_.blocks()[i];
     if (b.side != UpdateSide::kGpu) continue;
     gpu.push_back(i);
+    if (!cuda_) continue;  // Note [One update kernel on the CPU device]
     const auto g = (store_.sharded() ? b.grad_shard : b.grad).to(torch::kFloat32) * grad_scale;
     for (const auto& f : b.shard_params) {
       const int k = f.weight_decay_scale != 0.0f ? 0 : 1;
@@ -664,6 +703,11 @@ void OffloadEngine::update_gpu_blocks(double grad_scale) {
   if (gpu.empty()) return;
   const auto dev = store_.options().device;
   mark_on_compute(stamps_->gpu0);
+  if (!cuda_) {
+    update_device_blocks_on_host(gpu, grad_scale);
+    mark_on_compute(stamps_->gpu1);
+    return;
+  }
   for (int k = 0; k < 2; ++k) {
     if (params[k].empty()) continue;
     // _fused_adamw_ reads its step tensors as this update's 1-based count (FusedAdamW increments
@@ -815,7 +859,7 @@ void OffloadEngine::calibrate_costs(int64_t cpu_params, int64_t gpu_params) {
   const auto dsync = [&] { sync_streams(); };
   const bool pin = cuda_ && store_.options().pin_memory;
   const auto cdt = store_.options().compute_dtype;
-  if (cal_cpu_ == 0 && cpu_params == 0) {
+  const auto time_cpu_kernel = [&] {
     auto master = torch::zeros({kN}, torch::kFloat32), m = torch::zeros({kN}), v = torch::zeros({kN});
     auto grad = torch::full({kN}, 1e-3, torch::kBFloat16), out = torch::empty({kN}, torch::kBFloat16);
     UpdateSpan sp;
@@ -829,8 +873,11 @@ void OffloadEngine::calibrate_costs(int64_t cpu_params, int64_t gpu_params) {
     sp.n = kN;
     UpdateHyper h = hyper(1e-4, 1, 1.0);
     h.check_finite = false;
-    cal_cpu_ = time_it([&] { cpu_update({sp}, h, nullptr, options_.pool); }, [] {});
-  }
+    return time_it([&] { cpu_update({sp}, h, nullptr, options_.pool); }, [] {});
+  };
+  if (cal_cpu_ == 0 && cpu_params == 0) cal_cpu_ = time_cpu_kernel();
+  // With the CPU as the device both sides run the CPU kernel (Note [One update kernel on the CPU device]).
+  if (cal_gpu_ == 0 && gpu_params == 0 && !cuda_) cal_gpu_ = time_cpu_kernel();
   if (cal_gpu_ == 0 && gpu_params == 0) {
     const auto f = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
     std::vector<torch::Tensor> p{torch::zeros({kN}, f)}, g{torch::full({kN}, 1e-3, f)}, m{torch::zeros({kN}, f)},

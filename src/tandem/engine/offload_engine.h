@@ -177,11 +177,15 @@ class OffloadEngine {
   void wait_updated(size_t block);  // until Block's latest update is done (uploaded or enqueued); rethrows the updater's failure
   void wait_block(size_t block);
   void wait_cpu_jobs();
-  std::vector<UpdateSpan> spans(size_t block, int64_t slot);
+  std::vector<UpdateSpan> spans(size_t block, int64_t slot);  // the landing and staging buffers
+  // The CPU kernel's spans over b's slice: `grad` read (fp32 or bf16), the new weights written into
+  // `out` when it is bf16 (else the caller copies the master).
+  static std::vector<UpdateSpan> block_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out);
   void ring_d2h(Job& job);
   static std::vector<UndoLog> undo_logs(BlockStore& b);  // host ring: a slot, the gradient's D2H into it, the gradient zeroed
   UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
   void update_gpu_blocks(double grad_scale);
+  void update_device_blocks_on_host(const std::vector<size_t>& blocks, double grad_scale);  // the CPU device
   torch::Tensor reduce_gradient(size_t block);  // Note [Data-parallel engine]; the gradient to use
   void before_block(size_t block);
   void upload_after_backward(size_t block);  // delayed mode: waits for the Block's update first
