@@ -49,7 +49,7 @@ TEST(AdaptiveMicroBatch, GrowingBackAfterCleanStepsKeepsTheLosses) {
   Config o = c;
   o.train.run_dir = oom_dir.path();
   o.train.fault_oom_above_tokens = 8 * 64 / 2;  // 4 rows fit
-  o.train.oom_grow_after = 3;                    // and every third clean step it tries 8 again
+  o.train.oom_grow_after = 3;                   // and every third clean step it tries 8 again
   const TrainSummary got = train(o, {});
   EXPECT_EQ(got.oom_retries, 4) << "8 rows fail at step 1, and again after each 3 clean steps: 4, 7, 10";
   expect_same_losses(got, ref, 1e-4);

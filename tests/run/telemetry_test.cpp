@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "tandem/run/trainer.h"
 #include "../test_util.h"
+#include "tandem/run/trainer.h"
 
 namespace tandem {
 namespace {

@@ -16,7 +16,7 @@
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 #include "tandem/run/autocast.h"
-#include "tandem/run/trainer.h"
+#include "tandem/run/run_setup.h"
 
 namespace tandem {
 
@@ -39,7 +39,8 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   for (auto& b : model->buffers()) b.set_data(b.to(device));
   model->train();
   for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
-  auto tokens = torch::randint(0, spec.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  auto tokens =
+      torch::randint(0, spec.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kInt64).device(device));
   const auto in = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
   const auto sync = [&] {
     if (device.is_cuda() && accelerator()) accelerator()->synchronize(device.index());
@@ -70,16 +71,25 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   const double tflops = 6.0 * n * tok_s / 1e12;
   int64_t peak = 0;
   if (device.is_cuda() && accelerator()) peak = accelerator()->memory_stats(device.index()).peak_allocated;
-  std::printf("forward+backward only: %s, B=%lld, T=%lld%s: %.1f ms per step, %s tok/s, %.0f model TFLOP/s (6 N per "
-              "token, N = %s), peak device %s\n",
-              spec.name.c_str(), static_cast<long long>(B), static_cast<long long>(T),
-              cfg.model.checkpointing ? ", checkpointing" : "", med * 1e3, format_count(tok_s).c_str(), tflops,
-              format_count(n).c_str(), format_bytes(double(peak)).c_str());
+  std::printf(
+      "forward+backward only: %s, B=%lld, T=%lld%s: %.1f ms per step, %s tok/s, %.0f model TFLOP/s (6 N per "
+      "token, N = %s), peak device %s\n",
+      spec.name.c_str(), static_cast<long long>(B), static_cast<long long>(T),
+      cfg.model.checkpointing ? ", checkpointing" : "", med * 1e3, format_count(tok_s).c_str(), tflops,
+      format_count(n).c_str(), format_bytes(double(peak)).c_str());
   if (!json_path.empty()) {
-    nlohmann::json j = {{"bench", "step"},        {"model", spec.name},  {"params", n},
-                        {"batch", B},             {"seq", T},            {"checkpointing", cfg.model.checkpointing},
-                        {"median_step_s", med},   {"tokens_per_s", tok_s}, {"model_tflops", tflops},
-                        {"peak_device_bytes", peak}, {"loss", loss_v},     {"device", device.str()}};
+    nlohmann::json j = {{"bench", "step"},
+                        {"model", spec.name},
+                        {"params", n},
+                        {"batch", B},
+                        {"seq", T},
+                        {"checkpointing", cfg.model.checkpointing},
+                        {"median_step_s", med},
+                        {"tokens_per_s", tok_s},
+                        {"model_tflops", tflops},
+                        {"peak_device_bytes", peak},
+                        {"loss", loss_v},
+                        {"device", device.str()}};
     std::ofstream(json_path, std::ios::app) << j.dump() << "\n";
   }
   return 0;

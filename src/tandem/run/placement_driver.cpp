@@ -178,8 +178,8 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
         log_(
             strprintf("placement cost model: GPU idle %.0f W;%s chose %s with %.3f s pacing, predicted %.1f ms per "
                       "step at %.0f W",
-                      cost_options_.gpu_idle_w, per_block.c_str(), chosen.str().c_str(), chosen.pace_s,
-                      pr.step_s * 1e3, pr.gpu_power_w));
+                      cost_options_.gpu_idle_w, per_block.c_str(), chosen.str().c_str(), chosen.pace_s, pr.step_s * 1e3,
+                      pr.gpu_power_w));
     }
     return;
   }

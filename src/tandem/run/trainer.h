@@ -1,21 +1,17 @@
 #pragma once
-// The step loop on one device (CPU or one GPU): autocast, loss scaling, accumulation,
-// clipping, schedule, evaluation, checkpoints, metrics and progress.
+// The training run: a short step loop over the collaborators of run/ (run_setup: where the run
+// executes; run_plan: what it decided; engine_setup: the offload engine; data_parallel: this
+// rank's rows; step_runner: one optimizer step; checkpointer: checkpoints; run_metrics: what it
+// reports), on one device (CPU or one GPU) per process, one or many processes.
 
-#include <memory>
 #include <string>
 #include <vector>
 
-#include <c10/core/Device.h>
-
 #include "tandem/core/config.h"
+#include "tandem/run/run_plan.h"
+#include "tandem/run/run_setup.h"
 
 namespace tandem {
-
-/// What the CLI adds to a config for one invocation.
-struct TrainOptions {
-  std::string resume;  ///< checkpoint or run directory to continue from
-};
 
 /// The outcome of a run.
 struct TrainSummary {
@@ -36,8 +32,5 @@ struct TrainSummary {
 
 /// Trains according to a configuration; throws UserError for bad input before any work is lost.
 TrainSummary train(Config config, const TrainOptions& options);
-
-/// train.device: auto (the first GPU, else the CPU), cpu, cuda or cuda:N; UserError otherwise.
-torch::Device resolve_device(const std::string& s);
 
 }  // namespace tandem

@@ -1,0 +1,181 @@
+#include "tandem/run/engine_setup.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/dist/comm.h"
+#include "tandem/engine/param_store.h"
+#include "tandem/memory/host_fit.h"
+#include "tandem/memory/plan.h"
+#include "tandem/models/model.h"
+#include "tandem/run/placement_driver.h"
+#include "tandem/run/run_plan.h"
+#include "tandem/run/run_setup.h"
+
+namespace fs = std::filesystem;
+
+namespace tandem {
+namespace {
+
+// Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
+// the embedding when layers > 0.
+int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
+
+}  // namespace
+
+OffloadParts::OffloadParts() = default;
+OffloadParts::OffloadParts(OffloadParts&&) noexcept = default;
+OffloadParts& OffloadParts::operator=(OffloadParts&&) noexcept = default;
+OffloadParts::~OffloadParts() = default;
+
+int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const c10::Device& device,
+                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks) {
+  const auto fixed = parse_update_split(cfg.offload.update_split);
+  MemoryCapacity cap;
+  cap.host_available = cfg.offload.host_memory_gib > 0
+                           ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                           : host_available_bytes();
+  // The ranks on this host share its memory; sharded ranks each hold 1/world of the host rows, which
+  // the plan counts whole, so the host they are checked against grows by as much (Note [Sharded store]).
+  const int64_t shards = cfg.dist.zero_stage == 2 ? ranks.world_size : 1;
+  cap.host_available = cap.host_available * shards / ranks.local_world_size;
+  if (device.is_cuda() && accelerator()) cap.gpu_total = accelerator()->memory_stats(device.index()).total;
+  int64_t layers = 0;
+  if (fixed) {
+    layers = std::llround(*fixed * double(spec.n_layer));
+  } else if (cap.gpu_total > 0) {
+    // auto: the largest prefix the memory plan allows; the measured re-solve refines it later.
+    layers = std::max<int64_t>(0, largest_fitting_gpu_blocks(spec, cfg, seq_len, cap));
+  }
+  const bool ring_auto = cfg.offload.host_ring < 0;
+  cfg.offload = resolve_host_ring(spec, cfg, seq_len, layers, cap);
+  if (ring_auto && cfg.offload.host_ring > 0)
+    log::info(
+        strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
+                  "after the norm (offload.host_ring=auto, Note [Host ring])",
+                  static_cast<long long>(cfg.offload.host_ring)));
+  MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
+  if (cap.gpu_total > 0) {
+    std::string why;
+    plan = guard_pinned_memory(plan, spec, cfg, seq_len, layers, cap, &why);  // Note [Host memory guard]
+    if (!why.empty()) log::warn(why);
+    try {
+      check_plan_fits(plan, cap, cfg.offload, cfg.train);
+    } catch (const UserError& e) {
+      // Note [Adaptive micro-batch]: a plan that fits at micro-batch 1 may start; the first
+      // out-of-memory error halves the micro-batch. One that does not fit even then is refused.
+      Config one = cfg;
+      one.train.micro_batch = 1;
+      if (!cfg.train.oom_retry || cfg.train.micro_batch == 1 ||
+          !plan_fits(plan_offload_memory(spec, one, seq_len, layers), cap, cfg.offload))
+        throw;
+      log::warn(std::string(e.what()) +
+                " -- starting anyway: the plan fits at micro-batch 1 and train.oom_retry halves the micro-batch on "
+                "out-of-memory");
+    }
+  }
+  check_host_fits(host_demand(plan, !device.is_cuda()), cap.host_available, spec, cfg, !device.is_cuda());
+  log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
+                      static_cast<long long>(layers), static_cast<long long>(spec.n_layer),
+                      device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
+                      format_bytes(double(plan.gpu_bytes())).c_str(), plan.pinned ? "pinned" : "pageable",
+                      format_bytes(double(plan.pinned ? plan.pinned_bytes() : plan.pageable_bytes())).c_str()));
+  // The range the split solver may move within: every layer count whose plan fits both tiers.
+  int64_t lo = layers, hi = layers;
+  if (cap.gpu_total > 0) {
+    const auto fits = [&](int64_t l) {
+      return plan_fits(plan_offload_memory(spec, cfg, seq_len, l), cap, cfg.offload);
+    };
+    while (lo > 0 && fits(lo - 1)) --lo;
+    while (hi < spec.n_layer && fits(hi + 1)) ++hi;
+  } else {
+    lo = 0, hi = spec.n_layer;  // the CPU as the device: one memory, no plan tiers to respect
+  }
+  *range = {store_blocks_of(lo), store_blocks_of(hi)};
+  return store_blocks_of(layers);
+}
+
+EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
+                             decltype(EngineOptions::trace_counters) trace_counters) {
+  const Config& cfg = plan.cfg;
+  EngineOptions eo;
+  eo.adam.beta1 = cfg.optim.beta1;
+  eo.adam.beta2 = cfg.optim.beta2;
+  eo.adam.eps = cfg.optim.eps;
+  eo.adam.weight_decay = cfg.optim.weight_decay;
+  eo.adam.decoupled = cfg.optim.type == "adamw";
+  eo.grad_clip = cfg.train.grad_clip;
+  eo.speculate = cfg.offload.speculate == "always"  ? EngineOptions::Speculate::kAlways
+                 : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
+                                                    : EngineOptions::Speculate::kAuto;
+  eo.delayed = cfg.offload.delayed_update;
+  eo.mirror_every = cfg.placement.mirror_every;
+  eo.state_rounding = cfg.optim.state_rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearestEven;
+  eo.solve_split = true;
+  eo.fixed_k = parse_update_split(cfg.offload.update_split);
+  eo.min_gpu_blocks = plan.split_range.first;
+  eo.max_gpu_blocks = plan.split_range.second;
+  eo.resolve_every = cfg.offload.resolve_every;
+  eo.trace_steps =
+      ctx.main_rank() ? parse_step_list(cfg.offload.trace_steps, "offload.trace_steps") : std::vector<int64_t>{};
+  eo.comm = ctx.comm.get();
+  eo.trace_path = (fs::path(plan.run_dir) / "trace.json").string();
+  eo.log = [](const std::string& line) { log::info(line); };
+  eo.trace_counters = std::move(trace_counters);
+  return eo;
+}
+
+OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& ctx,
+                           decltype(EngineOptions::trace_counters) trace_counters, double build_s) {
+  const Config& cfg = plan.cfg;
+  OffloadParts parts;
+  // Parameters stay on the host as the fp32 masters; only buffers (RoPE tables) move.
+  for (auto& b : model.buffers()) b.set_data(b.to(ctx.device));
+  ParamStoreOptions so;
+  so.device = ctx.device;
+  so.compute_dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
+                     : cfg.train.precision == Precision::kFp16 ? torch::kHalf
+                                                               : torch::kFloat32;
+  so.pin_memory = cfg.offload.pin_memory;
+  so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  so.ring_slots = cfg.offload.host_ring;
+  so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+  if (ctx.comm && cfg.dist.zero_stage == 2) {
+    so.shard_rank = ctx.ranks.rank;
+    so.shard_count = ctx.world();
+    so.comm = ctx.comm.get();
+  }
+  const auto t_store = std::chrono::steady_clock::now();
+  parts.store = std::make_unique<ParamStore>(model, so, plan.gpu_blocks);
+  EngineOptions eo = engine_options(plan, ctx, std::move(trace_counters));
+  // Note [Block placement]: Blocks that may run on the CPU stay CPU-updated whatever the split.
+  const std::vector<bool> movable = placement_movable(cfg.placement, model);
+  const auto n_movable = std::count(movable.begin(), movable.end(), true);
+  if (n_movable > 0) {
+    TANDEM_CHECK(!ctx.comm, "placement.policy=", cfg.placement.policy,
+                 " runs in one process; run one process or set placement.policy=off");
+    TANDEM_CHECK(so.ring_slots == 0, "placement.policy=", cfg.placement.policy,
+                 " needs per-block host buffers, but the memory plan chose a host ring of ", so.ring_slots,
+                 " slots (host memory is short): set offload.host_ring=0 if the host holds them, or "
+                 "placement.policy=off");
+    parts.store->keep_cpu_updated(movable);
+    eo.max_gpu_blocks = std::min<int64_t>(eo.max_gpu_blocks, static_cast<int64_t>(movable.size()) - n_movable);
+    eo.min_gpu_blocks = std::min(eo.min_gpu_blocks, eo.max_gpu_blocks);
+  }
+  log::info(strprintf("offload: model built in %.1f s, parameter store (%s host buffers) in %.1f s", build_s,
+                      so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count()));
+  parts.engine = std::make_unique<OffloadEngine>(model, *parts.store, eo);
+  if (cfg.placement.policy != "off")
+    parts.placement = std::make_unique<PlacementDriver>(cfg.placement, model, *parts.engine,
+                                                        [](const std::string& line) { log::info(line); });
+  return parts;
+}
+
+}  // namespace tandem

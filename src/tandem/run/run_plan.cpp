@@ -1,0 +1,118 @@
+#include "tandem/run/run_plan.h"
+
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/dist/comm.h"
+#include "tandem/io/checkpoint.h"
+#include "tandem/io/hf.h"
+#include "tandem/memory/host_fit.h"
+#include "tandem/run/engine_setup.h"
+#include "tandem/run/run_setup.h"
+
+namespace fs = std::filesystem;
+
+namespace tandem {
+namespace {
+
+std::string default_run_dir(const std::string& preset) {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&now));
+  std::string base = std::string("runs/") + buf + "-" + preset;
+  std::string dir = base;
+  for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
+  return dir;
+}
+
+}  // namespace
+
+std::string RunPlan::checkpoint_dir() const { return (fs::path(run_dir) / "checkpoints").string(); }
+
+// Note [Run plan]
+// The config a rank runs differs from the user's in what only the run can decide, all of it here:
+// the host ring and speculation the memory plan chose (rank 0's, on every rank), progress output
+// on rank 0 only, the CPU update threads of this rank's core share (torchrun's OMP_NUM_THREADS=1
+// would starve them), and no out-of-memory retry with several ranks (a step retried on one rank
+// would not match the others' collectives). Nothing writes to the config after this.
+RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunContext& ctx) {
+  RunPlan plan;
+  const RankInfo& ranks = ctx.ranks;
+  plan.offload = cfg.offload.optimizer == OffloadTarget::kCpu;
+  TANDEM_CHECK(cfg.dist.zero_stage == 0 || plan.offload,
+               "dist.zero_stage=2 shards the offload engine's masters and optimizer states; set offload.optimizer=cpu, "
+               "or dist.zero_stage=0");
+  if (plan.offload) {
+    TANDEM_CHECK(cfg.optim.type == "adamw" || cfg.optim.type == "adam",
+                 "offload.optimizer=cpu runs optim.type=adamw or adam; got '", cfg.optim.type,
+                 "'; use offload.optimizer=none for sgd and lion");
+  }
+  if (ctx.comm) {
+    if (ranks.rank != 0) cfg.train.progress = "off";
+    if (ctx.cpu_share > 0 && cfg.optim.cpu_threads == 0 && std::getenv("TANDEM_CPU_THREADS") == nullptr)
+      cfg.optim.cpu_threads = ctx.cpu_share;
+  }
+
+  // Checkpoint to resume from, before anything is created.
+  if (!options.resume.empty()) plan.resume_dir = resolve_checkpoint_dir(options.resume);
+
+  // Architecture: the preset with overrides, or an HF directory's config.json.
+  if (!cfg.model.init_from.empty()) {
+    const std::string src = plan.resume_dir.empty() ? cfg.model.init_from : plan.resume_dir;
+    plan.spec = spec_from_hf_config((fs::path(src) / "config.json").string());
+    plan.spec.name = "hf";
+  } else {
+    plan.spec = resolve_model_spec(cfg.model);
+  }
+  const ModelSpec& spec = plan.spec;
+  plan.seq_len = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
+  TANDEM_CHECK(plan.seq_len <= spec.max_seq_len, "train.seq_len=", plan.seq_len,
+               " exceeds model.max_seq_len=", spec.max_seq_len, "; lower train.seq_len or raise model.max_seq_len");
+
+  // Note [Host fit]: refused before anything is read or allocated when the host cannot hold the run
+  // (the offload engine's plan is checked in plan_gpu_blocks).
+  const bool cpu_device = !ctx.device.is_cuda();
+  if (!plan.offload) {
+    const int64_t available = cfg.offload.host_memory_gib > 0
+                                  ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                                  : host_available_bytes();
+    check_host_fits(host_demand(spec, cfg, plan.seq_len, cpu_device), available / ranks.local_world_size, spec, cfg,
+                    cpu_device);
+    if (!cpu_device && accelerator()) check_gpu_floor(spec, accelerator()->memory_stats(ctx.device_index).total);
+  }
+
+  // Run directory: explicit, the resumed run's, or a new one under runs/ (made by the trainer).
+  plan.run_dir = cfg.train.run_dir;
+  if (plan.run_dir.empty() && !plan.resume_dir.empty())
+    plan.run_dir = fs::path(plan.resume_dir).parent_path().parent_path().string();
+  if (plan.run_dir.empty()) plan.run_dir = default_run_dir(spec.name);
+  if (ctx.comm) plan.run_dir = ctx.comm->broadcast_string("run_dir", plan.run_dir);  // named by rank 0
+
+  // The offload memory plan, checked against the machine before anything is allocated (the
+  // model's own fp32 build would otherwise count against the host memory it is about to free).
+  if (plan.offload) {
+    plan.gpu_blocks = plan_gpu_blocks(spec, cfg, plan.seq_len, ctx.device, &plan.split_range, ranks);
+    if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
+    if (ctx.comm) {  // rank 0's plan everywhere: the ranks' collectives must match Block for Block
+      const auto plan0 = ctx.comm->from_rank0({double(plan.gpu_blocks), double(cfg.offload.host_ring),
+                                               double(plan.split_range.first), double(plan.split_range.second)});
+      plan.gpu_blocks = static_cast<int64_t>(plan0[0]);
+      cfg.offload.host_ring = static_cast<int64_t>(plan0[1]);
+      plan.split_range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
+    }
+    if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+  }
+  // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
+  if (ctx.comm && cfg.train.oom_retry) {
+    cfg.train.oom_retry = false;
+    log::info("train.oom_retry is off with several ranks (a retried step on one rank would not match the others)");
+  }
+  plan.cfg = std::move(cfg);
+  return plan;
+}
+
+}  // namespace tandem

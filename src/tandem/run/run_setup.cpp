@@ -1,0 +1,127 @@
+#include "tandem/run/run_setup.h"
+
+#include <sched.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "tandem/core/cpu_topology.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/dist/comm.h"
+
+namespace tandem {
+
+RunContext::RunContext() = default;
+RunContext::RunContext(RunContext&&) noexcept = default;
+RunContext::~RunContext() = default;
+
+c10::Device resolve_device(const std::string& s) {
+  if (s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (s == "cpu") return torch::Device(torch::kCPU);
+  if (s.rfind("cuda", 0) == 0) {
+    TANDEM_CHECK(torch::cuda::is_available(), "train.device=", s,
+                 " but no CUDA device is visible (or this build has no CUDA); use train.device=cpu or auto");
+    int index = 0;
+    if (s.size() > 4) {
+      TANDEM_CHECK(s[4] == ':' && s.size() > 5, "train.device '", s, "' is not valid; use cuda or cuda:N");
+      try {
+        index = std::stoi(s.substr(5));
+      } catch (const std::exception&) {
+        TANDEM_FAIL("train.device '", s, "' is not valid; use cuda or cuda:N");
+      }
+    }
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(index >= 0 && index < n, "train.device=", s, " but only ", n, " CUDA device(s) are visible");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
+}
+
+RunContext open_run_context(const Config& cfg) {
+  RunContext ctx;
+  ctx.ranks = discover_rank();
+  const RankInfo& ranks = ctx.ranks;
+  ctx.device = resolve_device(cfg.train.device);
+  // A launcher's device slot counts even for one process (a run gone on with fewer workers).
+  if ((ranks.distributed() || ranks.device_index >= 0) && ctx.device.is_cuda()) {
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
+                 " are visible; start at most ", n, " processes per node");
+    ctx.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.gpu()));
+  }
+  ctx.device_index = ctx.device.is_cuda() ? ctx.device.index() : -1;
+  if (ranks.local_world_size > 1) {
+    // The local ranks split the cores they all may use into disjoint shares (Note [Core division])
+    // before any thread starts (every later thread inherits the mask): the CPU updates of two
+    // ranks never share a core.
+    const std::vector<int> cpus = rank_cpus(ranks.local_rank, ranks.local_world_size, &ctx.cpu_how);
+    if (!cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (const int c : cpus) CPU_SET(c, &set);
+      if (sched_setaffinity(0, sizeof set, &set) == 0) ctx.cpu_share = static_cast<int>(cpus.size());
+    }
+  }
+  if (!ranks.distributed()) return ctx;
+  CommOptions co;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
+  co.nccl = ctx.device.is_cuda() && cfg.dist.backend != "gloo";
+  TANDEM_CHECK(!(cfg.dist.backend == "nccl" && !ctx.device.is_cuda()), "dist.backend=nccl needs GPUs; this run is on ",
+               ctx.device.str(), ": set dist.backend=auto or gloo");
+  co.cuda_device = ctx.device_index;
+  co.heartbeat_s = cfg.dist.heartbeat_s;
+  co.heartbeat_timeout_s = cfg.dist.heartbeat_timeout_s;
+  ctx.comm = std::make_unique<Comm>(ranks, co);
+  ctx.comm->check_same("configurations", config_hash(cfg),
+                       "start every rank with the same config files, --set options and preset");
+  log::info(strprintf("rank %d of %d (%s; local %d of %d) on %s | %s | rendezvous %s:%d%s", ranks.rank,
+                      ranks.world_size, ranks.source.c_str(), ranks.local_rank, ranks.local_world_size,
+                      ctx.device.str().c_str(), co.nccl ? "NCCL" : "Gloo", ranks.master_addr.c_str(), ranks.master_port,
+                      ranks.restart_count ? strprintf(" | restart %d", ranks.restart_count).c_str() : ""));
+  if (ctx.cpu_share > 0) log::info(strprintf("rank %d: CPU share %s", ranks.rank, ctx.cpu_how.c_str()));
+  return ctx;
+}
+
+struct NumericsGuard::Saved {
+  at::Context& c = at::globalContext();
+  bool det = c.deterministicAlgorithms(), warn = c.deterministicAlgorithmsWarnOnly();
+  bool flash = c.userEnabledFlashSDP(), mem = c.userEnabledMemEfficientSDP(), cudnn = c.userEnabledCuDNNSDP(),
+       math = c.userEnabledMathSDP();
+};
+
+NumericsGuard::NumericsGuard(const TrainConfig& train, const c10::Device& device) {
+  if (device.is_cuda()) {
+    at::globalContext().setFloat32MatmulPrecision(train.tf32 ? "high" : "highest");
+    at::globalContext().setAllowTF32CuDNN(train.tf32);
+    at::globalContext().setBenchmarkCuDNN(train.cudnn_benchmark && !train.deterministic);
+  }
+  saved_ = std::make_unique<Saved>();
+  if (!train.deterministic) return;
+  // cuBLAS needs a fixed workspace layout for reproducible reductions; read at its first handle.
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  // The fused attention kernels accumulate dQ with atomics in their backward, which the flag
+  // does not change (only warns, once): the reference path is two matmuls and a softmax, whose
+  // B x H x T x T scores the memory estimate does not count (deterministic runs are for checks).
+  if (device.is_cuda()) {
+    at::globalContext().setSDPUseFlash(false);
+    at::globalContext().setSDPUseMemEfficient(false);
+    at::globalContext().setSDPUseCuDNN(false);
+    at::globalContext().setSDPUseMath(true);
+  }
+}
+
+NumericsGuard::~NumericsGuard() {
+  Saved& s = *saved_;
+  s.c.setDeterministicAlgorithms(s.det, s.warn);
+  s.c.setSDPUseFlash(s.flash);
+  s.c.setSDPUseMemEfficient(s.mem);
+  s.c.setSDPUseCuDNN(s.cudnn);
+  s.c.setSDPUseMath(s.math);
+}
+
+}  // namespace tandem
