@@ -8,7 +8,6 @@
 #include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/data/dataset.h"
-#include "tandem/data/loader.h"
 #include "tandem/data/synthetic.h"
 
 namespace tandem {
@@ -104,37 +103,6 @@ TEST(TokenFile, TextIsByteLevel) {
   std::vector<int64_t> all(6);
   b.read(0, 6, all.data());
   EXPECT_EQ(byte_detokenize(all), "héllo");
-}
-
-TEST(Loader, SamplerIsDeterministicAndResumable) {
-  auto toks = byte_tokenize(generate_corpus_text(20000, 1));
-  TokenBuffer buf = TokenBuffer::from_tokens(toks, "test");
-  BatchLoader a(buf, 4, 32, 99, torch::kCPU, 2, 256, "train");
-  std::vector<torch::Tensor> first;
-  for (int i = 0; i < 5; ++i) first.push_back(a.next().inputs);
-  BatchLoader b(buf, 4, 32, 99, torch::kCPU, 3, 256, "train");
-  b.seek(3);
-  auto third = b.next();
-  EXPECT_EQ(third.index, 3);
-  EXPECT_TRUE(torch::equal(third.inputs, first[3]));
-  EXPECT_FALSE(torch::equal(first[0], first[1]));
-  // Targets are inputs shifted by one within the same window.
-  a.seek(0);
-  auto x = a.next();
-  EXPECT_TRUE(torch::equal(x.inputs.narrow(1, 1, 31), x.targets.narrow(1, 0, 31)));
-  // Windows stay inside the buffer.
-  for (int64_t i = 0; i < 200; ++i)
-    for (auto off : sample_offsets(5, i, 8, 32, 100)) EXPECT_LE(off + 32, 99);
-}
-
-TEST(Loader, TokenOutsideVocabularyIsAUserErrorOnNext) {
-  std::vector<uint16_t> toks(1000, 3);
-  toks[500] = 300;
-  for (size_t i = 0; i < toks.size(); ++i)
-    if (i != 500) toks[i] = 300;
-  BatchLoader l(TokenBuffer::from_tokens(toks, "bad"), 2, 16, 1, torch::kCPU, 2, 256, "train");
-  const std::string msg = error_of([&] { l.next(); });
-  EXPECT_NE(msg.find("outside the model's vocabulary of 256"), std::string::npos) << msg;
 }
 
 TEST(Synthetic, CorpusIsDeterministicAndStructured) {

@@ -62,28 +62,5 @@ TEST(ResNetBk, TrainsResumesAndRoundTripsItsConfig) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << i;
 }
 
-TEST(ResNetBk, MoeKeysOverrideThePresetAndAreCheckedUpFront) {
-  ModelConfig c;
-  c.preset = "bk-tiny";
-  c.n_experts = 4;
-  c.top_k = 1;
-  const ModelSpec s = resolve_model_spec(c);
-  EXPECT_EQ(s.n_experts, 4);
-  EXPECT_EQ(s.top_k, 1);
-  EXPECT_LT(s.num_params(), preset_spec("bk-tiny").num_params());
-  c.top_k = 5;
-  EXPECT_NE(test::error_of([&] { resolve_model_spec(c); }).find("1 <= model.top_k <= model.n_experts"),
-            std::string::npos);
-  ModelConfig l;
-  l.n_experts = 4;  // preset tiny is LLaMA
-  EXPECT_NE(test::error_of([&] { resolve_model_spec(l); }).find("apply to MoE presets"), std::string::npos);
-}
-
-TEST(ResNetBk, CheckpointingIsRefusedWithTheReason) {
-  EXPECT_NE(
-      test::error_of([] { build_model(preset_spec("bk-tiny"), true); }).find("model.checkpointing is not supported"),
-      std::string::npos);
-}
-
 }  // namespace
 }  // namespace tandem
