@@ -6,27 +6,31 @@
 
 #include <torch/torch.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tandem/engine/param_store.h"
+#include "tandem/engine/split_tuner.h"
+#include "tandem/monitor/chrome_trace.h"
 #include "tandem/optim/cpu_update.h"
 #include "tandem/optim/optimizer.h"
 
 namespace tandem {
 
 class CpuThreadPool;
-struct Stamp;  // a timing point on a stream (offload_engine.cpp)
+class CpuUpdater;
+class DeviceUpdater;
+class OffloadTrace;
+struct CpuUpdateJob;
+struct Stamp;
+struct StepStamps;
+struct TransferStreams;
 
 struct EngineOptions {
   AdamWOptions adam;
@@ -54,12 +58,8 @@ struct EngineOptions {
 
   std::vector<int64_t> trace_steps;  ///< 1-based steps written to `trace_path` (Chrome trace JSON)
   std::string trace_path;
-  /// A reading for the trace's counter tracks (power, utilisation, memory).
-  struct CounterPoint {
-    std::chrono::steady_clock::time_point t;
-    std::string track;  ///< e.g. "GPU power (W)"
-    double value;
-  };
+  /// A reading for the trace's counter tracks (monitor/chrome_trace.h).
+  using CounterPoint = ::tandem::CounterPoint;
   /// Telemetry between two times (the traced steps), for counter tracks; unset = no counters.
   std::function<std::vector<CounterPoint>(std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
       trace_counters;
@@ -73,21 +73,10 @@ struct EngineOptions {
   Comm* comm = nullptr;
 };
 
-/// The update split in force and what the solver said about it.
-struct SplitStatus {
-  int64_t gpu_blocks = 0;
-  double k = 0;                 ///< gpu_blocks / Blocks
-  double alpha = 0;             ///< GPU / CPU update cost per parameter, measured
-  double predicted_step_s = 0;  ///< the model's step time for the split in force
-  double measured_step_s = 0;   ///< median step time measured before the last solve (its split)
-  double predicted_measured_s = 0;  ///< the model's time for that measured split
-  bool solved = false;
-};
-
 /// What end_step() decided.
 struct StepOutcome {
-  double grad_norm = 0.0;  ///< global norm of the (unscaled) gradients, before clipping
-  bool skipped = false;    ///< a non-finite gradient: nothing was updated
+  double grad_norm = 0.0;    ///< global norm of the (unscaled) gradients, before clipping
+  bool skipped = false;      ///< a non-finite gradient: nothing was updated
   bool rolled_back = false;  ///< the speculative CPU updates were undone (clipping or skip)
 };
 
@@ -95,17 +84,21 @@ struct StepOutcome {
 struct EngineStats {
   int64_t steps = 0, skipped = 0, rollbacks = 0;
   int64_t speculative_steps = 0;  ///< steps whose CPU updates ran speculatively
-  double cpu_update_s = 0.0;    ///< summed CPU update time (updater thread)
+  double cpu_update_s = 0.0;      ///< summed CPU update time (updater thread)
   /// Summed D2H and H2D stream time of CPU-updated Blocks' transfers (each counted once complete;
   /// delayed mode's uploads, issued by the step loop, are not counted).
   double transfer_s = 0.0;
   int64_t cpu_updated_params = 0;
-  int64_t delayed_steps = 0;  ///< steps whose CPU-updated weights lagged one update
-  int64_t abandoned = 0;      ///< steps given up part-way (abandon_step)
+  int64_t delayed_steps = 0;     ///< steps whose CPU-updated weights lagged one update
+  int64_t abandoned = 0;         ///< steps given up part-way (abandon_step)
   int64_t mirror_refreshes = 0;  ///< device copies refreshed when a Block came back from the CPU
   int64_t max_mirror_lag = 0;    ///< the most updates a device-run Block's weights have lagged its master
 };
 
+/// The facade of the offload step (Note [Gradient streaming]): it dispatches each Block as backward
+/// completes it, decides clipping, speculation and rollback once the norm is known, and drives the
+/// parts that own the rest: the CPU updater, the device side's update, the split tuner, the step
+/// stamps and the trace; the Blocks' placement on the CPU (Note [Block placement]) is set here.
 class OffloadEngine {
  public:
   OffloadEngine(Model& model, ParamStore& store, EngineOptions options);
@@ -138,11 +131,8 @@ class OffloadEngine {
   std::vector<double> block_seconds() const;
 
   /// A consistent copy of the counters (the updater thread adds to them).
-  EngineStats stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  const SplitStatus& split() const { return split_; }
+  EngineStats stats() const;
+  const SplitStatus& split() const { return tuner_->status(); }
   /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
   /// Restores the step count after a checkpoint's state was copied into state().
@@ -154,100 +144,59 @@ class OffloadEngine {
   }
 
  private:
-  struct Job {
-    size_t block;
-    double grad_scale, lr;
-    int64_t step;  ///< 1-based update count (bias correction)
-    bool undo;
-    bool upload = true;  ///< false in delayed mode: the next backward's dispatch uploads
-    int64_t slot = -1;   ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
-    int64_t prev_owner = -1;  ///< host ring: the Block whose upload last read the slot's staging
-    bool host = false;        ///< the Block ran on the CPU: its gradient was already on the host
-  };
-  struct CpuSpan {  // one CPU update, for the trace
-    size_t block;
-    double t0, t1;  // seconds since the trace reference
-    bool undo;
-  };
+  void check_options() const;
   void on_param_ready(size_t block);
   void dispatch(size_t block);
-  void updater_loop();
-  void run_cpu_update(const Job& job);
-  void upload(size_t block, int64_t slot = -1);
-  void wait_updated(size_t block);  // until Block's latest update is done (uploaded or enqueued); rethrows the updater's failure
-  void wait_block(size_t block);
-  void wait_cpu_jobs();
-  std::vector<UpdateSpan> spans(size_t block, int64_t slot);  // the landing and staging buffers
-  // The CPU kernel's spans over b's slice: `grad` read (fp32 or bf16), the new weights written into
-  // `out` when it is bf16 (else the caller copies the master).
-  static std::vector<UpdateSpan> block_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out);
-  void ring_d2h(Job& job);
-  static std::vector<UndoLog> undo_logs(BlockStore& b);  // host ring: a slot, the gradient's D2H into it, the gradient zeroed
-  UpdateHyper hyper(double lr, int64_t step, double grad_scale) const;
-  void update_gpu_blocks(double grad_scale);
-  void update_device_blocks_on_host(const std::vector<size_t>& blocks, double grad_scale);  // the CPU device
+  void dispatch_host_run(size_t block);
+  void copy_down(size_t block, const torch::Tensor& grad, bool reduced_on_d2h);
+  CpuUpdateJob job(size_t block, double grad_scale, bool undo, bool upload) const;
   torch::Tensor reduce_gradient(size_t block);  // Note [Data-parallel engine]; the gradient to use
   void before_block(size_t block);
-  void upload_after_backward(size_t block);  // delayed mode: waits for the Block's update first
-  void upload_pending(size_t block);         // delayed mode: staging up, behind the compute stream
-  void sync_streams();
+  void refresh_mirror(size_t block);
+  void wait_block(size_t block);
   StepOutcome finish_step(bool abandon);
+  double clip_coefficient(StepOutcome& out);
+  void queue_cpu_updates(double grad_scale);
+  void roll_back(bool skipped, double grad_scale);
+  void zero_gradients(bool skipped);
+  void sync_streams();
+  void mark_on_compute(Stamp& st);
   void resolve_split();
-  void calibrate_costs(int64_t cpu_blocks_params, int64_t gpu_blocks_params);
   void start_trace();
   void collect_trace();
-  double host_now() const;
-  void mark_on_compute(Stamp& st);  // on the compute stream, or the host clock
 
   Model& model_;
   ParamStore& store_;
-  EngineOptions options_;
+  const EngineOptions options_;
   const bool cuda_;
-  EngineStats stats_;
-  torch::Tensor step_tensor_;  // 0-d fp32 host: the step count, shared by every ".step" entry
+  const bool ring_;              // Note [Host ring]
+  EngineStats stats_;            // the step loop's counters; the CPU updater keeps its own
+  mutable std::mutex stats_mu_;  // stats_ between the step loop and a forward recomputed in backward
+  torch::Tensor step_tensor_;    // 0-d fp32 host: the step count, shared by every ".step" entry
+
+  // The step in progress.
   double lr_ = 0.0, loss_scale_ = 1.0;
+  int64_t steps_begun_ = 0;
   bool last_micro_ = true;
+  bool in_forward_ = false;
   bool speculate_now_ = true;
-  std::deque<bool> would_roll_back_;  // recent steps: clipped or non-finite
-  std::vector<int64_t> remaining_;  // per Block: parameters whose gradient is not yet complete
-  std::vector<char> dispatched_;    // char, not bool: the CPU and device autograd threads dispatch concurrently
-  std::vector<bool> host_run_;      // Note [Block placement]
-  std::vector<bool> upload_now_;    // per Block, this step: its update goes up to the device copy
-  std::vector<bool> zero_landing_;  // host-run Blocks: the landing buffer is cleared before this step's backward
+  std::deque<bool> would_roll_back_;   // recent steps: clipped or non-finite
+  std::vector<int64_t> remaining_;     // per Block: parameters whose gradient is not yet complete
+  std::vector<char> dispatched_;       // char, not bool: the CPU and device autograd threads dispatch concurrently
   std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm
 
-  struct Streams;  // CUDA streams and events (Note [Gradient streaming])
-  std::unique_ptr<Streams> streams_;
-  struct Stamps;   // per-Block timing points on the compute, D2H and H2D streams
-  std::unique_ptr<Stamps> stamps_;
+  // Note [Block placement].
+  std::vector<bool> host_run_;
+  std::vector<bool> upload_now_;    // per Block, this step: its update goes up to the device copy
+  std::vector<bool> zero_landing_;  // host-run Blocks: the landing buffer is cleared before this step's backward
 
-  // Split solving and tracing (begin_step).
-  SplitStatus split_;
-  int64_t steps_begun_ = 0;
-  bool in_forward_ = false;
-  std::chrono::steady_clock::time_point last_begin_{}, epoch_ = std::chrono::steady_clock::now();
-  std::vector<double> step_times_;  // since the last solve
-  double cal_cpu_ = 0, cal_gpu_ = 0, cal_d2h_ = 0, cal_h2d_ = 0;  // calibrated per-parameter costs
-  double live_cpu_s_ = 0;
-  int64_t live_cpu_params_ = 0;
-  std::vector<bool> pending_upload_;  // delayed mode: staging holds an update not yet uploaded
-  const bool ring_;                   // Note [Host ring]
-  int64_t next_slot_ = 0;             // updater thread only
-  std::vector<int64_t> slot_owner_;   // per ring slot: the Block whose upload last read it, or -1
-  bool tracing_ = false;
-  int64_t traced_step_ = 0;
-  double trace_ref_host_ = 0;
-  std::vector<CpuSpan> cpu_spans_;
-  std::vector<std::string> trace_events_;
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
-  int64_t in_flight_ = 0;
-  bool stop_ = false;
-  std::exception_ptr updater_error_;  // the updater thread's first failure, rethrown by the waits
-  std::thread updater_;
+  // The parts (constructed in this order, the updater thread last; destroyed in reverse).
+  std::unique_ptr<TransferStreams> streams_;  // null with the CPU as the device
+  std::unique_ptr<StepStamps> stamps_;
+  std::unique_ptr<SplitTuner> tuner_;
+  std::unique_ptr<OffloadTrace> trace_;
+  std::unique_ptr<DeviceUpdater> device_updater_;
+  std::unique_ptr<CpuUpdater> updater_;
 };
 
 }  // namespace tandem

@@ -36,15 +36,14 @@
 #include <vector>
 
 #include "tandem/dist/comm.h"
-#include "tandem/engine/update_side.h"
+#include "tandem/memory/update_side.h"
 #include "tandem/models/model.h"
 
 namespace tandem {
 
-
 /// One parameter inside a Block's flat range.
 struct FlatParam {
-  std::string name;  ///< HF name
+  std::string name;     ///< HF name
   torch::Tensor param;  ///< the module's parameter (a view of `working`)
   int64_t offset = 0, numel = 0;
   std::vector<int64_t> shape;
@@ -79,8 +78,8 @@ struct BlockStore {
 struct ParamStoreOptions {
   torch::Device device = torch::kCPU;
   torch::ScalarType compute_dtype = torch::kFloat32;  ///< working weights and gradients
-  bool pin_memory = true;  ///< pinned host buffers (ignored when the device is the CPU)
-  bool undo = true;        ///< keep undo buffers for speculative updates of CPU-updated Blocks
+  bool pin_memory = true;                             ///< pinned host buffers (ignored when the device is the CPU)
+  bool undo = true;  ///< keep undo buffers for speculative updates of CPU-updated Blocks
   /// m and v of CPU-updated Blocks: kFloat32, or kBFloat16 (half the host memory; the CPU kernels
   /// round them as optim.state_rounding says). GPU-updated Blocks keep fp32 states.
   torch::ScalarType host_state_dtype = torch::kFloat32;

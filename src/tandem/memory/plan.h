@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tandem/core/config.h"
-#include "tandem/engine/update_side.h"
+#include "tandem/memory/update_side.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {

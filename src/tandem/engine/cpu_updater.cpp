@@ -1,0 +1,259 @@
+#include "tandem/engine/cpu_updater.h"
+
+#include <c10/core/StreamGuard.h>
+
+#include <chrono>
+#include <optional>
+
+#include "tandem/core/error.h"
+#include "tandem/engine/update_spans.h"
+
+namespace tandem {
+
+CpuUpdater::CpuUpdater(ParamStore& store, CpuUpdaterOptions options, TransferStreams* streams, StepStamps& stamps)
+    : store_(store),
+      options_(options),
+      streams_(streams),
+      stamps_(stamps),
+      ring_(store.options().ring_slots > 0),
+      slot_owner_(static_cast<size_t>(store.options().ring_slots), -1),
+      pending_upload_(store.blocks().size(), 0),
+      done_(store.blocks().size(), 1) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+CpuUpdater::~CpuUpdater() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CpuUpdater::enqueue(const std::vector<CpuUpdateJob>& jobs) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& job : jobs) {
+      done_[job.block] = 0;
+      ++in_flight_;
+      queue_.push_back(job);
+      if (options_.delayed) pending_upload_[job.block] = 1;  // goes up after the next backward
+    }
+  }
+  cv_.notify_all();
+}
+
+void CpuUpdater::wait_updated(size_t i) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_[i] != 0; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void CpuUpdater::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return in_flight_ == 0; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+CpuUpdaterCounters CpuUpdater::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+std::vector<CpuUpdateSpan> CpuUpdater::trace(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tracing_ = on;
+  std::vector<CpuUpdateSpan> out;
+  out.swap(spans_);
+  return out;
+}
+
+void CpuUpdater::roll_back(size_t i) {
+  auto& b = store_.blocks()[i];
+  const auto sp = block_update_spans(b, store_.landing(i, -1), store_.staging(i, -1));
+  cpu_rollback(sp, block_undo_logs(b), options_.pool);
+  if (!sp.empty() && sp[0].bf16_out == nullptr) b.staging.copy_(b.master);
+}
+
+void CpuUpdater::upload(size_t i, int64_t slot) {
+  auto& b = store_.blocks()[i];
+  const auto staging = store_.staging(i, slot);
+  auto mine = b.working.narrow(0, b.shard_offset, b.shard_numel);
+  // The updater thread gathers on its own group (Note [Process groups]).
+  const int lane = std::this_thread::get_id() == thread_.get_id() ? 1 : 0;
+  torch::NoGradGuard no_grad;
+  const c10::Stream* h2d = streams_ != nullptr ? &streams_->h2d : nullptr;
+  std::optional<c10::StreamGuard> guard;
+  if (h2d != nullptr) guard.emplace(*h2d);
+  stamps_.mark(stamps_.h2d0[i], h2d);
+  mine.copy_(staging, /*non_blocking=*/h2d != nullptr);
+  if (store_.sharded()) store_.gather_working(i, lane);  // behind the copy, on the H2D stream
+  if (h2d != nullptr) streams_->uploaded[i]->record(*h2d);
+  stamps_.mark(stamps_.h2d1[i], h2d);
+}
+
+// Note [Delayed update]
+// With offload.delayed_update the CPU updates of step t are queued once step t's norm is known
+// (exact clipping, no undo log) but their new weights are not awaited by step t+1's forward: a
+// CPU-updated Block's staging buffer goes up when step t+1's backward is done with that Block (its
+// dispatch), so step t+1 computes with the weights of step t-1 for those Blocks and step t+2 sees
+// step t's update. The CPU update then overlaps a whole forward and backward instead of the
+// backward's tail and the next forward; what it costs is convergence: the gradient of step t+1 is
+// taken at weights one update old (the one-step staleness of ZeRO-Offload's delayed parameter
+// update), measured against the exact engine in docs/benchmarks.md. GPU-updated Blocks are never
+// delayed. The dispatch waits on the host for the Block's previous update before anything else:
+// that update reads the landing buffer the new gradient is about to overwrite, and its upload must
+// follow the backward. With updates queued in forward order, the backward's first dispatches (the
+// last Blocks) wait for nearly all of them; a second landing buffer per Block would remove that
+// wait (docs/benchmarks.md). wait_all() (evaluation, checkpoints, split solves, traced steps, the
+// end) uploads what is pending, so checkpoints hold consistent weights and a resumed run repeats
+// the uninterrupted one.
+void CpuUpdater::upload_after_backward(size_t i) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[i] != 0; });
+  }
+  upload_pending(i);
+}
+
+void CpuUpdater::upload_pending(size_t i) {
+  pending_upload_[i] = 0;
+  if (streams_ != nullptr) {
+    auto& s = *streams_;
+    s.grad_ready[i]->record(s.compute());  // nothing queued before may still read the old weights
+    s.h2d.wait(*s.grad_ready[i]);
+  }
+  upload(i);
+}
+
+// Note [Host ring]
+// Per-Block landing and staging buffers cost 2 x the CPU-updated parameters in the compute dtype
+// of pinned memory (about 48 GB at 13B) for buffers that are busy a fraction of the step. With
+// offload.host_ring = N the CPU-updated Blocks share N slots instead, each the size of the largest
+// Block. The updates then start once the norm is known (no speculation, no delayed update), in
+// forward order, and the gradient stays in the device's gradient buffer until the updater takes a
+// slot for it, queues the D2H behind that Block's backward (G_i), zeroes the device gradient on
+// the same stream and records D_i after the zeroing, and queues the D2H of the next Block before
+// running this one's update, so copies down overlap updates; the update waits for the upload of
+// the slot's previous Block (its staging half) only when it is about to write it. The next
+// backward writes Block i's gradient only after the forward waited for U_i, which follows D_i
+// (the host waited for it), so the zeroing. The cost is the overlap with backward that speculation
+// would give; the CPU update is the same kernel on the same data, so the result is identical to the
+// per-Block buffers.
+void CpuUpdater::ring_d2h(CpuUpdateJob& job) {
+  const size_t i = job.block;
+  job.slot = next_slot_++ % store_.options().ring_slots;
+  // The slot's landing half was last read by its previous Block's CPU update, already done; its
+  // staging half may still be going up: wait_for_buffers waits for that upload (job.prev_owner).
+  auto& owner = slot_owner_[static_cast<size_t>(job.slot)];
+  job.prev_owner = owner;
+  owner = static_cast<int64_t>(i);
+  auto& b = store_.blocks()[i];
+  auto landing = store_.landing(i, job.slot);
+  const torch::Tensor& grad = store_.sharded() ? b.grad_shard : b.grad;
+  torch::NoGradGuard no_grad;
+  if (streams_ != nullptr) {
+    auto& s = *streams_;
+    s.d2h.wait(*s.grad_ready[i]);
+    const c10::StreamGuard guard(s.d2h);
+    stamps_.mark(stamps_.d2h0[i], &s.d2h);
+    landing.copy_(grad, /*non_blocking=*/true);
+    stamps_.mark(stamps_.d2h1[i], &s.d2h);
+    b.grad.zero_();
+    s.landed[i]->record(s.d2h);  // after the zeroing: U_i follows it, and the next backward U_i
+  } else {
+    stamps_.mark(stamps_.d2h0[i], nullptr);
+    landing.copy_(grad);
+    stamps_.mark(stamps_.d2h1[i], nullptr);
+    b.grad.zero_();
+  }
+}
+
+void CpuUpdater::loop() {
+  for (;;) {
+    CpuUpdateJob job;
+    CpuUpdateJob* next = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_ && queue_.empty()) return;
+      job = queue_.front();
+      queue_.pop_front();
+      // Only this thread pops or edits queued jobs; push_back keeps references to the others valid.
+      // With one slot the next Block has nowhere to land before this update is uploaded.
+      if (ring_ && slot_owner_.size() > 1 && !queue_.empty() && queue_.front().slot < 0) next = &queue_.front();
+    }
+    // A failure here (a peer rank gone in the all-gather, a CUDA error) must not end the process
+    // from this thread: it is kept and rethrown on the step loop's next wait.
+    try {
+      run_job(job, next);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[job.block] = 1;
+      --in_flight_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void CpuUpdater::run_job(CpuUpdateJob& job, CpuUpdateJob* next) {
+  if (ring_) {
+    if (job.slot < 0) ring_d2h(job);
+    if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
+  }
+  wait_for_buffers(job);
+  count_transfer(job);
+  run_update(job);
+  if (job.upload) upload(job.block, job.slot);
+}
+
+void CpuUpdater::wait_for_buffers(const CpuUpdateJob& job) {
+  if (streams_ == nullptr) return;  // the CPU device's copies are done when issued
+  streams_->landed[job.block]->synchronize();
+  // Delayed mode: the previous update's upload must have read staging before it is rewritten.
+  if (options_.delayed) streams_->uploaded[job.block]->synchronize();
+  // Host ring: the slot's previous Block must have gone up before staging is rewritten.
+  if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
+}
+
+void CpuUpdater::count_transfer(const CpuUpdateJob& job) {
+  // This Block's gradient copy has landed; its previous upload finished before the forward that
+  // preceded this gradient. Delayed mode's uploads are issued by the step loop: not read.
+  const size_t i = job.block;
+  const auto& st = stamps_;
+  const double xfer = job.host ? 0.0
+                               : completed_between(st.d2h0[i], st.d2h1[i]) +
+                                     (options_.delayed ? 0.0 : completed_between(st.h2d0[i], st.h2d1[i]));
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.transfer_s += xfer;
+}
+
+void CpuUpdater::run_update(const CpuUpdateJob& job) {
+  const size_t i = job.block;
+  auto& b = store_.blocks()[i];
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto sp = block_update_spans(b, store_.landing(i, job.slot), store_.staging(i, job.slot));
+  std::vector<UndoLog> logs;
+  if (job.undo) {
+    TANDEM_ASSERT(b.undo_master.defined(), "block ", b.name, " has no undo buffers");
+    logs = block_undo_logs(b);
+  }
+  const UpdateHyper h = update_hyper(options_.hyper, job.lr, job.step, job.grad_scale);
+  cpu_update(sp, h, job.undo ? &logs : nullptr, options_.pool);
+  if (!sp.empty() && sp[0].bf16_out == nullptr) store_.staging(i, job.slot).copy_(b.master);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.cpu_update_s += dt;
+  counters_.cpu_updated_params += b.shard_numel;
+  if (tracing_) {
+    const double end = stamps_.host_now();
+    spans_.push_back({i, end - dt, end, job.undo});
+  }
+}
+
+}  // namespace tandem

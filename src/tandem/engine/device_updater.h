@@ -1,0 +1,49 @@
+#pragma once
+// The device side of the update split (Note [Update split]): the GPU-updated Blocks' update, run by
+// the step loop once the clip is known, over their device-resident fp32 masters and states: ATen's
+// fused AdamW on a GPU, the CPU kernel of the CPU side with the CPU as the device (Note [One update
+// kernel on the CPU device]); then their working weights rewritten from the masters. Stamps the
+// update's start and end for the split tuner and the trace. Owns nothing but that update.
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "tandem/engine/param_store.h"
+#include "tandem/engine/step_stamps.h"
+#include "tandem/engine/transfer_streams.h"
+#include "tandem/optim/cpu_update.h"
+#include "tandem/optim/optimizer.h"
+
+namespace tandem {
+
+class DeviceUpdater {
+ public:
+  /// `adam` for the GPU's fused AdamW; `hyper` (the same coefficients and the state rounding) and
+  /// `pool` for the CPU kernel on the CPU device. `streams` is null with the CPU as the device.
+  DeviceUpdater(ParamStore& store, AdamWOptions adam, UpdateHyper hyper, CpuThreadPool* pool,
+                const TransferStreams* streams, StepStamps& stamps);
+
+  /// Updates every GPU-updated Block at `lr` with the 1-based update count `step`, each gradient
+  /// multiplied by `grad_scale`; on the compute stream. Nothing (and no stamp) when there are none.
+  void update(double lr, int64_t step, double grad_scale);
+
+ private:
+  /// The fused kernel's lists, [0] with weight decay and [1] without (1-D parameters).
+  struct FusedLists {
+    std::vector<torch::Tensor> params[2], grads[2], m[2], v[2];
+  };
+  FusedLists fused_lists(const std::vector<size_t>& blocks, double grad_scale);
+  void run_fused(FusedLists& lists, double lr, int64_t step);
+  void update_on_host(const std::vector<size_t>& blocks, double lr, int64_t step, double grad_scale);
+  void mark_on_compute(Stamp& st);
+
+  ParamStore& store_;
+  const AdamWOptions adam_;
+  const UpdateHyper hyper_;
+  CpuThreadPool* const pool_;
+  const TransferStreams* const streams_;  // null: the CPU device
+  StepStamps& stamps_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,53 @@
+#include "tandem/engine/update_spans.h"
+
+#include "tandem/core/error.h"
+
+namespace tandem {
+
+std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out) {
+  const bool grad_bf16 = grad.scalar_type() == torch::kBFloat16;
+  TANDEM_ASSERT(grad_bf16 || grad.scalar_type() == torch::kFloat32, "gradient dtype ", grad.scalar_type(),
+                " (the CPU kernels take fp32 or bf16 gradients)");
+  TANDEM_ASSERT(
+      grad.numel() >= b.shard_numel && out.numel() >= b.shard_numel && grad.is_contiguous() && out.is_contiguous(),
+      "block ", b.name, ": a gradient or output buffer not contiguous or shorter than its slice of ", b.shard_numel);
+  const bool bf16_out = out.scalar_type() == torch::kBFloat16;
+  const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16;
+  const int64_t gsize = grad_bf16 ? 2 : 4, ssize = state_bf16 ? 2 : 4;
+  std::vector<UpdateSpan> spans;
+  for (const auto& f : b.shard_params) {
+    UpdateSpan s;
+    s.master = b.master.data_ptr<float>() + f.offset;
+    s.grad = static_cast<const char*>(grad.data_ptr()) + f.offset * gsize;
+    s.grad_dtype = grad_bf16 ? Dtype::kBF16 : Dtype::kF32;
+    s.m = static_cast<char*>(b.m.data_ptr()) + f.offset * ssize;
+    s.v = static_cast<char*>(b.v.data_ptr()) + f.offset * ssize;
+    s.state_dtype = state_bf16 ? Dtype::kBF16 : Dtype::kF32;
+    s.bf16_out = bf16_out ? reinterpret_cast<uint16_t*>(out.data_ptr()) + f.offset : nullptr;
+    s.n = f.numel;
+    s.index_base = b.index_base + b.shard_offset + f.offset;
+    s.weight_decay_scale = f.weight_decay_scale;
+    spans.push_back(s);
+  }
+  return spans;
+}
+
+std::vector<UndoLog> block_undo_logs(BlockStore& b) {
+  const int64_t ssize = b.undo_m.element_size();
+  std::vector<UndoLog> logs;
+  for (const auto& f : b.shard_params)
+    logs.push_back({b.undo_master.data_ptr<float>() + f.offset,
+                    static_cast<char*>(b.undo_m.data_ptr()) + f.offset * ssize,
+                    static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize});
+  return logs;
+}
+
+UpdateHyper update_hyper(UpdateHyper base, double lr, int64_t step, double grad_scale) {
+  base.lr = lr;
+  base.step = step;
+  base.grad_scale = grad_scale;
+  base.check_finite = false;
+  return base;
+}
+
+}  // namespace tandem

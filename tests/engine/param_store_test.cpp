@@ -1,0 +1,348 @@
+// The ParamStore on the CPU device (Note [ParamStore layout], Note [Sharded store]): the flat layout
+// and the parameters as views of it, moving Blocks between the sides bit for bit, Blocks kept
+// CPU-updated, masters bound for checkpoint code, and a sharded store's state through the whole
+// range (two ranks in threads, Gloo on loopback).
+
+#include "tandem/engine/param_store.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <map>
+#include <stdexcept>
+#include <thread>
+
+#include "../test_util.h"
+#include "tandem/dist/comm.h"
+#include "tandem/engine/offload_engine.h"
+#include "tandem/models/model.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+namespace {
+
+ModelSpec small_spec() {
+  ModelSpec s = preset_spec("tiny");
+  s.n_layer = 3;
+  s.d_model = 64;
+  s.n_head = 4;
+  s.n_kv_head = 2;
+  s.d_ff = 128;
+  s.vocab_size = 100;
+  s.max_seq_len = 32;
+  return s;
+}
+
+std::shared_ptr<Model> small_model() {
+  torch::manual_seed(7);
+  return build_model(small_spec(), false);
+}
+
+// A token batch of the small model: (4, 16) inputs and targets.
+std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {
+  torch::manual_seed(1000 + (step % 4) * 7);
+  auto t = torch::randint(0, small_spec().vocab_size, {4, 17}, torch::kInt64);
+  return {t.narrow(1, 0, 16), t.narrow(1, 1, 16)};
+}
+
+const char* ptr(const torch::Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
+
+TEST(ParamStore, LaysEachBlocksParametersEndToEndInForwardOrder) {
+  auto model = small_model();
+  std::vector<std::vector<NamedTensor>> initial;  // the fp32 weights before the store takes them over
+  for (auto& blk : model->blocks()) {
+    initial.emplace_back();
+    for (auto& [name, p] : blk->hf_parameters()) initial.back().emplace_back(name, p.detach().clone());
+  }
+  ParamStoreOptions so;
+  so.compute_dtype = torch::kBFloat16;
+  ParamStore store(*model, so, /*gpu_blocks=*/1);
+  ASSERT_EQ(store.blocks().size(), model->blocks().size());
+  EXPECT_EQ(store.gpu_blocks(), 1);
+  int64_t base = 0;
+  for (size_t i = 0; i < store.blocks().size(); ++i) {
+    auto& b = store.blocks()[i];
+    SCOPED_TRACE(b.name);
+    EXPECT_EQ(b.name, model->blocks()[i]->name());
+    EXPECT_EQ(b.index_base, base);
+    ASSERT_EQ(b.params.size(), initial[i].size());
+    int64_t offset = 0;
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const auto& f = b.params[k];
+      const auto& want = initial[i][k].second;
+      EXPECT_EQ(f.name, initial[i][k].first);
+      EXPECT_EQ(f.offset, offset);
+      EXPECT_EQ(f.numel, want.numel());
+      EXPECT_EQ(f.shape, want.sizes().vec());
+      EXPECT_EQ(f.weight_decay_scale, want.dim() >= 2 ? 1.0f : 0.0f);
+      EXPECT_TRUE(torch::equal(b.master.narrow(0, offset, f.numel).view(want.sizes()), want)) << f.name;
+      EXPECT_TRUE(torch::equal(b.working.narrow(0, offset, f.numel).view(want.sizes()), want.to(torch::kBFloat16)));
+      EXPECT_EQ(ptr(f.param), ptr(b.working) + offset * 2) << f.name;  // a view of the working copy
+      EXPECT_EQ(ptr(f.param.grad()), ptr(b.grad) + offset * 2) << f.name;
+      offset += f.numel;
+    }
+    EXPECT_EQ(b.numel, offset);
+    EXPECT_EQ(b.padded_numel, b.numel);  // unsharded: the slice is the whole range
+    EXPECT_EQ(b.shard_numel, b.numel);
+    EXPECT_EQ(b.shard_params.size(), b.params.size());
+    EXPECT_EQ(b.master.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(b.m.count_nonzero().item<int64_t>() + b.v.count_nonzero().item<int64_t>(), 0);
+    if (i == 0) {  // GPU-updated: no host buffers
+      EXPECT_EQ(b.side, UpdateSide::kGpu);
+      EXPECT_FALSE(b.landing.defined());
+      EXPECT_FALSE(b.undo_master.defined());
+    } else {
+      EXPECT_EQ(b.side, UpdateSide::kCpu);
+      EXPECT_EQ(b.landing.scalar_type(), torch::kBFloat16);  // bf16 gradients come down as they are
+      EXPECT_TRUE(torch::equal(b.staging, b.master.to(torch::kBFloat16)));
+      EXPECT_EQ(b.undo_master.numel(), b.numel);
+    }
+    base += b.numel;
+  }
+}
+
+TEST(ParamStore, ParametersAreViewsOfTheFlatBuffers) {
+  auto model = small_model();
+  ParamStore store(*model, {}, 0);
+  for (auto& b : store.blocks())
+    for (auto& f : b.params) {
+      const auto* base = static_cast<const char*>(b.working.data_ptr());
+      EXPECT_EQ(static_cast<const char*>(f.param.data_ptr()), base + f.offset * b.working.element_size()) << f.name;
+      EXPECT_EQ(static_cast<const char*>(f.param.grad().data_ptr()),
+                static_cast<const char*>(b.grad.data_ptr()) + f.offset * b.grad.element_size())
+          << f.name;
+    }
+  // A backward accumulates into the flat gradient buffers, not into new tensors.
+  auto [in, tgt] = batch(0);
+  model->loss(model->forward(in), tgt).backward();
+  for (auto& blk : store.blocks())
+    for (auto& f : blk.params)
+      EXPECT_EQ(f.param.grad().data_ptr(), blk.grad.narrow(0, f.offset, f.numel).data_ptr()) << f.name;
+  double total = 0;
+  for (auto& blk : store.blocks()) total += blk.grad.abs().sum().item<double>();
+  EXPECT_GT(total, 0.0);
+}
+
+TEST(ParamStore, AHostRingSharesSlotsTheSizeOfTheLargestBlock) {
+  auto model = small_model();
+  ParamStoreOptions so;
+  so.undo = false;
+  so.ring_slots = 2;
+  ParamStore store(*model, so, 0);
+  int64_t largest = 0;
+  for (auto& b : store.blocks()) {
+    EXPECT_FALSE(b.landing.defined()) << b.name;
+    largest = std::max(largest, b.numel);
+  }
+  ASSERT_EQ(store.ring().size(), 2u);
+  EXPECT_EQ(store.ring()[1].landing.numel(), largest);
+  EXPECT_EQ(store.ring()[1].staging.numel(), largest);
+  // Block 2's view of slot 1: the slot's first numel elements.
+  const auto l = store.landing(2, 1), s = store.staging(2, 1);
+  EXPECT_EQ(l.numel(), store.blocks()[2].numel);
+  EXPECT_EQ(ptr(l), ptr(store.ring()[1].landing));
+  EXPECT_EQ(ptr(s), ptr(store.ring()[1].staging));
+}
+
+TEST(ParamStore, BlockMigrationKeepsMasterAndStatesBitExact) {
+  // fp32 host states, and bf16 ones (widened exactly on the way up, rounded back to the same bits).
+  for (const auto state : {torch::kFloat32, torch::kBFloat16}) {
+    SCOPED_TRACE(state == torch::kFloat32 ? "fp32 host states" : "bf16 host states");
+    auto model = small_model();
+    ParamStoreOptions so;
+    so.host_state_dtype = state;
+    ParamStore store(*model, so, 0);
+    {
+      OffloadEngine engine(*model, store, {});
+      for (int step = 0; step < 3; ++step) {
+        engine.begin_step(3e-3);
+        engine.begin_micro(true);
+        auto [in, tgt] = batch(step);
+        model->loss(model->forward(in), tgt).backward();
+        engine.end_step();
+      }
+      engine.wait_all();
+    }
+    std::vector<torch::Tensor> before;
+    for (auto& b : store.blocks())
+      for (auto* t : {&b.master, &b.m, &b.v}) before.push_back(t->clone());
+    const auto check = [&](const char* when) {
+      size_t k = 0;
+      for (auto& b : store.blocks())
+        for (auto* t : {&b.master, &b.m, &b.v})
+          EXPECT_TRUE(torch::equal(t->to(torch::kCPU), before[k++])) << b.name << " " << when;
+    };
+    store.set_gpu_blocks(3);
+    EXPECT_EQ(store.gpu_blocks(), 3);
+    check("after moving to the device side");
+    store.set_gpu_blocks(0);
+    EXPECT_EQ(store.gpu_blocks(), 0);
+    check("after moving back");
+    EXPECT_EQ(store.blocks()[0].m.scalar_type(), state);
+  }
+}
+
+TEST(ParamStore, MoveBlockChangesOneBlocksSideAndItsBuffers) {
+  auto model = small_model();
+  ParamStoreOptions so;
+  so.host_state_dtype = torch::kBFloat16;
+  ParamStore store(*model, so, 0);
+  auto& b = store.blocks()[2];
+  const auto master = b.master.clone();
+  store.move_block(2, UpdateSide::kGpu);
+  EXPECT_EQ(b.side, UpdateSide::kGpu);
+  EXPECT_EQ(store.gpu_blocks(), 1);
+  EXPECT_EQ(b.m.scalar_type(), torch::kFloat32);  // GPU-updated Blocks keep fp32 states
+  EXPECT_TRUE(torch::equal(b.master, master));
+  store.move_block(2, UpdateSide::kGpu);  // already there: nothing changes
+  EXPECT_EQ(store.gpu_blocks(), 1);
+  store.move_block(2, UpdateSide::kCpu);
+  EXPECT_EQ(b.side, UpdateSide::kCpu);
+  EXPECT_EQ(b.m.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(b.master, master));
+  EXPECT_EQ(store.gpu_blocks(), 0);
+}
+
+TEST(ParamStore, BlocksKeptCpuUpdatedAreSkippedByTheSplit) {
+  auto model = small_model();
+  ParamStore store(*model, {}, 2);  // embed and layer.0 GPU-updated
+  const size_t n = store.blocks().size();
+  std::vector<bool> keep(n, false);
+  keep[1] = keep[2] = true;  // layer.0 and layer.1
+  store.keep_cpu_updated(keep);
+  EXPECT_EQ(store.blocks()[1].side, UpdateSide::kCpu) << "a kept Block that was GPU-updated moves back";
+  EXPECT_EQ(store.gpu_blocks(), 1);
+  store.set_gpu_blocks(3);  // the first 3 Blocks that are not kept: embed, layer.2, head
+  std::vector<UpdateSide> want(n, UpdateSide::kCpu);
+  want[0] = want[3] = want[4] = UpdateSide::kGpu;
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(store.blocks()[i].side, want[i]) << store.blocks()[i].name;
+  EXPECT_EQ(store.gpu_blocks(), 3);
+}
+
+TEST(ParamStore, MastersBoundForCheckpointCodeThenTheWorkingCopiesFollow) {
+  auto model = small_model();
+  ParamStoreOptions so;
+  so.compute_dtype = torch::kBFloat16;
+  ParamStore store(*model, so, 1);
+  auto& b = store.blocks()[1];
+  auto& f = b.params[0];
+  store.with_masters_bound([&] {
+    // Inside: the parameters are fp32 views of the masters, on their update side.
+    EXPECT_EQ(f.param.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(ptr(f.param), ptr(b.master) + f.offset * 4);
+    torch::NoGradGuard ng;
+    f.param.fill_(0.3);  // what loading a checkpoint does
+  });
+  // After: bound to the working copy again, which (and the staging copy) holds the new master.
+  EXPECT_EQ(ptr(f.param), ptr(b.working) + f.offset * 2);
+  EXPECT_TRUE(torch::equal(b.master.narrow(0, f.offset, f.numel), torch::full({f.numel}, 0.3f)));
+  EXPECT_TRUE(torch::equal(b.working, b.master.to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(b.staging, b.master.to(torch::kBFloat16)));
+  // A failure inside still leaves the parameters bound to the working copies.
+  EXPECT_THROW(store.with_masters_bound([] { throw std::runtime_error("bad file"); }), std::runtime_error);
+  EXPECT_EQ(ptr(f.param), ptr(b.working) + f.offset * 2);
+}
+
+TEST(ParamStore, StateNamesEveryParametersMomentsAsViews) {
+  auto model = small_model();
+  ParamStore store(*model, {}, 0);
+  const auto step = torch::full({}, 5.0f);
+  const auto st = store.state(step);
+  size_t k = 0;
+  for (auto& b : store.blocks())
+    for (auto& f : b.params) {
+      ASSERT_LT(k + 2, st.size());
+      EXPECT_EQ(st[k].first, f.name + ".exp_avg");
+      EXPECT_EQ(ptr(st[k].second), ptr(b.m) + f.offset * 4);
+      EXPECT_EQ(st[k].second.sizes().vec(), f.shape);
+      EXPECT_EQ(st[k + 1].first, f.name + ".exp_avg_sq");
+      EXPECT_EQ(ptr(st[k + 1].second), ptr(b.v) + f.offset * 4);
+      EXPECT_EQ(st[k + 2].first, f.name + ".step");
+      EXPECT_EQ(st[k + 2].second.item<float>(), 5.0f);
+      k += 3;
+    }
+  EXPECT_EQ(k, st.size());
+}
+
+// A port no one listens on now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("no free port");
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Element j of Block `block`'s whole range of `kind` in the round trip below.
+torch::Tensor whole_range(size_t block, const std::string& kind, int64_t offset, int64_t n) {
+  const double k = kind == "master" ? 0.0 : kind == "exp_avg" ? 1.0 : 2.0;
+  return (torch::arange(offset, offset + n, torch::kFloat64) * 1e-3 + 10.0 * double(block) + k).to(torch::kFloat32);
+}
+
+// One rank of two sharing the store (Note [Sharded store]): loads the whole ranges, checks its slices.
+void sharded_rank(int rank, int port) {
+  RankInfo info;
+  info.rank = rank;
+  info.world_size = 2;
+  info.local_world_size = 2;
+  info.master_port = port;
+  CommOptions co;
+  co.heartbeat_s = 0;
+  co.timeout = std::chrono::seconds(60);
+  Comm comm(info, co);
+  auto model = small_model();
+  ParamStoreOptions so;
+  so.shard_rank = rank;
+  so.shard_count = 2;
+  so.comm = &comm;
+  ParamStore store(*model, so, 0);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < store.blocks().size(); ++i) index[store.blocks()[i].name] = i;
+  store.load_shard_state([&](const std::string& name, const std::string& kind, int64_t offset, int64_t n,
+                             torch::Tensor out) { out.copy_(whole_range(index.at(name), kind, offset, n)); });
+  const auto st = store.shard_state();
+  ASSERT_EQ(st.size(), 3 * store.blocks().size());
+  for (size_t i = 0; i < store.blocks().size(); ++i) {
+    const auto& b = store.blocks()[i];
+    EXPECT_EQ(b.shard_offset, rank * b.shard_numel);
+    EXPECT_EQ(b.padded_numel, 2 * b.shard_numel);
+    const int64_t real = std::max<int64_t>(0, std::min(b.shard_numel, b.numel - b.shard_offset));
+    const char* kinds[] = {"master", "exp_avg", "exp_avg_sq"};
+    for (int k = 0; k < 3; ++k) {
+      const auto& [name, t] = st[3 * i + k];
+      EXPECT_EQ(name, b.name + "." + kinds[k]);
+      EXPECT_TRUE(torch::equal(t.narrow(0, 0, real), whole_range(i, kinds[k], b.shard_offset, real))) << name;
+      EXPECT_EQ(t.narrow(0, real, b.shard_numel - real).count_nonzero().item<int64_t>(), 0) << name << " padding";
+    }
+    // The working copy is whole on every rank: both slices, gathered.
+    EXPECT_TRUE(torch::equal(b.working.narrow(0, 0, b.numel), whole_range(i, "master", 0, b.numel))) << b.name;
+  }
+}
+
+TEST(ParamStore, AShardedStoresStateRoundTripsThroughTheWholeRange) {
+  const int port = free_port();
+  std::string errors[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        sharded_rank(r, port);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+}  // namespace
+}  // namespace tandem
