@@ -5,6 +5,8 @@
 #          CPUAdam (bench/optim_peers.py; DeepSpeed from the wheels in .whl when present),
 #          256M and 1B parameters, alternating;
 #   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating;
+#   hardening runs that cannot fit (7B without offload on one GPU, 13B offloaded into a 16 GiB host, a huge
+#          micro-batch) are refused up front with exit 2;
 #   bk     the BK-core kernels against LibTorch ops, cuSPARSE gtsv2 and the bandwidth floor
 #          (`tandem bench bk_core`), then ResNet-BK 125M and LLaMA 125M training runs side by side;
 #   offload the offload engine: 125M offload against GPU-only AdamW with the same seed on a text
@@ -112,6 +114,20 @@ for i in 1 2; do
   pytorch_runs+=("$OUT/pytorch-1b-$i.json")
 done
 
+fi
+
+if has hardening; then
+# Plans refused up front on the GPU machine (Note [Host fit]): each must exit 2 in seconds with one line.
+echo "== hardening: runs that cannot fit are refused before anything is built"
+for args in "-p 7B --set train.precision=bf16" \
+            "-p 13B --set offload.optimizer=cpu --set offload.host_memory_gib=16" \
+            "-p 1B --set train.micro_batch=500000"; do
+  t0=$(date +%s%N)
+  # shellcheck disable=SC2086
+  "$BUILD/tandem" train $args --run-dir "$OUT/refused" >"$OUT/refused.log" 2>&1
+  rc=$?
+  printf 'refused (rc %s, %s ms): %s\n  %s\n' "$rc" "$((($(date +%s%N) - t0) / 1000000))" "$args" "$(tail -1 "$OUT/refused.log")"
+done
 fi
 
 if has bk; then
