@@ -1,4 +1,5 @@
 #include "tandem/core/config.h"
+#include "tandem/io/deepspeed.h"
 
 #include <gtest/gtest.h>
 

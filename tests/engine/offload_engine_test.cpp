@@ -14,7 +14,7 @@
 #include <set>
 
 #include "../test_util.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"

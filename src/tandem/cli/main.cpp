@@ -22,6 +22,8 @@
 #include "tandem/dist/comm.h"
 #include "tandem/dist/launcher.h"
 #include "tandem/io/checkpoint.h"
+#include "tandem/io/config_file.h"
+#include "tandem/io/deepspeed.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/plan.h"

@@ -12,7 +12,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/sched/update_split.h"
 
 namespace tandem {

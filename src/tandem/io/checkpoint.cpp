@@ -12,9 +12,10 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fault.h"
 #include "tandem/core/log.h"
 #include "tandem/io/digest.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 
@@ -106,9 +107,7 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
   try {
     write_file_synced((tmp_dir / "config.json").string(), snap.hf_config);
     write_safetensors((tmp_dir / "model.safetensors").string(), snap.model, {{"format", "pt"}});
-    // Fault injection for the tests of Note [Checkpoint layout]: a kill -9 in the middle of a write.
-    if (const char* k = std::getenv("TANDEM_FAULT_KILL_IN_CHECKPOINT"); k && std::atoll(k) == state.step)
-      ::raise(SIGKILL);
+    fault_in_checkpoint(state.step);  // Note [Test faults]: a kill -9 in the middle of a write
     if (snap.zero_world == 0) write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
     for (const auto& f : snap.adopt) fs::rename(f, tmp_dir / fs::path(f).filename());
     write_safetensors((tmp_dir / "rng.safetensors").string(), snap.rng);
