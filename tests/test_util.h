@@ -65,7 +65,7 @@ inline Config tiny_cpu_config(const std::string& dir, int64_t steps) {
   c.train.seq_len = 64;
   c.train.device = "cpu";
   c.train.eval_every = 0;
-  c.train.progress = "off";
+  c.train.progress = ProgressMode::kOff;
   c.train.run_dir = dir;
   c.optim.warmup_steps = 10;
   c.data.synthetic_bytes = 200000;

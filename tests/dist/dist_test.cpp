@@ -196,7 +196,7 @@ TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
   const Result clean = launch(2, port(0), tmp.file("clean"), 30, args);
   ASSERT_EQ(clean.code, 0) << clean.out;
   const Result killed =
-      launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1", "TANDEM_FAULT_AT=1:15");
+      launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1", "TANDEM_FAULTS=kill_after_step=1:15");
   ASSERT_EQ(killed.code, 0) << killed.out;
   EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
   EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;
@@ -204,7 +204,7 @@ TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
   // Exact, whatever split the restarted workers solve (Note [One update kernel on the CPU device]).
   expect_same_losses(losses(tmp.file("clean")), losses(tmp.file("killed")), 0.0);
   // Without restarts the launcher reports the kill.
-  const Result no_restart = launch(2, port(2), tmp.file("once"), 30, args, "", "TANDEM_FAULT_AT=0:3");
+  const Result no_restart = launch(2, port(2), tmp.file("once"), 30, args, "", "TANDEM_FAULTS=kill_after_step=0:3");
   EXPECT_EQ(no_restart.code, 137) << no_restart.out;
   // Note [Peer loss]: the survivor names the rank that stopped and how to go on, not a transport error.
   EXPECT_NE(no_restart.out.find("rank 0 stopped"), std::string::npos) << no_restart.out;
@@ -238,7 +238,7 @@ TEST(Dist, HungRankIsFoundByTheHeartbeat) {
   TempDir tmp;
   const Result r = launch(2, port(0), tmp.file("hung"), 200,
                           "--set train.micro_batch=4 --set dist.heartbeat_s=0.5 --set dist.heartbeat_timeout_s=3",
-                          "--stop-grace 1", "TANDEM_FAULT_AT=1:3 TANDEM_FAULT_STOP=1");
+                          "--stop-grace 1", "TANDEM_FAULTS=stop_after_step=1:3");
   EXPECT_EQ(r.code, 75) << r.out;
   EXPECT_NE(r.out.find("rank 1 has not sent a heartbeat"), std::string::npos) << r.out;
 }
@@ -364,7 +364,7 @@ namespace {
 TEST(Dist, AFailingSlotIsDroppedAndTheRunGoesOnResharded) {
   TempDir tmp;
   const Result r =
-      sh("env OMP_NUM_THREADS=1 TANDEM_FAULT_AT=1:3 TANDEM_FAULT_ALWAYS=1 " + cli_path() +
+      sh("env OMP_NUM_THREADS=1 TANDEM_FAULTS=kill_after_step=1:3,every_attempt=1 " + cli_path() +
              " launch --nproc-per-node 1:2 --max-restarts 3 --stop-grace 2 --master-port " + std::to_string(port(0)) +
              " -- " + cli_path() + " train " +
              train_args(tmp.file("run"), 12,

@@ -16,7 +16,7 @@
 
 #include "../test_util.h"
 #include "tandem/engine/param_store.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 #include "tandem/optim/cpu_optimizer.h"

@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "../test_util.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 
 namespace tandem {
 namespace {

@@ -22,7 +22,7 @@ Config cuda_run(const test::TempDir& dir, int64_t steps) {
   Config c;
   c.train.steps = steps;
   c.train.device = "cuda";
-  c.train.progress = "off";
+  c.train.progress = ProgressMode::kOff;
   c.train.eval_every = 0;
   c.train.run_dir = dir.path();
   return c;
@@ -111,7 +111,7 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
     c.train.grad_accum = 2;
     c.offload.optimizer = OffloadTarget::kCpu;
     c.offload.update_split = "0.5";
-    c.offload.speculate = "never";
+    c.offload.speculate = Speculation::kNever;
     c.offload.host_ring = ring;
     c.optim.state_dtype = states;
     return train(c, {}).losses;

@@ -10,6 +10,7 @@
 #include "../fuzz/fuzz_inputs.h"
 #include "../test_util.h"
 #include "tandem/core/config.h"
+#include "tandem/io/deepspeed.h"
 #include "tandem/data/token_file.h"
 #include "tandem/io/safetensors.h"
 

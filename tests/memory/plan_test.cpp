@@ -71,7 +71,7 @@ TEST(MemoryPlan, SevenBAtZeroGpuBlocksHoldsBf16WeightsAndGradientsOnTheGpu) {
 TEST(MemoryPlan, EachBlockMovedToTheCpuAddsItsMasterAndStatesToThePinnedTier) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.offload.speculate = "never";
+  c.offload.speculate = Speculation::kNever;
   const MemoryPlan g2 = plan_offload_memory(s, c, 2048, 2), g1 = plan_offload_memory(s, c, 2048, 1);
   const int64_t n = k7bLayer;  // layer.1 moves from GPU- to CPU-updated
   const auto master_and_states = [](const MemoryPlan& p) {
@@ -94,7 +94,7 @@ TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
   Config c = bf16_config();
   const int64_t n_gpu = k7bEmbedding + 4 * k7bLayer, n_cpu = 28 * k7bLayer + k7bHead;
   const MemoryPlan f = plan_offload_memory(s, c, 2048, 4);
-  c.optim.state_dtype = "bf16";
+  c.optim.state_dtype = StateDtype::kBf16;
   const MemoryPlan b = plan_offload_memory(s, c, 2048, 4);
   EXPECT_EQ(rows_containing(f, kTierGpu, "states"), 2 * 4 * n_gpu);
   EXPECT_EQ(rows_containing(b, kTierGpu, "states"), 2 * 4 * n_gpu);  // the device's fused AdamW keeps fp32 states
@@ -111,7 +111,7 @@ TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
   const int64_t n_cpu = 24 * k7bLayer + k7bHead;
   const MemoryPlan spec = plan_offload_memory(s, c, 2048, 8);
   EXPECT_EQ(row_bytes(spec, kTierPinned, "undo log (speculative updates)"), 12 * n_cpu);
-  c.offload.speculate = "never";
+  c.offload.speculate = Speculation::kNever;
   c.train.grad_accum = 2;  // gradients accumulate in the device's gradient buffers
   const MemoryPlan plain = plan_offload_memory(s, c, 2048, 8);
   EXPECT_EQ(row_bytes(plain, kTierPinned, "undo log"), -1);
@@ -121,7 +121,7 @@ TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
 TEST(MemoryPlan, PageableHostWhenPinningIsOff) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.offload.speculate = "never";
+  c.offload.speculate = Speculation::kNever;
   c.offload.pin_memory = false;
   const MemoryPlan p = plan_offload_memory(s, c, 2048, 0);
   EXPECT_EQ(p.pinned_bytes(), 0);
@@ -172,9 +172,9 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   const ModelSpec s = preset_spec("13B");
   Config c = bf16_config();
   c.model.checkpointing = true;
-  c.optim.state_dtype = "bf16";
+  c.optim.state_dtype = StateDtype::kBf16;
   c.offload.host_ring = 0;
-  c.offload.speculate = "never";  // no undo log: the two plans differ in the buffers alone
+  c.offload.speculate = Speculation::kNever;  // no undo log: the two plans differ in the buffers alone
   const MemoryPlan per_block = plan_offload_memory(s, c, 2048, 3);
   int64_t n_cpu = 0;
   for (const auto& b : per_block.blocks) n_cpu += b.update == UpdateSide::kCpu ? b.params : 0;
@@ -190,20 +190,20 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
 
   // Auto: per-Block buffers where they fit, the ring (and no speculation) where they do not.
   c.offload.host_ring = -1;
-  c.offload.speculate = "auto";
+  c.offload.speculate = Speculation::kAuto;
   const MemoryCapacity big{80 * kGiB, 400 * kGiB}, host125{80 * kGiB, 124 * kGiB}, unknown{80 * kGiB, 0};
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).host_ring, 0);
-  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).speculate, "auto");
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).speculate, Speculation::kAuto);
   const OffloadConfig small = resolve_host_ring(s, c, 2048, 3, host125);
   EXPECT_EQ(small.host_ring, 4);
-  EXPECT_EQ(small.speculate, "never");
+  EXPECT_EQ(small.speculate, Speculation::kNever);
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, unknown).host_ring, 0);
   // The host decides, not the GPU: a GPU tier over budget, or no GPU at all (the CPU as the
   // device), keeps per-Block buffers and speculation.
   const MemoryCapacity tiny_gpu{8 * kGiB, 400 * kGiB}, no_gpu{0, 124 * kGiB};
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, tiny_gpu).host_ring, 0);
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).host_ring, 0);
-  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).speculate, "auto");
+  EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).speculate, Speculation::kAuto);
   Config delayed = c;
   delayed.offload.delayed_update = true;  // needs per-Block landing buffers: kept, and the check says so
   EXPECT_EQ(resolve_host_ring(s, delayed, 2048, 3, host125).host_ring, 0);
@@ -297,7 +297,7 @@ namespace {
 TEST(MemoryPlan, HostGuardFallsBackToPageableWhenPinningWouldCrowdTheHost) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
-  c.offload.speculate = "never";
+  c.offload.speculate = Speculation::kNever;
   c.offload.host_memory_fraction = 0.7;
   const MemoryPlan pinned = plan_offload_memory(s, c, 2048, 0);
   Config off = c;

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 
 namespace tandem {
 namespace {

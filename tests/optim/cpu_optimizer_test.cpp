@@ -64,13 +64,13 @@ TEST(CpuOptimizer, AcceptsBf16Gradients) {
 
 TEST(CpuOptimizer, GpuParametersWithCpuOnlyRulesAreRefusedUpFront) {
   OptimConfig o;
-  o.type = "lion";
+  o.type = OptimizerType::kLion;
   const auto msg = test::error_of([&] {
     make_optimizer(o, {{"p", torch::zeros({2}, torch::requires_grad())}}, torch::Device("cuda:0"));
   });
   EXPECT_NE(msg.find("optim.type=lion runs on tandem's CPU kernels"), std::string::npos) << msg;
-  o.type = "adamw";
-  o.state_dtype = "bf16";
+  o.type = OptimizerType::kAdamW;
+  o.state_dtype = StateDtype::kBf16;
   EXPECT_NE(test::error_of([&] {
               make_optimizer(o, {{"p", torch::zeros({2}, torch::requires_grad())}}, torch::Device("cuda:0"));
             }).find("optim.state_dtype=bf16 needs"),
@@ -91,10 +91,10 @@ TEST(CpuOptimizer, TinyModelWithBf16StatesEndsWithinOnePercentOfFp32States) {
   c.train.eval_batches = 32;
   const auto fp32 = train(c, {});
   c.train.run_dir = d2.path();
-  c.optim.state_dtype = "bf16";
+  c.optim.state_dtype = StateDtype::kBf16;
   const auto bf16 = train(c, {});
   c.train.run_dir = d3.path();
-  c.optim.state_rounding = "stochastic";
+  c.optim.state_rounding = StateRounding::kStochastic;
   const auto bf16_sr = train(c, {});
   const double a = fp32.last_eval_loss, b = bf16.last_eval_loss, s = bf16_sr.last_eval_loss;
   EXPECT_LT(a, 0.2 * fp32.losses.front()) << "the fp32 run did not learn";
@@ -119,11 +119,11 @@ TEST(CpuOptimizer, SgdAndLionTrainTheTinyModel) {
 TEST(CpuOptimizer, CheckpointsMoveBetweenFusedAndCpuKernels) {
   test::TempDir d;
   Config c = tiny_cpu_run(d.path(), 5);
-  c.optim.impl = "fused";
+  c.optim.impl = OptimizerImpl::kFused;
   c.train.save_final = true;
   train(c, {});
-  c.optim.impl = "cpu";
-  c.optim.state_dtype = "bf16";
+  c.optim.impl = OptimizerImpl::kCpu;
+  c.optim.state_dtype = StateDtype::kBf16;
   c.train.steps = 8;
   const auto s = train(c, TrainOptions{d.path()});
   EXPECT_EQ(s.first_step, 5);

@@ -1,5 +1,5 @@
 // Out-of-memory recovery (Note [Adaptive micro-batch]): injected through
-// train.fault_oom_above_tokens, a step is retried with half the micro-batch and twice the
+// TANDEM_FAULTS=oom_above_tokens (Note [Test faults]), a step is retried with half the micro-batch and twice the
 // accumulation, on the same samples, so the run's losses follow the run that never ran out.
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
+#include "tandem/core/fault.h"
 #include "tandem/run/trainer.h"
 
 namespace tandem {
@@ -29,7 +30,8 @@ TEST(AdaptiveMicroBatch, AnOomIsRetriedOnTheSameSamplesAndTheLossesFollowTheRunW
     const TrainSummary ref = train(c, {});
     Config o = c;
     o.train.run_dir = oom_dir.path();
-    o.train.fault_oom_above_tokens = 8 * 64 / 2 - 1;  // a full micro-batch fails, a quarter fits
+    const FaultScope oom("oom_above_tokens=" +
+                         std::to_string(8 * 64 / 2 - 1));  // a full micro-batch fails, a quarter fits
     const TrainSummary got = train(o, {});
     EXPECT_EQ(got.oom_retries, 2) << "8 rows -> 4 -> 2";
     EXPECT_EQ(got.final_step, 12);
@@ -48,8 +50,8 @@ TEST(AdaptiveMicroBatch, GrowingBackAfterCleanStepsKeepsTheLosses) {
   const TrainSummary ref = train(c, {});
   Config o = c;
   o.train.run_dir = oom_dir.path();
-  o.train.fault_oom_above_tokens = 8 * 64 / 2;  // 4 rows fit
-  o.train.oom_grow_after = 3;                   // and every third clean step it tries 8 again
+  o.train.oom_grow_after = 3;                                              // every third clean step it tries 8 again
+  const FaultScope oom("oom_above_tokens=" + std::to_string(8 * 64 / 2));  // 4 rows fit
   const TrainSummary got = train(o, {});
   EXPECT_EQ(got.oom_retries, 4) << "8 rows fail at step 1, and again after each 3 clean steps: 4, 7, 10";
   expect_same_losses(got, ref, 1e-4);
@@ -58,13 +60,17 @@ TEST(AdaptiveMicroBatch, GrowingBackAfterCleanStepsKeepsTheLosses) {
 TEST(AdaptiveMicroBatch, AtMicroBatchOneItEndsWithTheFix) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 3);
-  c.train.fault_oom_above_tokens = 32;  // not even one 64-token row fits
-  const std::string err = test::error_of([&] { train(c, {}); });
+  const std::string err = test::error_of([&] {
+    const FaultScope oom("oom_above_tokens=32");  // not even one 64-token row fits
+    train(c, {});
+  });
   EXPECT_NE(err.find("even at micro-batch 1"), std::string::npos) << err;
   EXPECT_NE(err.find("model.checkpointing=true"), std::string::npos) << err;
   c.train.oom_retry = false;
-  c.train.fault_oom_above_tokens = 100;
-  const std::string off = test::error_of([&] { train(c, {}); });
+  const std::string off = test::error_of([&] {
+    const FaultScope oom("oom_above_tokens=100");
+    train(c, {});
+  });
   EXPECT_NE(off.find("train.oom_retry=true"), std::string::npos) << off;
 }
 

@@ -22,10 +22,10 @@ Config offload_config(const std::string& dir) {
 TEST(EngineSetup, OptionsFollowTheConfig) {
   test::TempDir dir;
   Config c = offload_config(dir.path());
-  c.optim.type = "adam";
+  c.optim.type = OptimizerType::kAdam;
   c.optim.beta2 = 0.95;
-  c.optim.state_rounding = "stochastic";
-  c.offload.speculate = "always";
+  c.optim.state_rounding = StateRounding::kStochastic;
+  c.offload.speculate = Speculation::kAlways;
   c.offload.update_split = "0.5";
   c.offload.trace_steps = "2";
   const RunContext ctx = open_run_context(c);
@@ -61,7 +61,7 @@ TEST(EngineSetup, BuildsTheStoreAndEngineOverTheModel) {
 TEST(EngineSetup, PlacementKeepsItsMovableBlocksCpuUpdated) {
   test::TempDir dir;
   Config c = offload_config(dir.path());
-  c.placement.policy = "static";
+  c.placement.policy = PlacementPolicyKind::kStatic;
   c.placement.blocks = "GGCCGG";
   c.offload.update_split = "1";
   const RunContext ctx = open_run_context(c);

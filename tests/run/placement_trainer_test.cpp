@@ -144,7 +144,7 @@ TEST(PlacementTrainer, BadPlacementSettingsNameTheKey) {
   const auto expect_has = [](const std::string& message, const std::string& needle) {
     EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks '" << needle << "'";
   };
-  expect_has(error([](Config& c) { c.placement.policy = "bogus"; }), "placement.policy");
+  expect_has(error([](Config& c) { apply_override(c, "placement.policy=bogus"); }), "placement.policy");
   expect_has(error([](Config& c) { c.offload.optimizer = OffloadTarget::kNone; }), "offload.optimizer=cpu");
   expect_has(error([](Config& c) { c.train.precision = Precision::kFp16; }), "train.precision=bf16");
   expect_has(error([](Config& c) { c.placement.blocks = "CGGGGG"; }), "not movable");

@@ -118,7 +118,7 @@ TEST(Resilience, AKillDuringACheckpointWriteLeavesThePreviousOneToResumeFrom) {
   test::TempDir dir, straight;
   const auto args = with(kTinyArgs, {"--steps", "8", "--set", "train.checkpoint_every=2"});
   // Killed with SIGKILL while writing step 6's checkpoint.
-  EXPECT_EQ(wait_status(spawn(with(args, {"--run-dir", dir.path()}), {"TANDEM_FAULT_KILL_IN_CHECKPOINT=6"})),
+  EXPECT_EQ(wait_status(spawn(with(args, {"--run-dir", dir.path()}), {"TANDEM_FAULTS=kill_in_checkpoint=6"})),
             128 + SIGKILL);
   EXPECT_TRUE(fs::exists(dir.file("checkpoints/.step_00000006.tmp"))) << "the write was cut off";
   const auto all = list_checkpoints(dir.file("checkpoints"));

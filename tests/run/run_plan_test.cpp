@@ -50,7 +50,7 @@ TEST(RunPlan, RefusesWhatNoStepCouldRun) {
             std::string::npos);
   Config lion = c;
   lion.offload.optimizer = OffloadTarget::kCpu;
-  lion.optim.type = "lion";
+  lion.optim.type = OptimizerType::kLion;
   EXPECT_NE(test::error_of([&] { resolve_run_plan(lion, {}, ctx); }).find("use offload.optimizer=none"),
             std::string::npos);
   Config longer = c;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
+#include "tandem/core/fault.h"
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/models/model.h"
@@ -67,10 +68,9 @@ TEST(StepRunner, TheStepsLossIsTheModelsOnItsBatch) {
 TEST(StepRunner, AnOutOfMemoryErrorIsRetriedAtHalfTheMicroBatch) {
   test::TempDir a_dir, b_dir;
   Rig plain(small(a_dir.path()));
-  Config c = small(b_dir.path());
-  c.train.fault_oom_above_tokens = 2 * 32;  // 4 rows of 32 fail; 2 rows pass
-  Rig retried(c);
+  Rig retried(small(b_dir.path()));
   const StepResult want = plain.runner->run(0, 1e-3, *plain.loader, 1.0);
+  const FaultScope oom("oom_above_tokens=64");  // 4 rows of 32 fail; 2 rows pass
   const StepResult got = retried.runner->run(0, 1e-3, *retried.loader, 1.0);
   EXPECT_NEAR(got.loss, want.loss, 1e-6 * want.loss) << "the same samples, summed in another order";
   EXPECT_EQ(retried.runner->oom_retries(), 1);

@@ -230,9 +230,9 @@ TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 2);
   c.offload.optimizer = OffloadTarget::kCpu;
-  c.optim.type = "lion";
+  c.optim.type = OptimizerType::kLion;
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.optimizer=none for sgd and lion"), std::string::npos);
-  c.optim.type = "adamw";
+  c.optim.type = OptimizerType::kAdamW;
   c.offload.update_split = "1.5";
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.update_split must be auto or a fraction"),
             std::string::npos);

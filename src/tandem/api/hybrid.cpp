@@ -16,7 +16,7 @@ Config hybrid_config(const HybridModel& m) {
   cfg.offload.optimizer = OffloadTarget::kCpu;
   cfg.offload.host_ring = 0;  // per-block host buffers: a block runs on the CPU from them
   cfg.train.precision = resolve_device(cfg.train.device).is_cuda() ? Precision::kBf16 : Precision::kFp32;
-  cfg.placement.policy = "static";
+  cfg.placement.policy = PlacementPolicyKind::kStatic;
   cfg.placement.blocks = "gpu";
   std::string dense;
   for (int64_t i = 1; i <= m.dense_blocks; ++i) dense += (dense.empty() ? "" : ",") + std::to_string(i);
@@ -25,19 +25,19 @@ Config hybrid_config(const HybridModel& m) {
 }
 
 void use_static(Config& cfg, const std::string& blocks) {
-  cfg.placement.policy = "static";
+  cfg.placement.policy = PlacementPolicyKind::kStatic;
   cfg.placement.blocks = blocks;
 }
 
 void use_threshold(Config& cfg, double gpu_power_w, double cpu_util_pct) {
-  cfg.placement.policy = "threshold";
+  cfg.placement.policy = PlacementPolicyKind::kThreshold;
   cfg.placement.threshold_w = gpu_power_w;
   cfg.placement.threshold_cpu_pct = cpu_util_pct;
 }
 
 void use_cost_model(Config& cfg, double gpu_power_budget_w) {
-  cfg.placement.policy = "cost";
-  cfg.placement.objective = "throughput";
+  cfg.placement.policy = PlacementPolicyKind::kCost;
+  cfg.placement.objective = PlacementObjective::kThroughput;
   cfg.placement.gpu_power_budget_w = gpu_power_budget_w;
 }
 

@@ -11,7 +11,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"

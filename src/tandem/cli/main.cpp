@@ -22,6 +22,8 @@
 #include "tandem/dist/comm.h"
 #include "tandem/dist/launcher.h"
 #include "tandem/io/checkpoint.h"
+#include "tandem/io/config_file.h"
+#include "tandem/io/deepspeed.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/plan.h"
@@ -96,7 +98,7 @@ ModelSpec spec_for(const Config& cfg) {
 
 /// `tandem inspect` options beyond the configuration.
 struct InspectOptions {
-  bool plan = false;             ///< print the offload engine's memory plan instead of the single-device estimate
+  bool plan = false;             ///< print the offload engine's memory plan instead of the estimate without it
   double gpu_memory_gib = 80.0;  ///< GPU to plan for when none is visible, or when given explicitly
   bool gpu_memory_given = false;
   double host_memory_gib = 0.0;  ///< 0 = MemAvailable from /proc/meminfo

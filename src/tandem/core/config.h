@@ -1,8 +1,9 @@
 #pragma once
 // The run's configuration: one flat key space ("train.steps", "optim.lr", ...), filled from
-// defaults, then YAML files, then DeepSpeed JSON files, then --set overrides, in that order.
-// Every key is declared once in config.cpp with its type and a one-line doc; an unknown key is
-// an error naming the closest valid one.
+// defaults, then YAML files, then DeepSpeed JSON files (io/deepspeed.h), then --set overrides, in
+// that order. Every key is declared once in config_keys.cpp with its type and a one-line doc; an
+// unknown key is an error naming the closest valid one. A key with a fixed set of values is an
+// enum field, its names in one table per enum (config_enums.cpp).
 
 #include <cstdint>
 #include <optional>
@@ -18,6 +19,44 @@ enum class Precision { kFp32, kBf16, kFp16 };
 enum class LrSchedule { kCosine, kLinear, kConstant };
 /// Where the optimizer keeps its state and runs (offload engine: a later layer).
 enum class OffloadTarget { kNone, kCpu };
+/// data.format: how a token file is read (auto: by its header and extension, Note [Token file detection]).
+enum class TokenFormat { kAuto, kNanoGpt, kLlmc, kText };
+/// train.progress: a bar on a terminal, log lines otherwise (auto), or nothing.
+enum class ProgressMode { kAuto, kBar, kLines, kOff };
+/// optim.type: the update rule.
+enum class OptimizerType { kAdamW, kAdam, kSgd, kLion };
+/// optim.impl: LibTorch's multi-tensor kernel (fused) or tandem's CPU kernels; auto by device.
+enum class OptimizerImpl { kAuto, kFused, kCpu };
+/// optim.state_dtype: optimizer state precision.
+enum class StateDtype { kFp32, kBf16 };
+/// optim.state_rounding: how bf16 states are rounded.
+enum class StateRounding { kNearest, kStochastic };
+/// optim.cpu_isa: the CPU kernels' instruction set (auto: the best CPUID allows).
+enum class CpuIsaChoice { kAuto, kScalar, kAvx2, kAvx512, kAvx512Bf16 };
+/// offload.speculate: CPU updates during backward with an undo log (Note [Speculative clipping]).
+enum class Speculation { kAuto, kAlways, kNever };
+/// dist.backend: the device collectives (auto: NCCL for GPUs, Gloo for the CPU).
+enum class DistBackend { kAuto, kNccl, kGloo };
+/// placement.policy: where Blocks run per step (Note [Placement policies]).
+enum class PlacementPolicyKind { kOff, kStatic, kThreshold, kCost };
+/// placement.objective: what the cost model optimises.
+enum class PlacementObjective { kThroughput, kEnergy };
+
+/// The name of an enum value as the config writes it (one table per enum, config_enums.cpp).
+const char* to_string(Precision v);
+const char* to_string(LrSchedule v);
+const char* to_string(OffloadTarget v);
+const char* to_string(TokenFormat v);
+const char* to_string(ProgressMode v);
+const char* to_string(OptimizerType v);
+const char* to_string(OptimizerImpl v);
+const char* to_string(StateDtype v);
+const char* to_string(StateRounding v);
+const char* to_string(CpuIsaChoice v);
+const char* to_string(Speculation v);
+const char* to_string(DistBackend v);
+const char* to_string(PlacementPolicyKind v);
+const char* to_string(PlacementObjective v);
 
 /// Model selection: a preset plus optional overrides of its fields (unset = preset value).
 struct ModelConfig {
@@ -35,8 +74,8 @@ struct ModelConfig {
 /// Where the tokens come from.
 struct DataConfig {
   std::string path = "synthetic";  ///< "synthetic", a token file (.bin) or a text file
-  std::string format = "auto";     ///< auto | nanogpt | llmc | text
-  std::string val_path;            ///< held-out file; empty = the last val_fraction of `path`
+  TokenFormat format = TokenFormat::kAuto;
+  std::string val_path;  ///< held-out file; empty = the last val_fraction of `path`
   double val_fraction = 0.05;
   int64_t synthetic_bytes = 2'000'000;  ///< size of the generated corpus
   int64_t prefetch = 2;                 ///< batches prepared ahead by the loader thread
@@ -61,26 +100,25 @@ struct TrainConfig {
   bool async_checkpoint = true;  ///< write checkpoints from a snapshot on a background thread
   bool oom_retry = true;         ///< halve the micro-batch and retry the step on out-of-memory
   int64_t oom_grow_after = 0;    ///< clean steps before trying a doubled micro-batch again; 0 = never
-  int64_t fault_oom_above_tokens = 0;  ///< testing: a micro-batch above this many tokens fails as out of memory
   bool tf32 = true;
   bool cudnn_benchmark = true;
   bool deterministic = false;  ///< deterministic kernels (reproducible runs; slower attention backward)
-  std::string run_dir;            ///< empty = runs/<time>-<preset>
-  std::string progress = "auto";  ///< auto | bar | lines | off
+  std::string run_dir;         ///< empty = runs/<time>-<preset>
+  ProgressMode progress = ProgressMode::kAuto;
 };
 
 /// AdamW and the learning-rate schedule.
 struct OptimConfig {
-  std::string type = "adamw";        ///< adamw | adam | sgd | lion
-  std::string impl = "auto";         ///< auto | fused (LibTorch's multi-tensor kernel) | cpu (tandem's CPU kernels)
-  std::string state_dtype = "fp32";  ///< fp32 | bf16 (CPU kernels)
-  std::string state_rounding = "nearest";  ///< nearest | stochastic (bf16 states)
-  double momentum = 0.9;                   ///< SGD momentum (0 = plain SGD)
-  double dampening = 0.0;                  ///< SGD dampening
-  bool nesterov = false;                   ///< SGD Nesterov momentum
-  int64_t cpu_threads = 0;                 ///< CPU kernel threads; 0 = TANDEM_CPU_THREADS, OMP_NUM_THREADS or all
-  std::string cpu_isa = "auto";            ///< auto | scalar | avx2 | avx512 | avx512bf16
-  bool cpu_pin = false;                    ///< pin CPU kernel threads to cores
+  OptimizerType type = OptimizerType::kAdamW;
+  OptimizerImpl impl = OptimizerImpl::kAuto;
+  StateDtype state_dtype = StateDtype::kFp32;  ///< bf16: CPU kernels
+  StateRounding state_rounding = StateRounding::kNearest;
+  double momentum = 0.9;    ///< SGD momentum (0 = plain SGD)
+  double dampening = 0.0;   ///< SGD dampening
+  bool nesterov = false;    ///< SGD Nesterov momentum
+  int64_t cpu_threads = 0;  ///< CPU kernel threads; 0 = TANDEM_CPU_THREADS, OMP_NUM_THREADS or all
+  CpuIsaChoice cpu_isa = CpuIsaChoice::kAuto;
+  bool cpu_pin = false;  ///< pin CPU kernel threads to cores
   double lr = 3e-3;
   double min_lr_ratio = 0.1;  ///< cosine/linear decay floor as a fraction of lr
   int64_t warmup_steps = 20;
@@ -102,13 +140,13 @@ struct ScalerConfig {
 
 /// Telemetry (monitor/): the sampler thread and what it feeds.
 struct MonitorConfig {
-  bool enabled = true;    ///< GPU (NVML) and host (/proc, RAPL) sampling, energy per step
-  double period_s = 0.5;  ///< sampling period
-  int64_t metrics_port = 0;     ///< Prometheus /metrics on this port; 0 = off (--metrics-port)
-  int64_t dashboard_port = 0;   ///< live dashboard on this port; 0 = off (--dashboard)
+  bool enabled = true;             ///< GPU (NVML) and host (/proc, RAPL) sampling, energy per step
+  double period_s = 0.5;           ///< sampling period
+  int64_t metrics_port = 0;        ///< Prometheus /metrics on this port; 0 = off (--metrics-port)
+  int64_t dashboard_port = 0;      ///< live dashboard on this port; 0 = off (--dashboard)
   std::string bind = "127.0.0.1";  ///< address the endpoints listen on (loopback by default)
-  bool tensorboard = false;     ///< TensorBoard scalars in <run dir>/tensorboard (--tensorboard)
-  std::string chartjs;          ///< Chart.js UMD file the dashboard serves; "" = Debian's libjs-chart.js
+  bool tensorboard = false;        ///< TensorBoard scalars in <run dir>/tensorboard (--tensorboard)
+  std::string chartjs;             ///< Chart.js UMD file the dashboard serves; "" = Debian's libjs-chart.js
 };
 
 /// Offload settings (consumed by the heterogeneous engine).
@@ -118,13 +156,13 @@ struct OffloadConfig {
   std::string update_split = "auto";  ///< k: fraction of decoder Blocks updated on the GPU, "auto" = solved
   int64_t resolve_every = 50;         ///< auto k: re-solve every this many steps (0 = only at start-up)
   bool delayed_update = false;        ///< opt-in one-step delayed update (weights may lag one step)
-  std::string speculate = "auto";     ///< auto | always | never: CPU updates during backward, undo log
+  Speculation speculate = Speculation::kAuto;
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
   /// Host memory the plan assumes, GiB; 0 = MemAvailable now (a VM whose memory grows as it is
   /// used reports too little at start: give its limit here).
   double host_memory_gib = 0;
-  std::string trace_steps;            ///< steps (1-based, comma list) traced into <run dir>/trace.json
+  std::string trace_steps;  ///< steps (1-based, comma list) traced into <run dir>/trace.json
   /// Host landing/staging buffers: -1 auto (per Block when the plan fits the host, else a ring of
   /// 4 slots), 0 per Block, N > 0 a ring of N slots shared by the CPU-updated Blocks.
   int64_t host_ring = -1;
@@ -132,7 +170,7 @@ struct OffloadConfig {
 
 /// Several processes (dist/): how they meet, reduce and share the optimizer state.
 struct DistConfig {
-  std::string backend = "auto";     ///< auto (NCCL for GPUs, Gloo for the CPU) | nccl | gloo
+  DistBackend backend = DistBackend::kAuto;
   int64_t zero_stage = 0;           ///< 0: every rank holds all masters and states; 2: sharded (ZeRO-2 style)
   double timeout_s = 300;           ///< rendezvous and collective timeout
   double heartbeat_s = 2;           ///< heartbeat period in the store; 0 = off
@@ -145,15 +183,15 @@ struct DistConfig {
 
 /// Where each Block runs per step, CPU or GPU (sched/placement.h, Note [Block placement]).
 struct PlacementConfig {
-  std::string policy = "off";  ///< off | static | threshold | cost
+  PlacementPolicyKind policy = PlacementPolicyKind::kOff;
   std::string blocks = "gpu";  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
   /// Blocks that may run on the CPU: "" = every decoder layer, "none", or a comma list of Block indices (0 = embedding)
   std::string movable;
-  double threshold_w = 200;              ///< threshold: GPU power above which a Block moves to the CPU
-  double threshold_cpu_pct = 80;         ///< threshold: the CPU must be less busy than this
-  double release_w = 20;                 ///< threshold: a Block comes back under threshold_w - release_w
-  int64_t dwell_steps = 5;               ///< threshold: steps between two moves
-  std::string objective = "throughput";  ///< cost: throughput (under gpu_power_budget_w) | energy (under max_step_s)
+  double threshold_w = 200;       ///< threshold: GPU power above which a Block moves to the CPU
+  double threshold_cpu_pct = 80;  ///< threshold: the CPU must be less busy than this
+  double release_w = 20;          ///< threshold: a Block comes back under threshold_w - release_w
+  int64_t dwell_steps = 5;        ///< threshold: steps between two moves
+  PlacementObjective objective = PlacementObjective::kThroughput;  ///< cost: under gpu_power_budget_w | max_step_s
   /// cost: software GPU power budget, W (0 = none); the GPU's own limit is never changed
   double gpu_power_budget_w = 0;
   double max_step_s = 0;      ///< cost, energy: the step-time ceiling (the throughput floor); 0 = none
@@ -200,17 +238,6 @@ void load_yaml_config(Config& cfg, const std::string& path);
 /// Parses YAML text (for tests and resumed runs); `origin` names the source in messages.
 void load_yaml_config_text(Config& cfg, const std::string& text, const std::string& origin);
 
-/// Result of reading a DeepSpeed JSON config: the keys it could not map.
-struct DeepSpeedImport {
-  std::vector<std::string> ignored_keys;
-};
-/// Loads the DeepSpeed keys that map onto tandem's; returns the ones it ignored.
-DeepSpeedImport load_deepspeed_config(Config& cfg, const std::string& path);
-DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text, const std::string& origin);
-
-/// Loads by extension: .json = DeepSpeed, .yaml/.yml = tandem YAML. Logs one warning for ignored keys.
-void load_config_file(Config& cfg, const std::string& path);
-
 /// The full configuration as YAML (every key, nested), for run directories and `tandem config`.
 std::string config_to_yaml(const Config& cfg);
 
@@ -223,10 +250,8 @@ std::vector<int64_t> parse_step_list(const std::string& s, const std::string& ke
 /// offload.update_split: the fixed k in [0, 1], or nullopt for "auto"; UserError otherwise.
 std::optional<double> parse_update_split(const std::string& s);
 
-/// Checks values that are individually valid but impossible together.
+/// Checks every section's values and the combinations no run could use (config_validate.cpp);
+/// UserError naming the key and the fix.
 void validate_config(const Config& cfg);
-
-const char* to_string(Precision p);
-const char* to_string(LrSchedule s);
 
 }  // namespace tandem

@@ -96,6 +96,11 @@ std::string one_line(std::string s) {
   return s;
 }
 
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out(1);
   for (const char c : s) {

@@ -34,4 +34,7 @@ std::string to_lower(std::string s);
 /// The parts of `s` between separators ("a,,b" -> "a", "", "b"; "" -> one empty part).
 std::vector<std::string> split(const std::string& s, char sep);
 
+/// s without leading and trailing spaces and tabs.
+std::string trim(const std::string& s);
+
 }  // namespace tandem

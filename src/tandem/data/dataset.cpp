@@ -15,11 +15,11 @@ DataSplits open_data(const DataConfig& cfg) {
         byte_tokenize(generate_corpus_text(cfg.synthetic_bytes, 20240520)),
         "synthetic corpus (byte-level), " + format_count(double(cfg.synthetic_bytes)) + " tokens");
   } else {
-    all = TokenBuffer::open(cfg.path, parse_token_format(cfg.format));
+    all = TokenBuffer::open(cfg.path, cfg.format);
   }
   if (!cfg.val_path.empty()) {
     s.train = all;
-    s.val = TokenBuffer::open(cfg.val_path, parse_token_format(cfg.format));
+    s.val = TokenBuffer::open(cfg.val_path, cfg.format);
   } else {
     const int64_t n_val = static_cast<int64_t>(double(all.size()) * cfg.val_fraction);
     s.train = all.slice(0, all.size() - n_val);

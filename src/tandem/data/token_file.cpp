@@ -24,16 +24,6 @@ struct TokenBuffer::Storage {
   }
 };
 
-TokenFormat parse_token_format(const std::string& s) {
-  const std::string v = to_lower(s);
-  if (v == "auto") return TokenFormat::kAuto;
-  if (v == "nanogpt" || v == "raw") return TokenFormat::kNanoGpt;
-  if (v == "llmc" || v == "llm.c") return TokenFormat::kLlmc;
-  if (v == "text" || v == "txt") return TokenFormat::kText;
-  TANDEM_FAIL("data.format must be auto, nanogpt, llmc or text; got '", s, "'",
-              did_you_mean(v, {"auto", "nanogpt", "llmc", "text"}));
-}
-
 namespace {
 
 std::string extension(const std::string& path) {

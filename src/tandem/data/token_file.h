@@ -7,12 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "tandem/core/config.h"  // TokenFormat (data.format)
+
 namespace tandem {
-
-/// How a token file is laid out on disk.
-enum class TokenFormat { kAuto, kNanoGpt, kLlmc, kText };
-
-TokenFormat parse_token_format(const std::string& s);
 
 /// A read-only view of token ids, owning (a share of) its storage.
 class TokenBuffer {

@@ -12,9 +12,10 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fault.h"
 #include "tandem/core/log.h"
 #include "tandem/io/digest.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 
@@ -106,9 +107,7 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
   try {
     write_file_synced((tmp_dir / "config.json").string(), snap.hf_config);
     write_safetensors((tmp_dir / "model.safetensors").string(), snap.model, {{"format", "pt"}});
-    // Fault injection for the tests of Note [Checkpoint layout]: a kill -9 in the middle of a write.
-    if (const char* k = std::getenv("TANDEM_FAULT_KILL_IN_CHECKPOINT"); k && std::atoll(k) == state.step)
-      ::raise(SIGKILL);
+    fault_in_checkpoint(state.step);  // Note [Test faults]: a kill -9 in the middle of a write
     if (snap.zero_world == 0) write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
     for (const auto& f : snap.adopt) fs::rename(f, tmp_dir / fs::path(f).filename());
     write_safetensors((tmp_dir / "rng.safetensors").string(), snap.rng);
@@ -203,13 +202,19 @@ void ZeroShards::read(const std::string& block, const std::string& kind, int64_t
                " parameters in the checkpoint; this model has more (another model?)");
   int64_t filled = 0;
   for (size_t r = 0; r < files_.size(); ++r) {
-    const Piece& p = layout_[r].at(block);
+    const auto it = layout_[r].find(block);
+    TANDEM_CHECK(it != layout_[r].end(), files_[r]->path(), " has no piece of block '", block,
+                 "' although the other shards do; the checkpoint is damaged, resume from an earlier one");
+    const Piece& p = it->second;
+    TANDEM_CHECK(p.offset >= 0 && p.numel >= 0, files_[r]->path(), ": block '", block,
+                 "' has a negative offset or size; the checkpoint is damaged, resume from an earlier one");
     const int64_t lo = std::max(offset, p.offset), hi = std::min(offset + n, p.offset + p.numel);
     if (lo >= hi) continue;
     out.narrow(0, lo - offset, hi - lo).copy_(files_[r]->slice(block + "." + kind, lo - p.offset, hi - lo));
     filled += hi - lo;
   }
-  TANDEM_ASSERT(filled == n, "shards cover ", filled, " of ", n, " elements of ", block, ".", kind);
+  TANDEM_CHECK(filled == n, "the shards cover ", filled, " of ", n, " elements of ", block, ".", kind,
+               "; the checkpoint is damaged, resume from an earlier one");
 }
 
 std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& optimizer, const TrainerState& state,
@@ -249,7 +254,11 @@ std::string resolve_checkpoint_dir(const std::string& path) {
                "' is not a directory; give a checkpoint or run directory");
   if (fs::exists(fs::path(path) / kStateFile)) return path;  // a checkpoint: load_checkpoint verifies it
   // A run directory (or its checkpoints/): the newest intact checkpoint, passing over damaged ones.
-  for (const auto& run : {fs::path(path), fs::path(path).parent_path()}) {
+  // Without trailing slashes, so "run/checkpoints/" (as tab completion writes it) names run/ too.
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  const fs::path dir(trimmed);
+  for (const auto& run : {dir, dir.parent_path()}) {
     if (list_checkpoints((run / "checkpoints").string()).empty()) continue;
     std::vector<std::string> skipped;
     const std::string found = newest_intact_checkpoint(run.string(), &skipped);

@@ -9,7 +9,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/io/safetensors.h"
 
 namespace fs = std::filesystem;

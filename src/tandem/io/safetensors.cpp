@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 
 namespace tandem {
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// A first memory estimate per device for the single-device trainer: weights, gradients,
+// A first memory estimate per device for a run without the offload engine: weights, gradients,
 // optimizer states, activations and logits. The offload engine's MemoryPlan replaces it with
 // an exact per-buffer plan.
 

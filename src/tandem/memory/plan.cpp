@@ -65,10 +65,10 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   TANDEM_ASSERT(n_all == spec.num_params(), "blocks hold ", n_all, " parameters, the spec ", spec.num_params());
 
   const int64_t w = working_bytes(cfg.train.precision);
-  const int64_t s = cfg.optim.state_dtype == "bf16" ? 2 : 4;
+  const int64_t s = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
   plan.state_bytes = s;
   const std::string wt = to_string(cfg.train.precision);
-  const std::string st = cfg.optim.state_dtype;
+  const std::string st = to_string(cfg.optim.state_dtype);
   const std::string host = plan.pinned ? kTierPinned : kTierPageable;
   auto add = [&](const std::string& tier, std::string purpose, int64_t bytes) {
     plan.rows.push_back({tier, std::move(purpose), bytes});
@@ -109,7 +109,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   }
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (ring == 0 && cfg.offload.speculate != "never" && !cfg.offload.delayed_update)
+  if (ring == 0 && cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update)
     add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
@@ -178,7 +178,7 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         "%s; set %s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
         gib(host_budget).c_str(), plan.state_bytes == 4 ? "optim.state_dtype=bf16 (half the optimizer states), " : "",
-        plan.host_ring == 0 && offload.speculate != "always" && !offload.delayed_update
+        plan.host_ring == 0 && offload.speculate != Speculation::kAlways && !offload.delayed_update
             ? "offload.host_ring=4 (a ring instead of per-block buffers), "
             : "");
   msg += " (tandem inspect --plan lists every buffer)";
@@ -191,11 +191,12 @@ OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_
   if (o.host_ring >= 0) return o;
   o.host_ring = 0;
   // Decided on the host tier alone; with the CPU as the device (no GPU) there is no pinned tier.
-  if (cap.host_available == 0 || cap.gpu_total == 0 || o.speculate == "always" || o.delayed_update) return o;
+  if (cap.host_available == 0 || cap.gpu_total == 0 || o.speculate == Speculation::kAlways || o.delayed_update)
+    return o;
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks);
   if (!plan.pinned || plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
   o.host_ring = 4;
-  o.speculate = "never";
+  o.speculate = Speculation::kNever;
   return o;
 }
 

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 
 namespace tandem {
 

@@ -8,7 +8,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/series.h"
 

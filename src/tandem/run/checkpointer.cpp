@@ -4,12 +4,12 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
-#include "tandem/io/fs.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
 #include "tandem/run/run_plan.h"

@@ -109,14 +109,15 @@ EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
   eo.adam.beta2 = cfg.optim.beta2;
   eo.adam.eps = cfg.optim.eps;
   eo.adam.weight_decay = cfg.optim.weight_decay;
-  eo.adam.decoupled = cfg.optim.type == "adamw";
+  eo.adam.decoupled = cfg.optim.type == OptimizerType::kAdamW;
   eo.grad_clip = cfg.train.grad_clip;
-  eo.speculate = cfg.offload.speculate == "always"  ? EngineOptions::Speculate::kAlways
-                 : cfg.offload.speculate == "never" ? EngineOptions::Speculate::kNever
-                                                    : EngineOptions::Speculate::kAuto;
+  eo.speculate = cfg.offload.speculate == Speculation::kAlways  ? EngineOptions::Speculate::kAlways
+                 : cfg.offload.speculate == Speculation::kNever ? EngineOptions::Speculate::kNever
+                                                                : EngineOptions::Speculate::kAuto;
   eo.delayed = cfg.offload.delayed_update;
   eo.mirror_every = cfg.placement.mirror_every;
-  eo.state_rounding = cfg.optim.state_rounding == "stochastic" ? Rounding::kStochastic : Rounding::kNearestEven;
+  eo.state_rounding =
+      cfg.optim.state_rounding == StateRounding::kStochastic ? Rounding::kStochastic : Rounding::kNearestEven;
   eo.solve_split = true;
   eo.fixed_k = parse_update_split(cfg.offload.update_split);
   eo.min_gpu_blocks = plan.split_range.first;
@@ -143,9 +144,9 @@ OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& 
                      : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                : torch::kFloat32;
   so.pin_memory = cfg.offload.pin_memory;
-  so.host_state_dtype = cfg.optim.state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   so.ring_slots = cfg.offload.host_ring;
-  so.undo = cfg.offload.speculate != "never" && !cfg.offload.delayed_update;
+  so.undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
   if (ctx.comm && cfg.dist.zero_stage == 2) {
     so.shard_rank = ctx.ranks.rank;
     so.shard_count = ctx.world();
@@ -158,9 +159,9 @@ OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& 
   const std::vector<bool> movable = placement_movable(cfg.placement, model);
   const auto n_movable = std::count(movable.begin(), movable.end(), true);
   if (n_movable > 0) {
-    TANDEM_CHECK(!ctx.comm, "placement.policy=", cfg.placement.policy,
+    TANDEM_CHECK(!ctx.comm, "placement.policy=", to_string(cfg.placement.policy),
                  " runs in one process; run one process or set placement.policy=off");
-    TANDEM_CHECK(so.ring_slots == 0, "placement.policy=", cfg.placement.policy,
+    TANDEM_CHECK(so.ring_slots == 0, "placement.policy=", to_string(cfg.placement.policy),
                  " needs per-block host buffers, but the memory plan chose a host ring of ", so.ring_slots,
                  " slots (host memory is short): set offload.host_ring=0 if the host holds them, or "
                  "placement.policy=off");
@@ -172,7 +173,7 @@ OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& 
                       so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain",
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count()));
   parts.engine = std::make_unique<OffloadEngine>(model, *parts.store, eo);
-  if (cfg.placement.policy != "off")
+  if (cfg.placement.policy != PlacementPolicyKind::kOff)
     parts.placement = std::make_unique<PlacementDriver>(cfg.placement, model, *parts.engine,
                                                         [](const std::string& line) { log::info(line); });
   return parts;

@@ -11,19 +11,10 @@
 #include "tandem/monitor/sampler.h"
 
 namespace tandem {
-namespace {
-
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-}  // namespace
-
 std::vector<bool> placement_movable(const PlacementConfig& cfg, const Model& model) {
   const auto& blocks = model.blocks();
   std::vector<bool> out(blocks.size(), false);
-  if (cfg.policy == "off" || trim(cfg.movable) == "none") return out;
+  if (cfg.policy == PlacementPolicyKind::kOff || trim(cfg.movable) == "none") return out;
   if (trim(cfg.movable).empty()) {
     for (size_t i = 0; i < blocks.size(); ++i) out[i] = blocks[i]->kind() == BlockKind::kLayer;
     return out;
@@ -59,7 +50,7 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
     return k;
   };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return numel(a) < numel(b); });
-  if (cfg.policy == "static") {
+  if (cfg.policy == PlacementPolicyKind::kStatic) {
     Placement p;
     if (cfg.blocks == "cpu") {
       p.blocks.assign(blocks.size(), BlockDevice::kGpu);
@@ -77,7 +68,7 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
                      "of them when it is empty) run on the CPU");
     }
     policy_ = std::make_unique<StaticPlacement>(p);
-  } else if (cfg.policy == "threshold") {
+  } else if (cfg.policy == PlacementPolicyKind::kThreshold) {
     ThresholdOptions o;
     o.gpu_power_w = cfg.threshold_w;
     o.cpu_util_pct = cfg.threshold_cpu_pct;
@@ -85,9 +76,10 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
     o.dwell_steps = cfg.dwell_steps;
     o.movable = order;
     policy_ = std::make_unique<ThresholdPlacement>(n, o);
-  } else if (cfg.policy == "cost") {
-    cost_options_.objective = cfg.objective == "energy" ? CostModelOptions::Objective::kMinEnergy
-                                                        : CostModelOptions::Objective::kMaxThroughput;
+  } else if (cfg.policy == PlacementPolicyKind::kCost) {
+    cost_options_.objective = cfg.objective == PlacementObjective::kEnergy
+                                  ? CostModelOptions::Objective::kMinEnergy
+                                  : CostModelOptions::Objective::kMaxThroughput;
     cost_options_.gpu_power_budget_w = cfg.gpu_power_budget_w;
     cost_options_.max_step_s = cfg.max_step_s;
     // Signatures: Blocks of one class and size cost the same; one of each is profiled on the CPU.
@@ -101,7 +93,7 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
     // Warm-up past the update split's first solve (step 3), whose step is slow.
     profiler_ = std::make_unique<PlacementProfiler>(sig, /*warmup=*/4, cfg.profile_steps);
   } else {
-    TANDEM_FAIL("placement.policy must be static, threshold or cost here; got '", cfg.policy, "'");
+    TANDEM_FAIL("placement.policy must be static, threshold or cost here; got '", to_string(cfg.policy), "'");
   }
 }
 
@@ -197,7 +189,7 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
 
 nlohmann::json PlacementDriver::summary() const {
   nlohmann::json j = {
-      {"policy", cfg_.policy}, {"moves", moves_}, {"final", current_.str()}, {"pace_s", current_.pace_s}};
+      {"policy", to_string(cfg_.policy)}, {"moves", moves_}, {"final", current_.str()}, {"pace_s", current_.pace_s}};
   const EngineStats es = engine_.stats();
   j["mirror_every"] = cfg_.mirror_every;
   j["mirror_refreshes"] = es.mirror_refreshes;

@@ -20,9 +20,9 @@ std::string format_duration(double s) {
   return buf;
 }
 
-Progress::Progress(const std::string& mode, int64_t log_every) : log_every_(log_every) {
-  off_ = mode == "off";
-  bar_ = mode == "bar" || (mode == "auto" && isatty(STDERR_FILENO));
+Progress::Progress(ProgressMode mode, int64_t log_every) : log_every_(log_every) {
+  off_ = mode == ProgressMode::kOff;
+  bar_ = mode == ProgressMode::kBar || (mode == ProgressMode::kAuto && isatty(STDERR_FILENO));
 }
 
 void Progress::update(const ProgressSample& s) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/core/config.h"
+
 namespace tandem {
 
 /// What one progress update shows.
@@ -17,7 +19,7 @@ struct ProgressSample {
 /// Renders progress to stderr in the configured mode ("auto" | "bar" | "lines" | "off").
 class Progress {
  public:
-  explicit Progress(const std::string& mode, int64_t log_every);
+  Progress(ProgressMode mode, int64_t log_every);
   void update(const ProgressSample& s);
   /// Prints a message on its own line (ending a bar line first).
   void message(const std::string& line);

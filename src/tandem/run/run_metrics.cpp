@@ -6,10 +6,10 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/fs.h"
 #include "tandem/monitor/tensorboard.h"
 #include "tandem/monitor/web_server.h"
 #include "tandem/run/run_plan.h"

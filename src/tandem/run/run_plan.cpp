@@ -47,12 +47,12 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
                "dist.zero_stage=2 shards the offload engine's masters and optimizer states; set offload.optimizer=cpu, "
                "or dist.zero_stage=0");
   if (plan.offload) {
-    TANDEM_CHECK(cfg.optim.type == "adamw" || cfg.optim.type == "adam",
-                 "offload.optimizer=cpu runs optim.type=adamw or adam; got '", cfg.optim.type,
+    TANDEM_CHECK(cfg.optim.type == OptimizerType::kAdamW || cfg.optim.type == OptimizerType::kAdam,
+                 "offload.optimizer=cpu runs optim.type=adamw or adam; got '", to_string(cfg.optim.type),
                  "'; use offload.optimizer=none for sgd and lion");
   }
   if (ctx.comm) {
-    if (ranks.rank != 0) cfg.train.progress = "off";
+    if (ranks.rank != 0) cfg.train.progress = ProgressMode::kOff;
     if (ctx.cpu_share > 0 && cfg.optim.cpu_threads == 0 && std::getenv("TANDEM_CPU_THREADS") == nullptr)
       cfg.optim.cpu_threads = ctx.cpu_share;
   }
@@ -104,7 +104,7 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
       cfg.offload.host_ring = static_cast<int64_t>(plan0[1]);
       plan.split_range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
     }
-    if (cfg.offload.host_ring > 0) cfg.offload.speculate = "never";
+    if (cfg.offload.host_ring > 0) cfg.offload.speculate = Speculation::kNever;
   }
   // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
   if (ctx.comm && cfg.train.oom_retry) {

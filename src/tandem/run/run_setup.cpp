@@ -69,9 +69,9 @@ RunContext open_run_context(const Config& cfg) {
   if (!ranks.distributed()) return ctx;
   CommOptions co;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
-  co.nccl = ctx.device.is_cuda() && cfg.dist.backend != "gloo";
-  TANDEM_CHECK(!(cfg.dist.backend == "nccl" && !ctx.device.is_cuda()), "dist.backend=nccl needs GPUs; this run is on ",
-               ctx.device.str(), ": set dist.backend=auto or gloo");
+  co.nccl = ctx.device.is_cuda() && cfg.dist.backend != DistBackend::kGloo;
+  TANDEM_CHECK(!(cfg.dist.backend == DistBackend::kNccl && !ctx.device.is_cuda()),
+               "dist.backend=nccl needs GPUs; this run is on ", ctx.device.str(), ": set dist.backend=auto or gloo");
   co.cuda_device = ctx.device_index;
   co.heartbeat_s = cfg.dist.heartbeat_s;
   co.heartbeat_timeout_s = cfg.dist.heartbeat_timeout_s;

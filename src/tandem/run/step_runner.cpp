@@ -2,6 +2,7 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fault.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/loader.h"
@@ -89,10 +90,8 @@ void StepRunner::accumulate(int64_t step, BatchLoader& loader, double rank_share
       const int64_t r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
       const torch::Tensor inputs = parts == 1 ? b.inputs : b.inputs.narrow(0, r0, r1 - r0);
       const torch::Tensor targets = parts == 1 ? b.targets : b.targets.narrow(0, r0, r1 - r0);
-      TORCH_CHECK_WITH(OutOfMemoryError,
-                       train.fault_oom_above_tokens == 0 || inputs.numel() <= train.fault_oom_above_tokens,
-                       "injected out-of-memory: ", inputs.numel(), " tokens in a micro-batch > ",
-                       train.fault_oom_above_tokens, " (train.fault_oom_above_tokens)");
+      TORCH_CHECK_WITH(OutOfMemoryError, !fault_oom(inputs.numel()), "injected out-of-memory: ", inputs.numel(),
+                       " tokens in a micro-batch (TANDEM_FAULTS, Note [Test faults])");
       const double share = double(r1 - r0) / double(rows);
       torch::Tensor loss;
       {

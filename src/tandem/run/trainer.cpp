@@ -10,6 +10,8 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fault.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
@@ -19,7 +21,6 @@
 #include "tandem/dist/comm.h"
 #include "tandem/dist/grad_reducer.h"
 #include "tandem/engine/param_store.h"
-#include "tandem/io/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
@@ -96,17 +97,6 @@ std::unique_ptr<BatchLoader> training_loader(const DataSplits& data, const RunPl
                                              const DataParallelRows& rows) {
   return std::make_unique<BatchLoader>(data.train, rows.rows(), plan.seq_len, plan.cfg.train.seed, ctx.device,
                                        plan.cfg.data.prefetch, plan.spec.vocab_size, "training", rows.first_row());
-}
-
-// Fault injection for the tests of Note [Launcher]: "RANK:STEP" kills (or, with TANDEM_FAULT_STOP,
-// stops) that rank after that step, in the first attempt only, or in every attempt with
-// TANDEM_FAULT_ALWAYS (a broken GPU).
-void inject_fault(const RankInfo& ranks, int64_t step) {
-  const char* f = std::getenv("TANDEM_FAULT_AT");
-  if (!f || (ranks.restart_count > 0 && std::getenv("TANDEM_FAULT_ALWAYS") == nullptr)) return;
-  const auto parts = split(f, ':');
-  if (parts.size() == 2 && std::atoi(parts[0].c_str()) == ranks.rank && std::atoll(parts[1].c_str()) == step)
-    ::raise(std::getenv("TANDEM_FAULT_STOP") ? SIGSTOP : SIGKILL);
 }
 
 TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& options) {
@@ -244,7 +234,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     if (ctx.comm) m["dist_rows"] = rows.all();
     if (offload.placement) offload.placement->after_step(dt, step_gpu_j, step_cpu_j, m);
     metrics.publish(m);
-    inject_fault(ctx.ranks, state.step);
+    fault_after_step(ctx.ranks.rank, state.step, ctx.ranks.restart_count);  // Note [Test faults]
 
     // Note [Data parallel]: dist.balance=auto measures, then sizes each rank's rows once.
     compute_s.push_back(phases.forward_s + phases.backward_s);

@@ -1,4 +1,4 @@
-#include "tandem/io/fs.h"
+#include "tandem/core/fs.h"
 
 #include <fcntl.h>
 #include <unistd.h>
