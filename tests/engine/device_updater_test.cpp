@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "../test_util.h"
+#include "engine_fixtures.h"
 #include "tandem/engine/cpu_updater.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
@@ -21,17 +22,7 @@ namespace {
 constexpr double kLr = 1e-2, kB1 = 0.9, kB2 = 0.95, kEps = 1e-8, kWd = 0.1;
 constexpr double kFp32Eps = std::numeric_limits<float>::epsilon();
 
-ModelSpec small_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 3;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 128;
-  s.vocab_size = 100;
-  s.max_seq_len = 32;
-  return s;
-}
+ModelSpec small_spec() { return test::small_llama_spec(3); }
 
 AdamWOptions adam() {
   AdamWOptions a;

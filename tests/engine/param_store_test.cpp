@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "engine_fixtures.h"
 #include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/models/model.h"
@@ -24,17 +25,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 3;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 128;
-  s.vocab_size = 100;
-  s.max_seq_len = 32;
-  return s;
-}
+ModelSpec small_spec() { return test::small_llama_spec(3); }
 
 std::shared_ptr<Model> small_model() {
   torch::manual_seed(7);

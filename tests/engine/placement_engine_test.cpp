@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "../test_util.h"
+#include "engine_fixtures.h"
 #include "tandem/core/error.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
@@ -18,17 +19,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec llama_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 3;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 128;
-  s.vocab_size = 100;
-  s.max_seq_len = 32;
-  return s;
-}
+ModelSpec llama_spec() { return test::small_llama_spec(3); }
 
 ModelSpec amx_moe_spec() {
   ModelSpec s = preset_spec("amx-moe-tiny");

@@ -6,6 +6,8 @@
 #include "tandem/engine/split_tuner.h"
 
 #include <gtest/gtest.h>
+
+#include "engine_fixtures.h"
 #include <torch/torch.h>
 
 #include <memory>
@@ -18,17 +20,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 3;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 128;
-  s.vocab_size = 100;
-  s.max_seq_len = 32;
-  return s;
-}
+ModelSpec small_spec() { return test::small_llama_spec(3); }
 
 void at(Stamp& st, double host_s) {
   st.host = host_s;

@@ -4,6 +4,8 @@
 #include "tandem/engine/update_spans.h"
 
 #include <gtest/gtest.h>
+
+#include "engine_fixtures.h"
 #include <torch/torch.h>
 
 #include "tandem/core/error.h"
@@ -13,17 +15,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 2;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 128;
-  s.vocab_size = 100;
-  s.max_seq_len = 32;
-  return s;
-}
+ModelSpec small_spec() { return test::small_llama_spec(2); }
 
 const char* at(const torch::Tensor& t, int64_t elements) {
   return static_cast<const char*>(t.data_ptr()) + elements * t.element_size();

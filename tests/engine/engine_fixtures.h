@@ -1,0 +1,23 @@
+#pragma once
+// The small LLaMA-style model the engine tests share: a few layers of width 64 with grouped-query
+// attention, a 100-token vocabulary (padded to 128) and sequences of up to 32 tokens.
+
+#include <cstdint>
+
+#include "tandem/models/spec.h"
+
+namespace tandem::test {
+
+inline ModelSpec small_llama_spec(int64_t n_layer) {
+  ModelSpec s = preset_spec("tiny");
+  s.n_layer = n_layer;
+  s.d_model = 64;
+  s.n_head = 4;
+  s.n_kv_head = 2;
+  s.d_ff = 128;
+  s.vocab_size = 100;
+  s.max_seq_len = 32;
+  return s;
+}
+
+}  // namespace tandem::test
