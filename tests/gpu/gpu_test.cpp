@@ -103,7 +103,7 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
   REQUIRE_CUDA();
   // Streams, events, exact pinned buffers and the ring's slot reuse on a real device: with
   // deterministic kernels the ring (one, two and four slots) gives the per-block buffers' losses exactly.
-  const auto run = [](int64_t ring, const std::string& states) {
+  const auto run = [](int64_t ring, StateDtype states) {
     test::TempDir dir;
     Config c = cuda_run(dir, 12);
     c.train.precision = Precision::kBf16;
@@ -116,13 +116,13 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
     c.optim.state_dtype = states;
     return train(c, {}).losses;
   };
-  const auto want = run(0, "fp32");
+  const auto want = run(0, StateDtype::kFp32);
   for (const int64_t ring : {1, 2, 4}) {
-    const auto got = run(ring, "fp32");
+    const auto got = run(ring, StateDtype::kFp32);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1 << ", " << ring << " slots";
   }
-  const auto bf16 = run(2, "bf16");
+  const auto bf16 = run(2, StateDtype::kBf16);
   EXPECT_LT(bf16.back(), bf16.front() - 1.0);
   EXPECT_NEAR(bf16.back(), want.back(), 0.05 * want.back());
 }

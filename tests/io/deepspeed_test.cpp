@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "../error_of.h"
+#include "tandem/core/strings.h"
 
 namespace tandem {
 namespace {

@@ -61,11 +61,24 @@ TEST(HostFit, HugeSizesGiveHugeEstimatesNotOverflows) {
 }
 
 TEST(HostFit, AGpuRunWhoseStatesExceedTheGpuIsRefused) {
+  Config c;
+  c.train.micro_batch = 8;
   const ModelSpec s = preset_spec("7B");
-  EXPECT_NO_THROW(check_gpu_floor(s, 0));
-  const std::string err = test::error_of([&] { check_gpu_floor(s, 80 * kGiB); });
+  EXPECT_NO_THROW(check_gpu_fit(s, c, 2048, 0));
+  const std::string err = test::error_of([&] { check_gpu_fit(s, c, 2048, 80 * kGiB); });
   EXPECT_NE(err.find("set offload.optimizer=cpu"), std::string::npos) << err;
-  EXPECT_NO_THROW(check_gpu_floor(preset_spec("1B"), 80 * kGiB));
+  EXPECT_NO_THROW(check_gpu_fit(preset_spec("1B"), c, 2048, 80 * kGiB));
+}
+
+TEST(HostFit, AGrossMicroBatchMisfitOnTheGpuIsRefusedWithWhatFits) {
+  Config c;
+  c.train.precision = Precision::kBf16;
+  c.train.micro_batch = 500000;
+  const std::string err = test::error_of([&] { check_gpu_fit(preset_spec("1B"), c, 2048, 80 * kGiB); });
+  EXPECT_NE(err.find("train.micro_batch=500000"), std::string::npos) << err;
+  EXPECT_NE(err.find("fits by the estimate"), std::string::npos) << err;
+  c.train.micro_batch = 16;  // over by less than twice: the out-of-memory retry finds the size
+  EXPECT_NO_THROW(check_gpu_fit(preset_spec("1B"), c, 2048, 80 * kGiB));
 }
 
 }  // namespace

@@ -105,14 +105,14 @@ TEST(CpuOptimizer, TinyModelWithBf16StatesEndsWithinOnePercentOfFp32States) {
 }
 
 TEST(CpuOptimizer, SgdAndLionTrainTheTinyModel) {
-  for (const char* type : {"sgd", "lion"}) {
+  for (const OptimizerType type : {OptimizerType::kSgd, OptimizerType::kLion}) {
     test::TempDir d;
     Config c = tiny_cpu_run(d.path(), 60);
     c.optim.type = type;
-    c.optim.lr = std::string(type) == "sgd" ? 0.3 : 3e-4;
+    c.optim.lr = type == OptimizerType::kSgd ? 0.3 : 3e-4;
     c.optim.beta2 = 0.99;
     const auto s = train(c, {});
-    EXPECT_LT(tail_mean(s.losses, 5), 0.8 * s.losses.front()) << type;
+    EXPECT_LT(tail_mean(s.losses, 5), 0.8 * s.losses.front()) << to_string(type);
   }
 }
 

@@ -23,7 +23,7 @@ namespace tandem {
 namespace {
 
 // amx-moe-tiny has 6 Blocks: embedding, 2 dense layers, 2 MoE layers, head.
-Config placed_run(const std::string& dir, int64_t steps, const std::string& policy) {
+Config placed_run(const std::string& dir, int64_t steps, PlacementPolicyKind policy) {
   Config c = test::tiny_cpu_config(dir, steps);
   c.model.preset = "amx-moe-tiny";
   c.train.micro_batch = 4;
@@ -53,8 +53,8 @@ nlohmann::json summary_placement(const std::string& dir) {
 
 TEST(PlacementTrainer, StaticPlacementTrainsLikeNone) {
   test::TempDir off_dir, placed_dir;
-  const Config off = placed_run(off_dir.path(), 10, "off");
-  Config placed = placed_run(placed_dir.path(), 10, "static");
+  const Config off = placed_run(off_dir.path(), 10, PlacementPolicyKind::kOff);
+  Config placed = placed_run(placed_dir.path(), 10, PlacementPolicyKind::kStatic);
   placed.placement.blocks = "GCCGGG";
   const auto a = train(off, {});
   const auto b = train(placed, {});
@@ -78,7 +78,7 @@ TEST(PlacementTrainer, StaticPlacementTrainsLikeNone) {
 
 TEST(PlacementTrainer, ThresholdWithoutGpuReadingsNeverMoves) {
   test::TempDir dir;
-  Config c = placed_run(dir.path(), 10, "threshold");
+  Config c = placed_run(dir.path(), 10, PlacementPolicyKind::kThreshold);
   c.placement.dwell_steps = 1;
   const auto s = train(c, {});
   EXPECT_EQ(s.losses.size(), 10u);
@@ -96,7 +96,7 @@ TEST(PlacementTrainer, ThresholdWithoutGpuReadingsNeverMoves) {
 TEST(PlacementTrainer, CostPolicyProfilesTheMovableBlocks) {
   test::TempDir dir;
   // Warm-up of 4 steps, then 2 probes (all-GPU, and the dense layers' group) of profile_steps each.
-  Config c = placed_run(dir.path(), 12, "cost");
+  Config c = placed_run(dir.path(), 12, PlacementPolicyKind::kCost);
   c.placement.movable = "1,2";
   const int64_t profile_end = 4 + 2 * c.placement.profile_steps;
   const auto s = train(c, {});
@@ -137,7 +137,7 @@ TEST(PlacementTrainer, CostPolicyProfilesTheMovableBlocks) {
 TEST(PlacementTrainer, BadPlacementSettingsNameTheKey) {
   test::TempDir dir;
   const auto error = [&](const std::function<void(Config&)>& edit) {
-    Config c = placed_run(dir.path(), 2, "static");
+    Config c = placed_run(dir.path(), 2, PlacementPolicyKind::kStatic);
     edit(c);
     return test::error_of([&] { train(c, {}); });
   };

@@ -32,8 +32,10 @@ HostDemand host_demand(const MemoryPlan& plan, bool cpu_device);
 void check_host_fits(const HostDemand& demand, int64_t available, const ModelSpec& spec, const Config& cfg,
                      bool cpu_device);
 
-/// UserError when the fp32 weights, gradients and AdamW states of a run without the offload engine
-/// exceed the GPU's `gpu_total` bytes: no micro-batch makes such a run fit.
-void check_gpu_floor(const ModelSpec& spec, int64_t gpu_total);
+/// A run without the offload engine on a GPU of `gpu_total` bytes: UserError when its fp32 weights,
+/// gradients and AdamW states alone exceed the GPU (no micro-batch makes it fit), or when the
+/// estimate at train.micro_batch exceeds the GPU more than twice over (a misfit the out-of-memory
+/// retry would take many halvings to find), naming the largest micro-batch the estimate fits.
+void check_gpu_fit(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_total);
 
 }  // namespace tandem

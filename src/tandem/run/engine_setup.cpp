@@ -9,6 +9,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
+#include "tandem/core/thread_pool.h"
 #include "tandem/dist/comm.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/memory/host_fit.h"
@@ -152,6 +153,9 @@ OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& 
     so.shard_count = ctx.world();
     so.comm = ctx.comm.get();
   }
+  // The CPU updates run on the global pool: this rank's share of the cores (Note [Core division];
+  // optim.cpu_threads, TANDEM_CPU_THREADS or OMP_NUM_THREADS override), pinned with optim.cpu_pin.
+  CpuThreadPool::configure_global(resolve_cpu_threads(static_cast<int>(cfg.optim.cpu_threads)), cfg.optim.cpu_pin);
   const auto t_store = std::chrono::steady_clock::now();
   parts.store = std::make_unique<ParamStore>(model, so, plan.gpu_blocks);
   EngineOptions eo = engine_options(plan, ctx, std::move(trace_counters));

@@ -82,7 +82,8 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
                                   : host_available_bytes();
     check_host_fits(host_demand(spec, cfg, plan.seq_len, cpu_device), available / ranks.local_world_size, spec, cfg,
                     cpu_device);
-    if (!cpu_device && accelerator()) check_gpu_floor(spec, accelerator()->memory_stats(ctx.device_index).total);
+    if (!cpu_device && accelerator())
+      check_gpu_fit(spec, cfg, plan.seq_len, accelerator()->memory_stats(ctx.device_index).total);
   }
 
   // Run directory: explicit, the resumed run's, or a new one under runs/ (made by the trainer).
