@@ -138,8 +138,10 @@ TEST(PlacementTrainer, BadPlacementSettingsNameTheKey) {
   test::TempDir dir;
   const auto error = [&](const std::function<void(Config&)>& edit) {
     Config c = placed_run(dir.path(), 2, PlacementPolicyKind::kStatic);
-    edit(c);
-    return test::error_of([&] { train(c, {}); });
+    return test::error_of([&] {
+      edit(c);  // an enum key's bad name is refused as it is set
+      train(c, {});
+    });
   };
   const auto expect_has = [](const std::string& message, const std::string& needle) {
     EXPECT_NE(message.find(needle), std::string::npos) << "'" << message << "' lacks '" << needle << "'";
