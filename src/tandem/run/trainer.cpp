@@ -99,6 +99,65 @@ std::unique_ptr<BatchLoader> training_loader(const DataSplits& data, const RunPl
                                        plan.cfg.data.prefetch, plan.spec.vocab_size, "training", rows.first_row());
 }
 
+std::unique_ptr<BatchLoader> held_out_loader(const DataSplits& data, const RunPlan& plan, const RunContext& ctx) {
+  const Config& cfg = plan.cfg;
+  if (cfg.train.eval_every == 0 || !ctx.main_rank()) return nullptr;  // rank 0 evaluates
+  if (data.val.size() >= plan.seq_len + 1)
+    return std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, plan.seq_len, cfg.train.seed ^ 0x5eedull,
+                                         ctx.device, cfg.data.prefetch, plan.spec.vocab_size, "held-out");
+  log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
+                      cfg.data.val_fraction, static_cast<long long>(data.val.size())));
+  return nullptr;
+}
+
+// The model, device, data and batch lines at the start of a run.
+void log_run_header(const RunPlan& plan, const RunContext& ctx, const DataParallelRows& rows, const DataSplits& data,
+                    int64_t tokens_per_step) {
+  const ModelSpec& spec = plan.spec;
+  log::info(strprintf("model %s (%s params, %lld layers, d_model %lld) on %s | %s | data: %s", spec.name.c_str(),
+                      format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
+                      static_cast<long long>(spec.d_model), ctx.device.str().c_str(),
+                      to_string(plan.cfg.train.precision), data.description.c_str()));
+  const std::string ranks =
+      ctx.comm ? strprintf(" | rows %lld .. %lld on rank %d of %d", static_cast<long long>(rows.first_row()),
+                           static_cast<long long>(rows.first_row() + rows.rows() - 1), ctx.ranks.rank, ctx.world())
+               : "";
+  log::info(strprintf("batch %lld x %lld tokens x %lld accumulation = %lld tokens/step%s | run dir %s",
+                      static_cast<long long>(rows.global_rows()), static_cast<long long>(plan.seq_len),
+                      static_cast<long long>(plan.cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
+                      ranks.c_str(), plan.run_dir.c_str()));
+}
+
+// The progress bar's (or line's) view of a step: tokens/s over the last 20 steps, the ETA, skips.
+ProgressSample progress_sample(const Config& cfg, int64_t step, double loss, double lr, const StepResult& r, double dt,
+                               const std::vector<double>& step_times, int64_t tokens_per_step) {
+  ProgressSample ps;
+  ps.step = step, ps.total = cfg.train.steps, ps.loss = loss, ps.lr = lr;
+  ps.tokens_per_s =
+      tokens_per_step /
+      median(std::vector<double>(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end()));
+  ps.step_time_s = dt;
+  ps.eta_s = double(cfg.train.steps - step) * tokens_per_step / ps.tokens_per_s;
+  const bool fp16 = cfg.train.precision == Precision::kFp16;
+  if (r.skipped)
+    ps.extra =
+        fp16 ? strprintf("overflow, step skipped, scale %g", r.loss_scale) : "non-finite gradients, step skipped";
+  else if (fp16)
+    ps.extra = strprintf("scale %g", r.loss_scale);
+  return ps;
+}
+
+// The median step over steps after the first few (warm-up: allocator, cuDNN/cuBLAS heuristics), and peaks.
+void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step_times, int64_t tokens_per_step,
+                          int device_index) {
+  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
+  summary.median_step_time_s = median(steady);
+  summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
+  summary.peak_host_bytes = host_peak_rss_bytes();
+  if (device_index >= 0 && accelerator())
+    summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
+}
+
 TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& options) {
   const RunPlan plan = resolve_run_plan(std::move(user_cfg), options, ctx);
   const Config& cfg = plan.cfg;
@@ -147,28 +206,9 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
   DataParallelRows rows(cfg, ctx.ranks);
   std::unique_ptr<BatchLoader> train_loader = training_loader(data, plan, ctx, rows);
   train_loader->seek(state.data_position);
-  std::unique_ptr<BatchLoader> val_loader;
-  if (cfg.train.eval_every > 0 && ctx.main_rank() && data.val.size() >= plan.seq_len + 1)
-    val_loader =
-        std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, plan.seq_len, cfg.train.seed ^ 0x5eedull,
-                                      ctx.device, cfg.data.prefetch, spec.vocab_size, "held-out");
-  else if (cfg.train.eval_every > 0 && ctx.main_rank())
-    log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
-                        cfg.data.val_fraction, static_cast<long long>(data.val.size())));
+  std::unique_ptr<BatchLoader> val_loader = held_out_loader(data, plan, ctx);
   const int64_t tokens_per_step = rows.global_rows() * plan.seq_len * cfg.train.grad_accum;  // every rank's
-  log::info(strprintf("model %s (%s params, %lld layers, d_model %lld) on %s | %s | data: %s", spec.name.c_str(),
-                      format_count(double(spec.num_params_unpadded())).c_str(), static_cast<long long>(spec.n_layer),
-                      static_cast<long long>(spec.d_model), ctx.device.str().c_str(), to_string(cfg.train.precision),
-                      data.description.c_str()));
-  log::info(strprintf(
-      "batch %lld x %lld tokens x %lld accumulation = %lld tokens/step%s | run dir %s",
-      static_cast<long long>(rows.global_rows()), static_cast<long long>(plan.seq_len),
-      static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(tokens_per_step),
-      ctx.comm ? strprintf(" | rows %lld .. %lld on rank %d of %d", static_cast<long long>(rows.first_row()),
-                           static_cast<long long>(rows.first_row() + rows.rows() - 1), ctx.ranks.rank, ctx.world())
-                     .c_str()
-               : "",
-      plan.run_dir.c_str()));
+  log_run_header(plan, ctx, rows, data, tokens_per_step);
 
   StepTimer timer(ctx.device);
   StepRunner runner(
@@ -249,19 +289,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
       }
     }
 
-    ProgressSample ps;
-    ps.step = state.step, ps.total = cfg.train.steps, ps.loss = loss, ps.lr = lr;
-    ps.tokens_per_s =
-        tokens_per_step /
-        median(std::vector<double>(step_times.end() - std::min<size_t>(step_times.size(), 20), step_times.end()));
-    ps.step_time_s = dt;
-    ps.eta_s = double(cfg.train.steps - state.step) * tokens_per_step / ps.tokens_per_s;
-    if (r.skipped)
-      ps.extra = cfg.train.precision == Precision::kFp16 ? strprintf("overflow, step skipped, scale %g", r.loss_scale)
-                                                         : "non-finite gradients, step skipped";
-    else if (cfg.train.precision == Precision::kFp16)
-      ps.extra = strprintf("scale %g", r.loss_scale);
-    progress.update(ps);
+    progress.update(progress_sample(cfg, state.step, loss, lr, r, dt, step_times, tokens_per_step));
 
     if (val_loader && state.step % cfg.train.eval_every == 0) {
       summary.last_eval_loss = runner.evaluate(*val_loader, cfg.train.eval_batches);
@@ -304,13 +332,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
   summary.unsaved = checkpointer.unsaved();
   summary.final_step = state.step;
   summary.oom_retries = runner.oom_retries();
-  // Median over steps after the first few (warm-up: allocator, cuDNN/cuBLAS heuristics).
-  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
-  summary.median_step_time_s = median(steady);
-  summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
-  summary.peak_host_bytes = host_peak_rss_bytes();
-  if (ctx.device_index >= 0 && accelerator())
-    summary.peak_device_bytes = accelerator()->memory_stats(ctx.device_index).peak_allocated;
+  add_speed_and_memory(summary, step_times, tokens_per_step, ctx.device_index);
   metrics.write_summary(summary, plan, ctx, tokens_run, tokens_per_step, wall,
                         offload.placement ? offload.placement->summary() : nlohmann::json());
   if (ctx.comm) {
