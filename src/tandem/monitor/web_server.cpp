@@ -4,8 +4,8 @@
 #include <thread>
 
 #include "tandem/core/error.h"
-#include "tandem/core/strings.h"
 #include "tandem/core/fs.h"
+#include "tandem/core/strings.h"
 #include "tandem/monitor/prometheus.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/series.h"
@@ -45,7 +45,8 @@ int64_t query_int(const httplib::Request& req, const char* key) {
 
 }  // namespace
 
-WebServer::WebServer(RunFeed& feed, WebServerOptions options) : impl_(std::make_unique<Impl>(feed, std::move(options))) {
+WebServer::WebServer(RunFeed& feed, WebServerOptions options)
+    : impl_(std::make_unique<Impl>(feed, std::move(options))) {
   auto& im = *impl_;
   const auto& o = im.options;
   if (o.dashboard) {
@@ -90,7 +91,8 @@ WebServer::WebServer(RunFeed& feed, WebServerOptions options) : impl_(std::make_
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
   });
-  im.server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  im.server.Get("/healthz",
+                [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   if (o.port == 0) {
     im.port = im.server.bind_to_any_port(o.host);
     TANDEM_CHECK(im.port > 0, "cannot listen on ", o.host, ": no free port (check monitor.bind)");
@@ -103,7 +105,8 @@ WebServer::WebServer(RunFeed& feed, WebServerOptions options) : impl_(std::make_
   im.thread = std::thread([&im] { im.server.listen_after_bind(); });
   // stop() is a no-op until the accept loop runs: wait for it, so a destructor never waits forever.
   for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  TANDEM_ASSERT(im.server.is_running(), "the HTTP server on port ", im.port, " did not start");
+  TANDEM_CHECK(im.server.is_running(), "the HTTP server on ", o.host, ":", im.port,
+               " did not start within 5 s; check monitor.bind and that the port is free");
 }
 
 WebServer::~WebServer() {
@@ -125,8 +128,9 @@ struct WebServer::Impl {
 };
 
 WebServer::WebServer(RunFeed&, WebServerOptions) {
-  TANDEM_FAIL("this tandem was built without cpp-httplib, so it has no dashboard or /metrics endpoint; install "
-              "Debian's libcpp-httplib-dev and rebuild (scripts/setup.sh)");
+  TANDEM_FAIL(
+      "this tandem was built without cpp-httplib, so it has no dashboard or /metrics endpoint; install "
+      "Debian's libcpp-httplib-dev and rebuild (scripts/setup.sh)");
 }
 WebServer::~WebServer() = default;
 int WebServer::port() const { return 0; }

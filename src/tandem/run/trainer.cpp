@@ -158,6 +158,40 @@ void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step
     summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
 }
 
+// A step's metrics row: loss, rate, memory, and the step time split (Note [Step time split]).
+nlohmann::json step_row(const TrainerState& state, double loss, double lr, const StepResult& r, double dt,
+                        int64_t tokens_per_step, const StepPhases& phases, double t_s) {
+  return {{"step", state.step},
+          {"loss", loss},
+          {"lr", lr},
+          {"grad_norm", r.grad_norm},
+          {"step_time_s", dt},
+          {"tokens_per_s", tokens_per_step / dt},
+          {"tokens", state.tokens_seen},
+          {"mem_host_peak_bytes", host_peak_rss_bytes()},
+          {"t_s", t_s},
+          {"time_forward_s", phases.forward_s},
+          {"time_backward_s", phases.backward_s},
+          {"time_update_s", phases.update_s},
+          {"time_idle_s", phases.idle_s}};
+}
+
+// The run's last line: steps, loss, speed and peak memory, or that nothing was left to do.
+void log_run_end(const TrainSummary& summary, double wall, int device_index, int64_t total_steps) {
+  if (summary.losses.empty()) {
+    log::info(strprintf("nothing to do: already at step %lld of train.steps=%lld",
+                        static_cast<long long>(summary.final_step), static_cast<long long>(total_steps)));
+    return;
+  }
+  log::info(
+      strprintf("done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
+                static_cast<long long>(summary.final_step - summary.first_step), format_duration(wall).c_str(),
+                summary.losses.front(), summary.losses.back(),
+                summary.last_eval_loss >= 0 ? strprintf(" | eval %.4f", summary.last_eval_loss).c_str() : "",
+                format_count(summary.median_tokens_per_s).c_str(),
+                format_bytes(double(device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
+}
+
 TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& options) {
   const RunPlan plan = resolve_run_plan(std::move(user_cfg), options, ctx);
   const Config& cfg = plan.cfg;
@@ -251,20 +285,8 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     step_times.push_back(dt);
 
     // The step's metrics row.
-    nlohmann::json m = {{"step", state.step},
-                        {"loss", loss},
-                        {"lr", lr},
-                        {"grad_norm", r.grad_norm},
-                        {"step_time_s", dt},
-                        {"tokens_per_s", tokens_per_step / dt},
-                        {"tokens", state.tokens_seen},
-                        {"mem_host_peak_bytes", host_peak_rss_bytes()},
-                        {"t_s", metrics.since_start_s()}};
     const StepPhases phases = timer.read(dt);
-    m["time_forward_s"] = phases.forward_s;
-    m["time_backward_s"] = phases.backward_s;
-    m["time_update_s"] = phases.update_s;
-    m["time_idle_s"] = phases.idle_s;
+    nlohmann::json m = step_row(state, loss, lr, r, dt, tokens_per_step, phases, metrics.since_start_s());
     add_device_memory_row(m, ctx.device_index);
     if (cfg.train.precision == Precision::kFp16) m["loss_scale"] = r.loss_scale;
     runner.after_step(m);
@@ -341,18 +363,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     ctx.comm->barrier();
   }
   metrics.finish();
-  if (!summary.losses.empty()) {
-    log::info(strprintf(
-        "done: %lld steps in %s | loss %.4f -> %.4f%s | %s tok/s median | peak memory %s",
-        static_cast<long long>(summary.final_step - summary.first_step), format_duration(wall).c_str(),
-        summary.losses.front(), summary.losses.back(),
-        summary.last_eval_loss >= 0 ? strprintf(" | eval %.4f", summary.last_eval_loss).c_str() : "",
-        format_count(summary.median_tokens_per_s).c_str(),
-        format_bytes(double(ctx.device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
-  } else {
-    log::info(strprintf("nothing to do: already at step %lld of train.steps=%lld", static_cast<long long>(state.step),
-                        static_cast<long long>(cfg.train.steps)));
-  }
+  log_run_end(summary, wall, ctx.device_index, cfg.train.steps);
   return summary;
 }
 
