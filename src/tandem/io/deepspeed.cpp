@@ -9,17 +9,13 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
+#include "tandem/io/json_text.h"
 
 namespace tandem {
 
 DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text, const std::string& origin) {
   using nlohmann::json;
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {  // parse errors, and numbers out of range
-    TANDEM_FAIL(origin, ": not valid JSON (", e.what(), ")");
-  }
+  const json root = parse_json_text(text, origin);
   TANDEM_CHECK(root.is_object(), origin, ": a DeepSpeed config must be a JSON object");
   DeepSpeedImport result;
   auto& ignored = result.ignored_keys;

@@ -8,8 +8,9 @@
 #include <set>
 
 #include "tandem/core/error.h"
-#include "tandem/core/strings.h"
 #include "tandem/core/fs.h"
+#include "tandem/core/strings.h"
+#include "tandem/io/json_text.h"
 #include "tandem/io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -287,12 +288,7 @@ void read_moe(ConfigObject& cfg, ModelSpec& s) {
 }  // namespace
 
 ModelSpec spec_from_hf_config_text(const std::string& text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // parse errors, and numbers out of range
-    TANDEM_FAIL(origin, ": not valid JSON (", e.what(), ")");
-  }
+  const json j = parse_json_text(text, origin);
   TANDEM_CHECK(j.is_object(), origin, ": expected a JSON object");
   ConfigObject cfg(j, origin, "");
   const std::string type = cfg.string("model_type").value_or("");
@@ -368,12 +364,7 @@ void load_hf_weights(Model& model, const std::string& dir) {
     for (const auto& n : f->names()) weight_map[n] = "model.safetensors";
     files["model.safetensors"] = f;
   } else if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(index.string(), "safetensors index"));
-    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers out of range
-      TANDEM_FAIL(index.string(), ": not valid JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = parse_json_text(read_file(index.string(), "safetensors index"), index.string());
     TANDEM_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
                  ": missing the 'weight_map' object");
     for (const auto& [name, file] : j["weight_map"].items()) {
