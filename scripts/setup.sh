@@ -74,4 +74,12 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
 fi
 say "building"
 cmake --build "$BUILD_DIR" -j"$(nproc)"
+# The Python package (Note [Python package]): the build assembles it in $BUILD_DIR/python; a .pth
+# file puts that on .venv's path, so `.venv/bin/python -c "import tandem"` works without a second
+# compilation.
+if [ -x .venv/bin/python ] && [ -d "$BUILD_DIR/python/tandem" ]; then
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  realpath "$BUILD_DIR/python" >"$site/tandem.pth"
+  .venv/bin/python -c "import tandem" && say "ready: import tandem (.venv/bin/python)"
+fi
 say "ready: $BUILD_DIR/tandem"

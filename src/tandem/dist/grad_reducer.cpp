@@ -27,11 +27,10 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
-GradReducer::GradReducer(Model& model, Comm& comm) : comm_(comm) {
-  const auto& blocks = model.blocks();
-  for (size_t i = 0; i < blocks.size(); ++i) {
+GradReducer::GradReducer(BlockSequence& model, Comm& comm) : comm_(comm) {
+  for (size_t i = 0; i < model.block_count(); ++i) {
     std::vector<torch::Tensor> ps;
-    for (auto& [name, p] : blocks[i]->hf_parameters()) {
+    for (auto& [name, p] : model.block_parameters(i)) {
       torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<ReadyHook>([this, i] { on_param_ready(i); }));
       ps.push_back(p);
     }

@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "tandem/dist/comm.h"
-#include "tandem/models/model.h"
+#include "tandem/models/block_sequence.h"
 
 namespace tandem {
 
 /// Hooks every parameter of a model; one collective per Block.
 class GradReducer {
  public:
-  GradReducer(Model& model, Comm& comm);
+  GradReducer(BlockSequence& model, Comm& comm);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

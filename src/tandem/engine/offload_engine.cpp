@@ -95,7 +95,7 @@ OffloadTraceOptions trace_options(const EngineOptions& o) {
 
 }  // namespace
 
-OffloadEngine::OffloadEngine(Model& model, ParamStore& store, EngineOptions options)
+OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOptions options)
     : model_(model),
       store_(store),
       options_(std::move(options)),
@@ -362,7 +362,7 @@ void OffloadEngine::set_placement(const std::vector<bool>& on_host) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (on_host[i] == host_run_[i]) continue;
     if (on_host[i]) {
-      TANDEM_CHECK(model_.blocks()[i]->kind() == BlockKind::kLayer, "block ", blocks[i].name,
+      TANDEM_CHECK(model_.block_kind(i) == BlockKind::kLayer, "block ", blocks[i].name,
                    " cannot run on the CPU: only decoder layers move (the embedding and the head stay on the device)");
       TANDEM_CHECK(blocks[i].side == UpdateSide::kCpu, "block ", blocks[i].name,
                    " is GPU-updated and cannot run on the CPU; list it in placement.movable so it stays CPU-updated");

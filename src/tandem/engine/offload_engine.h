@@ -101,7 +101,7 @@ struct EngineStats {
 /// stamps and the trace; the Blocks' placement on the CPU (Note [Block placement]) is set here.
 class OffloadEngine {
  public:
-  OffloadEngine(Model& model, ParamStore& store, EngineOptions options);
+  OffloadEngine(BlockSequence& model, ParamStore& store, EngineOptions options);
   ~OffloadEngine();
   OffloadEngine(const OffloadEngine&) = delete;
   OffloadEngine& operator=(const OffloadEngine&) = delete;
@@ -165,7 +165,7 @@ class OffloadEngine {
   void start_trace();
   void collect_trace();
 
-  Model& model_;
+  BlockSequence& model_;
   ParamStore& store_;
   const EngineOptions options_;
   const bool cuda_;

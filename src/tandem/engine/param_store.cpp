@@ -31,11 +31,11 @@ torch::Tensor ParamStore::staging(size_t i, int64_t slot) const {
   return ring_.at(static_cast<size_t>(slot)).staging.narrow(0, 0, b.shard_numel);
 }
 
-ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks) : options_(options) {
+ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t gpu_blocks) : options_(options) {
   torch::NoGradGuard no_grad;
-  const auto& blocks = model.blocks();
-  TANDEM_CHECK(gpu_blocks >= 0 && gpu_blocks <= static_cast<int64_t>(blocks.size()), "gpu_blocks=", gpu_blocks,
-               " is outside 0 .. ", blocks.size());
+  const size_t count = model.block_count();
+  TANDEM_CHECK(gpu_blocks >= 0 && gpu_blocks <= static_cast<int64_t>(count), "gpu_blocks=", gpu_blocks,
+               " is outside 0 .. ", count);
   TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16,
                 "host state dtype ", options_.host_state_dtype);
   TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
@@ -48,13 +48,12 @@ ParamStore::ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_bloc
   // Block by Block, each buffer allocated once on its final side, and each Block's parameters
   // rebound (their initial fp32 storage freed) before the next Block: the host never holds the
   // whole initial model and all the masters at once.
-  for (size_t bi = 0; bi < blocks.size(); ++bi) {
-    const auto& block = blocks[bi];
+  for (size_t bi = 0; bi < count; ++bi) {
     BlockStore b;
-    b.name = block->name();
+    b.name = model.block_name(bi);
     b.index_base = base;
     b.side = static_cast<int64_t>(bi) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu;
-    for (auto& [name, p] : block->hf_parameters()) {
+    for (auto& [name, p] : model.block_parameters(bi)) {
       TANDEM_ASSERT(p.scalar_type() == torch::kFloat32, "parameter ", name, " is ", p.scalar_type(),
                     ", the store takes fp32 masters");
       FlatParam f{name, p, b.numel, p.numel(), p.sizes().vec(), p.dim() >= 2 ? 1.0f : 0.0f};
@@ -194,6 +193,17 @@ void ParamStore::set_gpu_blocks(int64_t gpu_blocks) {
     const bool gpu = !keep && given < gpu_blocks;
     if (gpu) ++given;
     move_block(i, gpu ? UpdateSide::kGpu : UpdateSide::kCpu);
+  }
+}
+
+void ParamStore::restore_grad_views() {
+  for (auto& b : blocks_) {
+    const torch::Tensor& flat = b.host_run ? b.landing : b.grad;
+    for (auto& f : b.params) {
+      const torch::Tensor want = view_of(flat, f);
+      const torch::Tensor& g = f.param.grad();
+      if (!g.defined() || g.data_ptr() != want.data_ptr()) f.param.mutable_grad() = want;
+    }
   }
 }
 

@@ -37,7 +37,7 @@
 
 #include "tandem/dist/comm.h"
 #include "tandem/memory/update_side.h"
-#include "tandem/models/model.h"
+#include "tandem/models/block_sequence.h"
 
 namespace tandem {
 
@@ -100,10 +100,10 @@ struct RingSlot {
 /// Owns every Block's flat buffers and keeps the module's parameters bound to them.
 class ParamStore {
  public:
-  /// Takes the model's current (fp32, host) parameters as the masters, then binds the parameters
+  /// Takes the model's current (fp32) parameters as the masters, then binds the parameters
   /// to device working copies. Blocks [0, gpu_blocks) are GPU-updated, the rest CPU-updated.
   /// gpu_blocks() counts the GPU-updated Blocks.
-  ParamStore(Model& model, ParamStoreOptions options, int64_t gpu_blocks);
+  ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t gpu_blocks);
 
   std::vector<BlockStore>& blocks() { return blocks_; }
   std::vector<RingSlot>& ring() { return ring_; }
@@ -127,6 +127,10 @@ class ParamStore {
   /// (working, grad) (Note [Block placement]). The Block must be CPU-updated with its own landing
   /// and staging buffers in the compute dtype (no ring, unsharded, fp32 or bf16).
   void bind_block(size_t i, bool host);
+
+  /// Rebinds each parameter's .grad to its view of the flat gradient where a training loop dropped
+  /// or replaced it (zero_grad(set_to_none=True)); the engine reads gradients from the flat buffers.
+  void restore_grad_views();
 
   /// working = master (cast to the compute dtype), for every Block, and the CPU-updated Blocks'
   /// staging too (the host copy a host-run Block computes with); synchronous.

@@ -61,10 +61,17 @@ std::string step_name(int64_t step) {
 
 CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
                                             const Config& config, int device_index, bool copy) {
+  return take_checkpoint_snapshot(model.hf_state_dict(), hf_config_json(model.spec()), optimizer, state, config,
+                                  device_index, copy);
+}
+
+CheckpointSnapshot take_checkpoint_snapshot(std::vector<NamedTensor> weights, std::string hf_config,
+                                            Optimizer& optimizer, const TrainerState& state, const Config& config,
+                                            int device_index, bool copy) {
   // Note [Asynchronous checkpoints]: with `copy` every tensor is cloned into host memory, so the
   // snapshot stays as it was while training goes on; without, it refers to the live tensors.
   CheckpointSnapshot s;
-  s.model = model.hf_state_dict();
+  s.model = std::move(weights);
   s.optimizer = optimizer.state();
   if (copy) own_checkpoint_snapshot(s);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -76,7 +83,7 @@ CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, 
   s.rng = {{"cpu", cpu_state}};
   if (device_index >= 0 && accelerator())
     s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
-  s.hf_config = hf_config_json(model.spec());
+  s.hf_config = std::move(hf_config);
   s.tandem_yaml = config_to_yaml(config);
   s.state = state;
   return s;
@@ -105,7 +112,7 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
   fs::create_directories(tmp_dir, ec);
   TANDEM_CHECK(!ec, "cannot create '", tmp_dir.string(), "': ", ec.message());
   try {
-    write_file_synced((tmp_dir / "config.json").string(), snap.hf_config);
+    if (!snap.hf_config.empty()) write_file_synced((tmp_dir / "config.json").string(), snap.hf_config);
     write_safetensors((tmp_dir / "model.safetensors").string(), snap.model, {{"format", "pt"}});
     fault_in_checkpoint(state.step);  // Note [Test faults]: a kill -9 in the middle of a write
     if (snap.zero_world == 0) write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
@@ -339,6 +346,13 @@ std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std
 }
 
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index) {
+  return load_checkpoint(
+      dir, [&](const auto& lookup, const std::string& source) { model.load_hf_state_dict(lookup, source); }, optimizer,
+      device_index);
+}
+
+TrainerState load_checkpoint(const std::string& dir, const WeightLoader& load_weights, Optimizer& optimizer,
+                             int device_index) {
   const fs::path d(dir);
   const std::string state_path = (d / kStateFile).string();
   const std::string why = verify_checkpoint(dir);
@@ -351,7 +365,7 @@ TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& op
                "size (1 included)");
   {
     SafetensorsFile weights((d / "model.safetensors").string());
-    model.load_hf_state_dict(
+    load_weights(
         [&](const std::string& n) -> std::optional<torch::Tensor> {
           if (!weights.contains(n)) return std::nullopt;
           return weights.tensor(n);

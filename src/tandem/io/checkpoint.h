@@ -3,6 +3,8 @@
 // fsynced, then renamed into place (Note [Checkpoint layout] in checkpoint.cpp).
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +69,11 @@ class ZeroShards {
 /// overlaps training), otherwise the snapshot refers to the live tensors.
 CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
                                             const Config& config, int device_index, bool copy);
+/// The same for any model: its weights under their checkpoint names and its HF config.json text
+/// ("" = none).
+CheckpointSnapshot take_checkpoint_snapshot(std::vector<NamedTensor> weights, std::string hf_config,
+                                            Optimizer& optimizer, const TrainerState& state, const Config& config,
+                                            int device_index, bool copy);
 
 /// Host bytes a copy of the snapshot's tensors needs (weights and optimizer state).
 int64_t checkpoint_snapshot_bytes(const CheckpointSnapshot& snapshot);
@@ -83,6 +90,13 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
 /// Restores model, optimizer and RNG from a checkpoint directory and returns the trainer state.
 /// UserError when the directory is not a complete checkpoint or does not match the model.
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index);
+/// Where a checkpoint's weights go: `lookup(name)` gives a tensor of model.safetensors (nullopt when
+/// absent); `source` names the file for errors.
+using WeightLoader = std::function<void(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                                        const std::string& source)>;
+/// The same for any model, its weights loaded by `load_weights`.
+TrainerState load_checkpoint(const std::string& dir, const WeightLoader& load_weights, Optimizer& optimizer,
+                             int device_index);
 /// Restores only the RNG and returns the trainer state (a sharded checkpoint's weights and states
 /// come from ZeroShards).
 TrainerState load_checkpoint_state(const std::string& dir, int device_index);

@@ -8,13 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/models/block_sequence.h"
+
 namespace tandem {
-
-/// A parameter with its HF checkpoint name.
-using NamedTensor = std::pair<std::string, torch::Tensor>;
-
-/// The role of a Block in the sequence.
-enum class BlockKind { kEmbedding, kLayer, kHead };
 
 /// One unit of offload, streaming, placement and checkpoint sharding.
 class Block : public torch::nn::Module {

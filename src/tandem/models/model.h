@@ -10,12 +10,14 @@
 #include <vector>
 
 #include "tandem/models/block.h"
+#include "tandem/models/block_sequence.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
 
 /// The whole network: blocks_[0] embeds, blocks_[1..L] are decoder layers, blocks_.back() is the head.
-class Model : public torch::nn::Module {
+/// A preset's BlockSequence (Note [Block sequence]).
+class Model : public torch::nn::Module, public BlockSequence {
  public:
   Model(const ModelSpec& spec, bool checkpointing);
 
@@ -43,16 +45,21 @@ class Model : public torch::nn::Module {
   void load_hf_state_dict(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                           const std::string& source);
 
+  // BlockSequence.
+  size_t block_count() const override { return blocks_.size(); }
+  std::string block_name(size_t i) const override { return blocks_.at(i)->name(); }
+  BlockKind block_kind(size_t i) const override { return blocks_.at(i)->kind(); }
+  std::vector<NamedTensor> block_parameters(size_t i) override { return blocks_.at(i)->hf_parameters(); }
   /// Called with the Block's index before each Block's forward (the offload engine waits there for
   /// that Block's weights of this step); empty = none.
-  void set_before_block(std::function<void(size_t)> fn) { before_block_ = std::move(fn); }
+  void set_before_block(std::function<void(size_t)> fn) override { before_block_ = std::move(fn); }
 
   /// Note [Block placement]: Blocks flagged here run on the host. Their input crosses to the CPU
   /// and their output back to the input's device through pinned buffers, inside autograd (the
   /// gradient crosses back the same way); their parameters must already be host tensors (the
   /// offload engine binds them to the ParamStore's host copies). Empty = every Block where its
   /// parameters are.
-  void set_host_blocks(std::vector<bool> host) { host_blocks_ = std::move(host); }
+  void set_host_blocks(std::vector<bool> host) override { host_blocks_ = std::move(host); }
 
   /// The HF shape a named parameter has in a checkpoint.
   std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;

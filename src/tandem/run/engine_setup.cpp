@@ -104,7 +104,11 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
 
 EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
                              decltype(EngineOptions::trace_counters) trace_counters) {
-  const Config& cfg = plan.cfg;
+  return engine_options(plan.cfg, plan.split_range, plan.run_dir, ctx, std::move(trace_counters));
+}
+
+EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> split_range, const std::string& run_dir,
+                             const RunContext& ctx, decltype(EngineOptions::trace_counters) trace_counters) {
   EngineOptions eo;
   eo.adam.beta1 = cfg.optim.beta1;
   eo.adam.beta2 = cfg.optim.beta2;
@@ -121,24 +125,19 @@ EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
       cfg.optim.state_rounding == StateRounding::kStochastic ? Rounding::kStochastic : Rounding::kNearestEven;
   eo.solve_split = true;
   eo.fixed_k = parse_update_split(cfg.offload.update_split);
-  eo.min_gpu_blocks = plan.split_range.first;
-  eo.max_gpu_blocks = plan.split_range.second;
+  eo.min_gpu_blocks = split_range.first;
+  eo.max_gpu_blocks = split_range.second;
   eo.resolve_every = cfg.offload.resolve_every;
   eo.trace_steps =
       ctx.main_rank() ? parse_step_list(cfg.offload.trace_steps, "offload.trace_steps") : std::vector<int64_t>{};
   eo.comm = ctx.comm.get();
-  eo.trace_path = (fs::path(plan.run_dir) / "trace.json").string();
+  eo.trace_path = (fs::path(run_dir) / "trace.json").string();
   eo.log = [](const std::string& line) { log::info(line); };
   eo.trace_counters = std::move(trace_counters);
   return eo;
 }
 
-OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& ctx,
-                           decltype(EngineOptions::trace_counters) trace_counters, double build_s) {
-  const Config& cfg = plan.cfg;
-  OffloadParts parts;
-  // Parameters stay on the host as the fp32 masters; only buffers (RoPE tables) move.
-  for (auto& b : model.buffers()) b.set_data(b.to(ctx.device));
+ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
   ParamStoreOptions so;
   so.device = ctx.device;
   so.compute_dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
@@ -153,12 +152,28 @@ OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& 
     so.shard_count = ctx.world();
     so.comm = ctx.comm.get();
   }
+  return so;
+}
+
+OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& ctx,
+                           decltype(EngineOptions::trace_counters) trace_counters, double build_s) {
+  // Parameters stay on the host as the fp32 masters; only buffers (RoPE tables) move.
+  for (auto& b : model.buffers()) b.set_data(b.to(ctx.device));
+  return build_offload(model, OffloadSetup{plan.cfg, plan.gpu_blocks, plan.split_range, plan.run_dir}, ctx,
+                       std::move(trace_counters), build_s);
+}
+
+OffloadParts build_offload(BlockSequence& model, const OffloadSetup& setup, const RunContext& ctx,
+                           decltype(EngineOptions::trace_counters) trace_counters, double build_s) {
+  const Config& cfg = setup.cfg;
+  OffloadParts parts;
+  const ParamStoreOptions so = store_options(cfg, ctx);
   // The CPU updates run on the global pool: this rank's share of the cores (Note [Core division];
   // optim.cpu_threads, TANDEM_CPU_THREADS or OMP_NUM_THREADS override), pinned with optim.cpu_pin.
   CpuThreadPool::configure_global(resolve_cpu_threads(static_cast<int>(cfg.optim.cpu_threads)), cfg.optim.cpu_pin);
   const auto t_store = std::chrono::steady_clock::now();
-  parts.store = std::make_unique<ParamStore>(model, so, plan.gpu_blocks);
-  EngineOptions eo = engine_options(plan, ctx, std::move(trace_counters));
+  parts.store = std::make_unique<ParamStore>(model, so, setup.gpu_blocks);
+  EngineOptions eo = engine_options(cfg, setup.split_range, setup.run_dir, ctx, std::move(trace_counters));
   // Note [Block placement]: Blocks that may run on the CPU stay CPU-updated whatever the split.
   const std::vector<bool> movable = placement_movable(cfg.placement, model);
   const auto n_movable = std::count(movable.begin(), movable.end(), true);

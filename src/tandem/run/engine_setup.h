@@ -16,6 +16,7 @@
 
 namespace tandem {
 
+class BlockSequence;
 class Model;
 class ParamStore;
 class PlacementDriver;
@@ -29,10 +30,17 @@ struct RunPlan;
 int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const c10::Device& device,
                         std::pair<int64_t, int64_t>* range, const RankInfo& ranks);
 
-/// The engine's options for a plan (AdamW from optim.*, clipping, speculation, delayed update, the
-/// split's range, the trace), for this rank. `trace_counters` fills the trace's counter tracks.
+/// The engine's options for a config (AdamW from optim.*, clipping, speculation, delayed update, the
+/// split's range `split_range` in store Blocks, the trace under `run_dir`), for this rank.
+/// `trace_counters` fills the trace's counter tracks.
+EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> split_range, const std::string& run_dir,
+                             const RunContext& ctx, decltype(EngineOptions::trace_counters) trace_counters);
+/// The same for a run plan (its config, split range and run directory).
 EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
                              decltype(EngineOptions::trace_counters) trace_counters);
+/// The parameter store's options for a config: compute dtype from train.precision, pinned buffers,
+/// host state dtype, host ring, undo log, and the ZeRO-2 shard of this rank.
+ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx);
 
 /// The offload engine's pieces over a model: its parameter store, the engine, and the placement
 /// driver when placement.policy is on.
@@ -46,8 +54,21 @@ struct OffloadParts {
   ~OffloadParts();
 };
 
+/// What the offload engine is built from besides the model: the config, the memory plan's split
+/// (store Blocks the device updates first, and the range the solver may move in) and the run directory.
+struct OffloadSetup {
+  const Config& cfg;
+  int64_t gpu_blocks = 0;
+  std::pair<int64_t, int64_t> split_range{0, 0};
+  std::string run_dir;
+};
+
 /// Builds the store (the model's parameters become views of its host masters), the engine and
-/// the placement driver; `build_s` is the model's build time, for the log.
+/// the placement driver over any BlockSequence (Note [Block sequence]); `build_s` is the model's
+/// build time, for the log.
+OffloadParts build_offload(BlockSequence& blocks, const OffloadSetup& setup, const RunContext& ctx,
+                           decltype(EngineOptions::trace_counters) trace_counters, double build_s);
+/// A preset's: its buffers (RoPE tables) move to the device, its parameters stay as the masters.
 OffloadParts build_offload(Model& model, const RunPlan& plan, const RunContext& ctx,
                            decltype(EngineOptions::trace_counters) trace_counters, double build_s);
 

@@ -7,53 +7,53 @@
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/engine/offload_engine.h"
-#include "tandem/models/model.h"
+#include "tandem/models/block_sequence.h"
 #include "tandem/monitor/sampler.h"
 
 namespace tandem {
-std::vector<bool> placement_movable(const PlacementConfig& cfg, const Model& model) {
-  const auto& blocks = model.blocks();
-  std::vector<bool> out(blocks.size(), false);
+std::vector<bool> placement_movable(const PlacementConfig& cfg, const BlockSequence& model) {
+  const size_t count = model.block_count();
+  std::vector<bool> out(count, false);
   if (cfg.policy == PlacementPolicyKind::kOff || trim(cfg.movable) == "none") return out;
   if (trim(cfg.movable).empty()) {
-    for (size_t i = 0; i < blocks.size(); ++i) out[i] = blocks[i]->kind() == BlockKind::kLayer;
+    for (size_t i = 0; i < count; ++i) out[i] = model.block_kind(i) == BlockKind::kLayer;
     return out;
   }
   for (const auto& part : split(cfg.movable, ',')) {
     const std::string t = trim(part);
     char* end = nullptr;
     const long long i = std::strtoll(t.c_str(), &end, 10);
-    TANDEM_CHECK(!t.empty() && end != nullptr && *end == '\0' && i >= 0 && i < static_cast<long long>(blocks.size()),
-                 "placement.movable: '", t, "' is not a block index in 0 .. ", blocks.size() - 1,
-                 " (0 = embedding; decoder layers are 1 .. ", blocks.size() - 2, ")");
-    TANDEM_CHECK(blocks[static_cast<size_t>(i)]->kind() == BlockKind::kLayer, "placement.movable: block ", i, " (",
-                 blocks[static_cast<size_t>(i)]->name(),
+    TANDEM_CHECK(!t.empty() && end != nullptr && *end == '\0' && i >= 0 && i < static_cast<long long>(count),
+                 "placement.movable: '", t, "' is not a block index in 0 .. ", count - 1,
+                 " (0 = embedding; decoder layers are 1 .. ", count - 2, ")");
+    TANDEM_CHECK(model.block_kind(static_cast<size_t>(i)) == BlockKind::kLayer, "placement.movable: block ", i, " (",
+                 model.block_name(static_cast<size_t>(i)),
                  ") is not a decoder layer; only decoder layers move to the CPU");
     out[static_cast<size_t>(i)] = true;
   }
   return out;
 }
 
-PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, OffloadEngine& engine,
+PlacementDriver::PlacementDriver(const PlacementConfig& cfg, BlockSequence& model, OffloadEngine& engine,
                                  std::function<void(const std::string&)> log)
     : cfg_(cfg), model_(model), engine_(engine), log_(std::move(log)), movable_(placement_movable(cfg, model)) {
-  const auto& blocks = model.blocks();
-  const auto n = static_cast<int64_t>(blocks.size());
-  current_.blocks.assign(blocks.size(), BlockDevice::kGpu);
+  const size_t count = model.block_count();
+  const auto n = static_cast<int64_t>(count);
+  current_.blocks.assign(count, BlockDevice::kGpu);
   // Movable Blocks, the cheapest first: the threshold rule moves them in this order.
   std::vector<int64_t> order;
   for (int64_t i = 0; i < n; ++i)
     if (movable_[static_cast<size_t>(i)]) order.push_back(i);
   const auto numel = [&](int64_t i) {
     int64_t k = 0;
-    for (const auto& p : blocks[static_cast<size_t>(i)]->parameters()) k += p.numel();
+    for (const auto& [name, p] : model.block_parameters(static_cast<size_t>(i))) k += p.numel();
     return k;
   };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return numel(a) < numel(b); });
   if (cfg.policy == PlacementPolicyKind::kStatic) {
     Placement p;
     if (cfg.blocks == "cpu") {
-      p.blocks.assign(blocks.size(), BlockDevice::kGpu);
+      p.blocks.assign(count, BlockDevice::kGpu);
       for (const int64_t i : order) p.blocks[static_cast<size_t>(i)] = BlockDevice::kCpu;
     } else {
       try {
@@ -63,7 +63,7 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
       }
       for (int64_t i = 0; i < n; ++i)
         TANDEM_CHECK(p.blocks[static_cast<size_t>(i)] == BlockDevice::kGpu || movable_[static_cast<size_t>(i)],
-                     "placement.blocks puts block ", i, " (", blocks[static_cast<size_t>(i)]->name(),
+                     "placement.blocks puts block ", i, " (", model.block_name(static_cast<size_t>(i)),
                      ") on the CPU, but it is not movable: only decoder layers listed in placement.movable (all "
                      "of them when it is empty) run on the CPU");
     }
@@ -82,12 +82,12 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, Model& model, Offlo
                                   : CostModelOptions::Objective::kMaxThroughput;
     cost_options_.gpu_power_budget_w = cfg.gpu_power_budget_w;
     cost_options_.max_step_s = cfg.max_step_s;
-    // Signatures: Blocks of one class and size cost the same; one of each is profiled on the CPU.
-    std::map<std::pair<std::string, int64_t>, int64_t> groups;
-    std::vector<int64_t> sig(blocks.size(), -1);
+    // Signatures: Blocks of one kind and size cost the same; one of each is profiled on the CPU.
+    std::map<std::pair<int, int64_t>, int64_t> groups;
+    std::vector<int64_t> sig(count, -1);
     for (int64_t i = 0; i < n; ++i) {
       if (!movable_[static_cast<size_t>(i)]) continue;
-      const auto key = std::make_pair(std::string(typeid(*blocks[static_cast<size_t>(i)]).name()), numel(i));
+      const auto key = std::make_pair(static_cast<int>(model.block_kind(static_cast<size_t>(i))), numel(i));
       sig[static_cast<size_t>(i)] = groups.emplace(key, static_cast<int64_t>(groups.size())).first->second;
     }
     // Warm-up past the update split's first solve (step 3), whose step is slow.
@@ -164,7 +164,7 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
       std::string per_block;
       for (size_t i = 0; i < costs_.size(); ++i)
         if (costs_[i].movable)
-          per_block += strprintf(" %s GPU %.1f ms / CPU %.1f ms;", model_.blocks()[i]->name().c_str(),
+          per_block += strprintf(" %s GPU %.1f ms / CPU %.1f ms;", model_.block_name(i).c_str(),
                                  costs_[i].gpu_s * 1e3, costs_[i].cpu_s * 1e3);
       if (log_)
         log_(
@@ -197,7 +197,7 @@ nlohmann::json PlacementDriver::summary() const {
   if (!costs_.empty()) {
     nlohmann::json blocks = nlohmann::json::array();
     for (size_t i = 0; i < costs_.size(); ++i)
-      blocks.push_back({{"block", model_.blocks()[i]->name()},
+      blocks.push_back({{"block", model_.block_name(i)},
                         {"movable", costs_[i].movable},
                         {"gpu_s", costs_[i].gpu_s},
                         {"cpu_s", costs_[i].cpu_s},

@@ -16,17 +16,17 @@
 
 namespace tandem {
 
-class Model;
+class BlockSequence;
 class OffloadEngine;
 struct TelemetrySample;
 
 /// Per Block: may it run on the CPU (placement.movable; every decoder layer when empty). UserError
 /// for an index out of range or one that is not a decoder layer.
-std::vector<bool> placement_movable(const PlacementConfig& cfg, const Model& model);
+std::vector<bool> placement_movable(const PlacementConfig& cfg, const BlockSequence& model);
 
 class PlacementDriver {
  public:
-  PlacementDriver(const PlacementConfig& cfg, Model& model, OffloadEngine& engine,
+  PlacementDriver(const PlacementConfig& cfg, BlockSequence& model, OffloadEngine& engine,
                   std::function<void(const std::string&)> log);
   ~PlacementDriver();
   /// Before the step's begin_step: the policy's decision for step `step` (1-based) from the
@@ -42,7 +42,7 @@ class PlacementDriver {
 
  private:
   PlacementConfig cfg_;
-  Model& model_;
+  BlockSequence& model_;
   OffloadEngine& engine_;
   std::function<void(const std::string&)> log_;
   std::vector<bool> movable_;

@@ -11,6 +11,7 @@
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/autocast.h"
+#include "tandem/run/resident_update.h"
 #include "tandem/run/run_plan.h"
 #include "tandem/run/run_setup.h"
 #include "tandem/run/step_timer.h"
@@ -60,11 +61,7 @@ StepResult StepRunner::run(int64_t step, double lr, BatchLoader& loader, double 
   }
   torch::Tensor found_inf = torch::zeros({}, fopts_), norm;
   update(lr, norm, found_inf);
-  const ScalerConfig& sc = plan_.cfg.scaler;
-  if (fp16_ && sc.dynamic) {
-    at::_amp_update_scale_(scale_, growth_tracker_, found_inf, sc.growth_factor, sc.backoff_factor, sc.growth_interval);
-    scale_.clamp_min_(sc.min_scale);
-  }
+  if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf, plan_.cfg.scaler);
   timer_.mark(StepTimer::Phase::kUpdate);
   // One host synchronisation per step.
   auto host = torch::stack({loss_sum / double(train.grad_accum), norm.to(torch::kFloat32), found_inf, scale_.squeeze()})
@@ -149,20 +146,8 @@ void StepRunner::update(double lr, torch::Tensor& norm, torch::Tensor& found_inf
     return;
   }
   if (reducer_) reducer_->finish();  // every Block's gradient summed over the ranks
-  std::vector<torch::Tensor> grads;
-  for (auto& p : params_)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (fp16_) at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, scale_.reciprocal());
-  // Global norm of all gradients, without a host synchronisation.
-  norm = torch::linalg_vector_norm(torch::stack(at::_foreach_norm(grads, 2)), 2);
-  found_inf = torch::maximum(found_inf, (~torch::isfinite(norm)).to(torch::kFloat32));
-  const double clip = plan_.cfg.train.grad_clip;
-  if (clip > 0) {
-    auto coef = torch::clamp_max(clip / (norm + 1e-6), 1.0);
-    at::_foreach_mul_(grads, coef);
-  }
-  optimizer_.step(lr, found_inf);
-  optimizer_.zero_grad();
+  norm = resident_update(params_, optimizer_, lr, plan_.cfg.train.grad_clip,
+                         fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf);
 }
 
 void StepRunner::save_scaler(TrainerState& state) const {

@@ -1,0 +1,276 @@
+"""``tandem.Engine``: tandem's offload engine under the user's own model and training loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from . import _C
+from .blocks import BlockSpec, find_blocks
+from .config import ConfigArg, config_value, resolve_device, split_config
+
+__all__ = ["Engine", "StepInfo"]
+
+StepInfo = _C.StepInfo
+
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _Attachment:
+    """The engine's hooks on the user's model (Note [Python engine] in src/tandem/python/engine_core.cpp):
+    the model's forward opens the step, each Block's forward waits for its weights, and the forward
+    runs under autocast in the configured precision."""
+
+    def __init__(self, model: nn.Module, specs: List[BlockSpec], blocks: "_C.ModuleBlocks", device: torch.device,
+                 autocast: Optional[torch.dtype]) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.device = device
+        self.autocast = autocast
+        self.core: Optional["_C.EngineCore"] = None
+        self.lr_source = None  # callable giving the learning rate, or None for the config's schedule
+        self.tokens = 0  # tokens of the open step's forwards (for the metrics)
+        self._entered: set = set()
+        self._autocast_stack: List[Any] = []
+        self._handles = [
+            model.register_forward_pre_hook(self._root_pre, with_kwargs=True),
+            model.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
+        ]
+        for i, spec in enumerate(specs):
+            for module in spec.modules:
+                self._handles.append(module.register_forward_pre_hook(self._block_pre(i)))
+
+    def _block_pre(self, i: int):
+        def hook(module: nn.Module, args: Any) -> None:
+            # Once per forward (an edge Block's parameters sit in several modules); a layer
+            # recomputed in backward (checkpointing) already has its weights.
+            if i not in self._entered:
+                self._entered.add(i)
+                self.blocks.before_block(i)
+        return hook
+
+    def _check_inputs(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
+        named = [(f"argument {j}", a) for j, a in enumerate(args)] + list(kwargs.items())
+        for name, value in named:
+            if isinstance(value, torch.Tensor) and value.device.type != self.device.type:
+                raise TypeError(
+                    f"{name} of the model's forward is on {value.device}, but the engine trains on {self.device}; "
+                    f"move the batch there first (tensor.to(engine.device))"
+                )
+            if isinstance(value, torch.Tensor) and value.dtype == torch.long and name in ("input_ids", "argument 0"):
+                self.tokens += value.numel()
+
+    def _root_pre(self, module: nn.Module, args: Any, kwargs: Dict[str, Any]) -> None:
+        self._check_inputs(args, kwargs)
+        self._entered = set()
+        if self.core is not None and torch.is_grad_enabled():
+            lr = self.lr_source() if self.lr_source is not None else None
+            self.core.begin_forward(lr)
+        if self.autocast is not None:
+            ctx = torch.autocast(self.device.type, dtype=self.autocast)
+            ctx.__enter__()
+            self._autocast_stack.append(ctx)
+
+    def _root_post(self, module: nn.Module, args: Any, kwargs: Dict[str, Any], output: Any) -> None:
+        if self._autocast_stack:
+            self._autocast_stack.pop().__exit__(None, None, None)
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class Engine:
+    """Trains the user's ``nn.Module`` with tandem's engine, from the user's own loop.
+
+    With ``offload.optimizer=cpu`` the fp32 master weights and AdamW states live in (pinned) host
+    memory, the model's parameters become views of compute-dtype working copies on the device,
+    gradients stream to the CPU Block by Block while backward runs, the CPU updates overlap the
+    backward, and the first Blocks (the update split k, solved at run time) are updated on the GPU.
+    Without it the model trains on the device with a fused AdamW, as a plain PyTorch loop would.
+
+    Example::
+
+        engine = tandem.Engine(model, config={"offload.optimizer": "cpu", "optim.lr": 3e-4,
+                                              "train.precision": "bf16"})
+        for batch in loader:
+            loss = model(**batch).loss
+            engine.backward(loss)
+            engine.step()
+        engine.save("ckpt/")
+
+    Args:
+        model: any ``nn.Module``. Its Blocks are its repeated layers (found automatically, or
+            ``blocks``); the parameters outside them form the embedding and head Blocks.
+        config: tandem's config keys (``tandem config --keys``) as a dict, a YAML file of them,
+            a DeepSpeed JSON config, or a list of those applied in order.
+        blocks: the model's layers, when the automatic search should not choose them.
+        edge_blocks: False requires every trainable parameter to be inside ``blocks``.
+        run_dir: where checkpoints, ``metrics.jsonl`` and ``trace.json`` go (default: train.run_dir,
+            else ``runs/<time>-python``).
+
+    Raises:
+        ValueError: an unknown key or bad value, a model without repeated layers, a parameter in
+            two Blocks, a memory plan that cannot fit; one line naming the cause and the fix.
+        TypeError: a config or blocks argument of the wrong type.
+    """
+
+    def __init__(self, model: nn.Module, config: ConfigArg = None, *, blocks: Optional[Sequence[nn.Module]] = None,
+                 edge_blocks: bool = True, run_dir: Optional[str] = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"tandem.Engine takes an nn.Module; got a {type(model).__name__}")
+        files, keys = split_config(config)
+        self._files, self._keys = files, keys
+        self.model = model
+        self.device = resolve_device(config_value(files, keys, "train.device"))
+        self._offload = config_value(files, keys, "offload.optimizer") == "cpu"
+        precision = config_value(files, keys, "train.precision")
+        self.run_dir = run_dir or config_value(files, keys, "train.run_dir") or os.path.join(
+            "runs", time.strftime("%Y%m%d-%H%M%S") + "-python")
+        specs = find_blocks(model, blocks, edge_blocks)
+        self._place_model(specs)
+        self._blocks = _C.ModuleBlocks([(s.name, s.kind, s.params) for s in specs])
+        self._attach = _Attachment(model, specs, self._blocks, self.device, _AUTOCAST.get(precision))
+        try:
+            self._core = _C.EngineCore(self._blocks, files, keys, self.run_dir)
+        except BaseException:
+            self._attach.detach()
+            raise
+        self._attach.core = self._core
+        self._loss_sum: Optional[torch.Tensor] = None
+        self._step_started = time.perf_counter()
+        self._metrics = None
+
+    def _place_model(self, specs: List[BlockSpec]) -> None:
+        """Offload: the trainable parameters stay where they are (they become the host masters);
+        buffers and frozen parameters move to the device. Otherwise the whole model moves."""
+        if not self._offload:
+            self.model.to(self.device)
+            return
+        trainable = {id(p) for s in specs for _, p in s.params}
+        with torch.no_grad():
+            for module in self.model.modules():
+                for name, buf in list(module._buffers.items()):
+                    if buf is not None:
+                        module._buffers[name] = buf.to(self.device)
+                for name, p in list(module._parameters.items()):
+                    if p is not None and id(p) not in trainable:
+                        p.data = p.data.to(self.device)
+
+    # The loop.
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's loss. Gradients are weighted for accumulation
+        (train.grad_accum), the data-parallel ranks and the fp16 loss scale; on the step's last
+        micro-batch they stream to the CPU Block by Block while backward runs."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"engine.backward takes the loss tensor; got a {type(loss).__name__}")
+        if loss.dim() != 0:
+            raise ValueError(f"the loss has shape {tuple(loss.shape)}; reduce it to a scalar (loss.mean()) first")
+        if not loss.requires_grad:
+            raise ValueError("the loss does not require grad; compute it from the model's output with gradients on")
+        (loss * self._core.loss_multiplier()).backward()
+        self._core.end_backward()
+        detached = loss.detach().float()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+
+    def step(self) -> Optional[StepInfo]:
+        """The optimizer step at the accumulation boundary (every train.grad_accum backward calls;
+        None before it): global-norm clipping, the non-finite check, AdamW on the CPU and the GPU."""
+        if self._core.micro() < self._core.accumulation():
+            if self._core.micro() == 0:
+                raise ValueError("engine.step() without engine.backward(loss) since the last step")
+            return None
+        info = self._core.update()
+        self._write_metrics(info)
+        return info
+
+    def abandon_step(self) -> None:
+        """Gives up the open step (after an out-of-memory error in the forward or backward): nothing
+        is updated, gradients are cleared, the device cache is freed; run the step again, e.g. with
+        half the micro-batch and twice the accumulation."""
+        self._core.abandon()
+        self._loss_sum = None
+        self._attach.tokens = 0
+
+    # Checkpoints.
+    def save(self, path: Optional[str] = None) -> str:
+        """Writes a checkpoint in the CLI's format under ``path`` (a run directory; default
+        ``run_dir``): ``checkpoints/step_XXXXXXXX/`` with model.safetensors (fp32 masters, HF names),
+        config.json (a transformers model's), optimizer.safetensors, the RNG and the step.
+        Returns the checkpoint's directory (on rank 0)."""
+        hf = getattr(self.model, "config", None)
+        hf_config = hf.to_json_string() if hasattr(hf, "to_json_string") else ""
+        return self._core.save(os.fspath(path or self.run_dir), hf_config)
+
+    def load(self, path: str) -> str:
+        """Resumes exactly from a checkpoint directory, or the newest intact one in a run
+        directory: weights, AdamW states, step, loss scale and RNG. Returns the checkpoint used."""
+        return self._core.load(os.fspath(path))
+
+    def wait(self) -> None:
+        """Blocks until every update is in the model's weights (before evaluation or export)."""
+        self._core.wait()
+
+    # What it is doing.
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps completed."""
+        return self._core.step()
+
+    @property
+    def rank(self) -> int:
+        return self._core.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self._core.world()
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's counters: steps, skipped steps, rollbacks, CPU update and transfer seconds,
+        the update split."""
+        return json.loads(self._core.stats_json())
+
+    def config_yaml(self) -> str:
+        """Every key as this engine resolved it (YAML)."""
+        return self._core.config_yaml()
+
+    def close(self) -> None:
+        """Finishes the last updates and removes the engine's hooks from the model."""
+        if getattr(self, "_core", None) is not None:
+            self._core.wait()
+            self._attach.detach()
+            self._core = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _write_metrics(self, info: StepInfo) -> None:
+        now = time.perf_counter()
+        loss = float(self._loss_sum) / max(1, self._core.accumulation()) if self._loss_sum is not None else None
+        seconds = now - self._step_started
+        row = {"step": info.step, "loss": loss, "lr": info.lr, "grad_norm": info.grad_norm, "skipped": info.skipped,
+               "step_s": seconds, "tokens_per_s": self._attach.tokens * self.world_size / seconds if seconds > 0 else 0.0}
+        if info.loss_scale != 1.0:
+            row["loss_scale"] = info.loss_scale
+        self._loss_sum = None
+        self._attach.tokens = 0
+        self._step_started = now
+        if self.rank != 0:
+            return
+        if self._metrics is None:
+            os.makedirs(self.run_dir, exist_ok=True)
+            self._metrics = open(os.path.join(self.run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()

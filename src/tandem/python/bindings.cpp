@@ -1,0 +1,163 @@
+// The `tandem._C` extension: the engine's boundary (ModuleBlocks) and the Python engine's step
+// (EngineCore) for the `tandem` package (python/tandem/). Errors of the user's making arrive as
+// ValueError with one line naming the cause and the fix (Note [Python errors]).
+
+#include <torch/extension.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "tandem/core/config.h"
+#include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+#include "tandem/data/dataset.h"
+#include "tandem/data/loader.h"
+#include "tandem/io/config_file.h"
+#include "tandem/python/engine_core.h"
+#include "tandem/python/module_blocks.h"
+
+namespace py = pybind11;
+using namespace tandem;
+
+namespace {
+
+// Note [Python errors]
+// UserError (bad input: a key, a value, a file, a model structure, a memory plan) becomes
+// ValueError with its one line; a broken invariant of tandem's (InternalError) and LibTorch's own
+// errors become RuntimeError without the C++ backtrace. Nothing aborts the interpreter.
+void translate(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const UserError& e) {
+    PyErr_SetString(PyExc_ValueError, one_line(e.what()).c_str());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, one_line(e.what_without_backtrace()).c_str());
+  }
+}
+
+using ParamList = std::vector<std::tuple<std::string, torch::Tensor>>;
+
+std::shared_ptr<ModuleBlocks> make_blocks(const std::vector<std::tuple<std::string, BlockKind, ParamList>>& groups) {
+  std::vector<BlockGroup> out;
+  for (const auto& [name, kind, params] : groups) {
+    BlockGroup g{name, kind, {}};
+    for (const auto& [pname, t] : params) g.params.emplace_back(pname, t);
+    out.push_back(std::move(g));
+  }
+  return std::make_shared<ModuleBlocks>(std::move(out));
+}
+
+// The defaults, then each file (YAML: tandem's keys; .json: a DeepSpeed config), then each key.
+Config make_config(const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
+  Config cfg;
+  for (const auto& f : files) load_config_file(cfg, f);
+  for (const auto& [k, v] : keys) set_config_key(cfg, k, v, "tandem.Engine(config=...)");
+  validate_config(cfg);
+  return cfg;
+}
+
+// The CLI's training batches (data.path, train.micro_batch, train.seq_len, train.seed), so a Python
+// loop can train on the very batches `tandem train` would.
+class TokenBatches {
+ public:
+  TokenBatches(const Config& cfg, int64_t vocab_size, int64_t rows, int64_t first_row)
+      : data_(open_data(cfg.data)) {
+    TANDEM_CHECK(cfg.train.seq_len > 0, "tandem.data.TokenBatches needs train.seq_len (> 0)");
+    loader_ = std::make_unique<BatchLoader>(data_.train, rows > 0 ? rows : cfg.train.micro_batch, cfg.train.seq_len,
+                                            cfg.train.seed, torch::Device(torch::kCPU),
+                                            cfg.data.prefetch, vocab_size, "training", first_row);
+  }
+  std::pair<torch::Tensor, torch::Tensor> next() {
+    Batch b = loader_->next();
+    return {b.inputs, b.targets};
+  }
+  int64_t position() const { return loader_->position(); }
+  void seek(int64_t p) { loader_->seek(p); }
+
+ private:
+  DataSplits data_;
+  std::unique_ptr<BatchLoader> loader_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tandem's C++ engine (use the `tandem` package, not this module)";
+  py::register_exception_translator(&translate);
+  m.attr("__version__") = TANDEM_VERSION;
+
+  py::enum_<BlockKind>(m, "BlockKind")
+      .value("EMBEDDING", BlockKind::kEmbedding)
+      .value("LAYER", BlockKind::kLayer)
+      .value("HEAD", BlockKind::kHead);
+
+  py::class_<ModuleBlocks, std::shared_ptr<ModuleBlocks>>(m, "ModuleBlocks")
+      .def(py::init(&make_blocks), py::arg("groups"))
+      .def("block_count", &ModuleBlocks::block_count)
+      .def("block_name", &ModuleBlocks::block_name)
+      .def("numel", &ModuleBlocks::numel)
+      .def("before_block", &ModuleBlocks::before_block, py::call_guard<py::gil_scoped_release>())
+      .def("host_block", &ModuleBlocks::host_block);
+
+  py::class_<StepInfo>(m, "StepInfo")
+      .def_readonly("step", &StepInfo::step)
+      .def_readonly("skipped", &StepInfo::skipped)
+      .def_readonly("grad_norm", &StepInfo::grad_norm)
+      .def_readonly("lr", &StepInfo::lr)
+      .def_readonly("loss_scale", &StepInfo::loss_scale)
+      .def("__repr__", [](const StepInfo& s) {
+        return strprintf("StepInfo(step=%lld, grad_norm=%.6g, lr=%.6g, skipped=%s, loss_scale=%g)",
+                         static_cast<long long>(s.step), s.grad_norm, s.lr, s.skipped ? "True" : "False", s.loss_scale);
+      });
+
+  m.def("make_config_yaml", [](const std::vector<std::string>& files,
+                               const std::vector<std::pair<std::string, std::string>>& keys) {
+    return config_to_yaml(make_config(files, keys));
+  });
+  m.def("config_value", [](const std::vector<std::string>& files,
+                           const std::vector<std::pair<std::string, std::string>>& keys, const std::string& key) {
+    return get_config_key(make_config(files, keys), key);
+  });
+  m.def("config_key_names", &config_key_names);
+
+  py::class_<TokenBatches>(m, "TokenBatches")
+      .def(py::init([](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
+                       int64_t vocab_size, int64_t rows, int64_t first_row) {
+             return std::make_unique<TokenBatches>(make_config(files, keys), vocab_size, rows, first_row);
+           }),
+           py::arg("files"), py::arg("keys"), py::arg("vocab_size"), py::arg("rows") = 0, py::arg("first_row") = 0)
+      .def("next", &TokenBatches::next, py::call_guard<py::gil_scoped_release>())
+      .def("position", &TokenBatches::position)
+      .def("seek", &TokenBatches::seek);
+
+  py::class_<EngineCore>(m, "EngineCore")
+      .def(py::init([](std::shared_ptr<ModuleBlocks> blocks, const std::vector<std::string>& files,
+                       const std::vector<std::pair<std::string, std::string>>& keys, const std::string& run_dir) {
+             Config cfg = make_config(files, keys);
+             py::gil_scoped_release release;  // the rendezvous may wait for the other ranks
+             return std::make_unique<EngineCore>(std::move(blocks), std::move(cfg), run_dir);
+           }),
+           py::arg("blocks"), py::arg("files"), py::arg("keys"), py::arg("run_dir"))
+      .def("begin_forward", &EngineCore::begin_forward, py::arg("lr") = std::nullopt,
+           py::call_guard<py::gil_scoped_release>())
+      .def("loss_multiplier", &EngineCore::loss_multiplier)
+      .def("end_backward", &EngineCore::end_backward)
+      .def("micro", &EngineCore::micro)
+      .def("accumulation", &EngineCore::accumulation)
+      .def("update", &EngineCore::update, py::call_guard<py::gil_scoped_release>())
+      .def("abandon", &EngineCore::abandon, py::call_guard<py::gil_scoped_release>())
+      .def("save", &EngineCore::save, py::arg("run_dir"), py::arg("hf_config"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("load", &EngineCore::load, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      .def("wait", &EngineCore::wait, py::call_guard<py::gil_scoped_release>())
+      .def("step", &EngineCore::step)
+      .def("device", &EngineCore::device)
+      .def("rank", &EngineCore::rank)
+      .def("world", &EngineCore::world)
+      .def("offload", &EngineCore::offload)
+      .def("config_yaml", [](const EngineCore& e) { return config_to_yaml(e.config()); })
+      .def("stats_json", &EngineCore::stats_json);
+}

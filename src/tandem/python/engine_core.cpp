@@ -1,0 +1,352 @@
+#include "tandem/python/engine_core.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/core/strings.h"
+#include "tandem/dist/comm.h"
+#include "tandem/dist/grad_reducer.h"
+#include "tandem/engine/offload_engine.h"
+#include "tandem/engine/param_store.h"
+#include "tandem/io/checkpoint.h"
+#include "tandem/optim/optimizer.h"
+#include "tandem/run/checkpointer.h"
+#include "tandem/run/engine_setup.h"
+#include "tandem/run/lr_schedule.h"
+#include "tandem/run/placement_driver.h"
+#include "tandem/run/resident_update.h"
+#include "tandem/run/run_setup.h"
+
+namespace fs = std::filesystem;
+
+namespace tandem {
+
+// Note [Python engine]
+// The user's loop runs forward and backward; the package's hooks and calls tell the engine where
+// the loop is:
+//   - the model's forward pre-hook (gradients on): begin_forward opens the step on its first
+//     micro-batch (the offload engine's begin_step at the schedule's learning rate) and tells the
+//     engine and the gradient reducer whether this micro-batch is the last of the step;
+//   - each Block's forward pre-hook: ModuleBlocks::before_block, where the offload engine waits
+//     for that Block's weights of this step (Note [Gradient streaming]);
+//   - engine.backward(loss): the loss times loss_multiplier() (accumulation, this rank's share of
+//     the global batch, the fp16 loss scale), backward, end_backward;
+//   - engine.step(): at the accumulation boundary, update(): the offload engine's end_step, or the
+//     resident update (resident_update.h), then the loss scale.
+// Everything else is the CLI's: the config keys and their checks, the run context (torchrun's or
+// tandem launch's environment), the ParamStore and OffloadEngine over the model's Blocks (Note
+// [Block sequence]), the split solver, ZeRO-2 sharding, the checkpoint format.
+//
+// Memory plan for a model tandem did not build: the CLI plans from the architecture; here the
+// engine knows the Blocks' sizes only. The device holds the working weights and gradients in the
+// compute dtype; a GPU-updated Block adds 12 bytes per parameter (fp32 master, m, v); a third of
+// the GPU is kept for activations and workspace. The first split is the largest prefix that fits
+// that budget (offload.update_split=auto) or the user's k; the solver moves within it. The host
+// holds masters, states, landing, staging and undo buffers per parameter; when they do not fit,
+// offload.host_ring=auto takes a ring of 4 slots (Note [Host ring]).
+
+namespace {
+
+constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations (Note [Python engine])
+constexpr int64_t kAutoRingSlots = 4;
+
+int64_t dtype_bytes(torch::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+// Host bytes per parameter of a CPU-updated Block with per-Block buffers.
+int64_t host_bytes_per_param(const Config& cfg, bool undo) {
+  const int64_t state = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
+  const int64_t compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
+  return 4 + 2 * state + compute /*landing*/ + compute /*staging*/ + (undo ? 4 + 2 * state : 0);
+}
+
+}  // namespace
+
+EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::string run_dir)
+    : blocks_(std::move(blocks)), cfg_(std::move(cfg)), run_dir_(std::move(run_dir)) {
+  validate_config(cfg_);
+  ctx_ = std::make_unique<RunContext>(open_run_context(cfg_));
+  numerics_ = std::make_unique<NumericsGuard>(cfg_.train, ctx_->device);
+  fp16_ = cfg_.train.precision == Precision::kFp16;
+  for (auto& [name, p] : blocks_->all_parameters()) params_.push_back(p);
+  check_data_parallel_start();
+  const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
+  scale_ = torch::full({1}, fp16_ ? cfg_.scaler.init_scale : 1.0, fopts);
+  growth_tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(ctx_->device));
+  if (offload()) {
+    build_offload_engine();
+    optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, /*sharded_state=*/false);
+    return;
+  }
+  for (const auto& [name, p] : blocks_->all_parameters())
+    TANDEM_CHECK(p.device() == ctx_->device, "parameter '", name, "' is on ", p.device().str(),
+                 " but this run trains on ", ctx_->device.str(),
+                 "; move the model there first (model.to(device)), or set offload.optimizer=cpu");
+  optimizer_ = make_optimizer(cfg_.optim, blocks_->all_parameters(), ctx_->device);
+  if (ctx_->comm) reducer_ = std::make_unique<GradReducer>(*blocks_, *ctx_->comm);
+}
+
+EngineCore::~EngineCore() {
+  if (offload_ && offload_->engine) {
+    try {
+      offload_->engine->wait_all();
+    } catch (const std::exception& e) {
+      log::warn(std::string("engine: while finishing the last updates: ") + one_line(e.what()));
+    }
+  }
+  reducer_.reset();
+  optimizer_.reset();
+  offload_.reset();
+  if (ctx_ && ctx_->comm) ctx_->comm->stop_heartbeat();
+}
+
+bool EngineCore::offload() const { return cfg_.offload.optimizer == OffloadTarget::kCpu; }
+std::string EngineCore::device() const { return ctx_->device.str(); }
+int EngineCore::rank() const { return ctx_->ranks.rank; }
+int EngineCore::world() const { return ctx_->world(); }
+
+// Data parallel: every rank must start from the same weights (the same seed before the model was
+// built), as DDP's broadcast would make them; compared by a checksum rather than sent.
+void EngineCore::check_data_parallel_start() {
+  if (!ctx_->comm) return;
+  torch::NoGradGuard no_grad;
+  double sum = 0.0;
+  for (const auto& p : params_) sum += p.to(torch::kFloat64).abs().sum().item<double>();
+  ctx_->comm->check_same("initial weights (checksum)", strprintf("%.17g", sum),
+                         "call torch.manual_seed(S) with the same S on every rank before building the model, or load "
+                         "the same pretrained weights");
+}
+
+// The largest store-Block prefix the device may update (Note [Python engine]); *gpu_blocks gets
+// the first split: the user's k, or that prefix.
+int64_t EngineCore::split_limit(int64_t* gpu_blocks) const {
+  const int64_t n = static_cast<int64_t>(blocks_->block_count());
+  int64_t limit = n;
+  if (ctx_->device.is_cuda() && accelerator()) {
+    const auto mem = accelerator()->memory_stats(ctx_->device_index);
+    const int64_t compute = cfg_.train.precision == Precision::kFp32 ? 4 : 2;
+    double budget = double(mem.free) - double(mem.total) * kActivationShare - 2.0 * compute * double(blocks_->numel());
+    limit = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t numel = 0;
+      for (const auto& [name, p] : blocks_->block_parameters(static_cast<size_t>(i))) numel += p.numel();
+      budget -= 12.0 * double(numel);
+      if (budget < 0) break;
+      limit = i + 1;
+    }
+  }
+  if (const auto k = parse_update_split(cfg_.offload.update_split)) {
+    // k counts decoder layers, as in the CLI: the prefix through the round(k * layers)-th layer.
+    int64_t layers = 0;
+    for (int64_t i = 0; i < n; ++i) layers += blocks_->block_kind(static_cast<size_t>(i)) == BlockKind::kLayer;
+    const int64_t want = std::llround(*k * double(layers));
+    int64_t prefix = 0, seen = 0;
+    while (prefix < n && seen < want) seen += blocks_->block_kind(static_cast<size_t>(prefix++)) == BlockKind::kLayer;
+    TANDEM_CHECK(prefix <= limit || !ctx_->device.is_cuda(), "offload.update_split=", cfg_.offload.update_split,
+                 " puts ", prefix, " Blocks' fp32 masters and states on the GPU, but ", limit,
+                 " fit beside the working weights and activations; lower offload.update_split or set it to auto");
+    *gpu_blocks = prefix;
+  } else {
+    *gpu_blocks = limit;
+  }
+  return limit;
+}
+
+void EngineCore::build_offload_engine() {
+  const bool undo_wanted = cfg_.offload.speculate != Speculation::kNever && !cfg_.offload.delayed_update;
+  const int64_t per_param = host_bytes_per_param(cfg_, undo_wanted);
+  const int64_t host = cfg_.offload.host_memory_gib > 0
+                           ? static_cast<int64_t>(cfg_.offload.host_memory_gib * double(1 << 30))
+                           : host_available_bytes() / std::max(1, ctx_->ranks.local_world_size);
+  const int64_t shards = cfg_.dist.zero_stage == 2 ? world() : 1;
+  const double need = double(per_param) * double(blocks_->numel()) / double(shards);
+  if (cfg_.offload.host_ring < 0) {
+    cfg_.offload.host_ring = need <= 0.9 * double(host) ? 0 : kAutoRingSlots;
+    if (cfg_.offload.host_ring > 0) {
+      cfg_.offload.speculate = Speculation::kNever;
+      log::info(strprintf("offload: per-block host buffers (%s) do not fit the host (%s); a ring of %lld slots "
+                          "instead, updates after the norm (offload.host_ring=auto)",
+                          format_bytes(need).c_str(), format_bytes(double(host)).c_str(),
+                          static_cast<long long>(kAutoRingSlots)));
+    }
+  }
+  const int64_t ring_per_param = 4 + 2 * (cfg_.optim.state_dtype == StateDtype::kBf16 ? 2 : 4);
+  const double floor = double(ring_per_param) * double(blocks_->numel()) / double(shards);
+  TANDEM_CHECK(floor <= double(host), "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor),
+               " needed, ", format_bytes(double(host)),
+               " available; set optim.state_dtype=bf16, run on more ranks with dist.zero_stage=2, or use a host "
+               "with more memory");
+  int64_t gpu_blocks = 0;
+  const int64_t limit = split_limit(&gpu_blocks);
+  offload_ = std::make_unique<OffloadParts>(
+      build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, {}, 0.0));
+  log::info(strprintf("offload: %lld of %zu Blocks updated on the %s first (k solved at run time: %s) | %s of "
+                      "parameters, host buffers %s",
+                      static_cast<long long>(gpu_blocks), blocks_->block_count(),
+                      ctx_->device.is_cuda() ? "GPU" : "device", cfg_.offload.update_split.c_str(),
+                      format_count(double(blocks_->numel())).c_str(),
+                      cfg_.offload.host_ring > 0 ? strprintf("a ring of %lld", (long long)cfg_.offload.host_ring).c_str()
+                                                 : "per Block"));
+}
+
+void EngineCore::begin_forward(std::optional<double> lr) {
+  if (!open_) {
+    lr_ = lr ? *lr : lr_at(cfg_.optim, step_, cfg_.train.steps);
+    if (offload_) {
+      offload_->store->restore_grad_views();  // a zero_grad(set_to_none=True) in the user's loop
+      offload_->engine->begin_step(lr_, fp16_ ? scale_.item<double>() : 1.0);
+    }
+    open_ = true;
+    micro_ = 0;
+  }
+  const bool last = micro_ + 1 >= cfg_.train.grad_accum;
+  if (offload_) offload_->engine->begin_micro(last);
+  if (reducer_) reducer_->begin_micro(last);
+}
+
+double EngineCore::loss_multiplier() const {
+  // Note [Data parallel]: each rank's loss weighted by its share of the global batch (equal rows
+  // per rank here); the gradients' sum over the ranks is the mean.
+  double m = 1.0 / double(cfg_.train.grad_accum) / double(world());
+  if (fp16_) m *= scale_.item<double>();
+  return m;
+}
+
+void EngineCore::end_backward() {
+  TANDEM_CHECK(open_, "backward without a forward through the engine's model; call the model wrapped by "
+                      "tandem.Engine (its forward opens the step)");
+  ++micro_;
+}
+
+StepInfo EngineCore::update() {
+  TANDEM_CHECK(open_ && micro_ > 0, "step() without a backward since the last step; call engine.backward(loss) "
+                                    "first (or loss.backward() with tandem.optim.OffloadAdamW)");
+  const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
+  torch::Tensor found_inf = torch::zeros({}, fopts), norm;
+  if (offload_) {
+    const StepOutcome out = offload_->engine->end_step();
+    norm = torch::full({}, out.grad_norm, fopts);
+    found_inf.fill_(out.skipped ? 1.0 : 0.0);
+  } else {
+    if (reducer_) reducer_->finish();
+    norm = resident_update(params_, *optimizer_, lr_, cfg_.train.grad_clip,
+                           fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf);
+  }
+  if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf, cfg_.scaler);
+  auto host = torch::stack({norm.to(torch::kFloat32), found_inf, scale_.squeeze()}).to(torch::kCPU, torch::kFloat64);
+  open_ = false;
+  micro_ = 0;
+  ++step_;
+  StepInfo info;
+  info.step = step_;
+  info.grad_norm = host[0].item<double>();
+  info.skipped = host[1].item<double>() != 0.0;
+  info.loss_scale = host[2].item<double>();
+  info.lr = lr_;
+  return info;
+}
+
+void EngineCore::abandon() {
+  if (!open_) return;
+  if (offload_) offload_->engine->abandon_step();
+  for (auto& p : params_)
+    if (!offload_ && p.grad().defined()) p.mutable_grad() = torch::Tensor();
+  if (offload_) offload_->store->restore_grad_views();
+  open_ = false;
+  micro_ = 0;
+  if (ctx_->device_index >= 0 && accelerator()) accelerator()->empty_cache(ctx_->device_index);
+}
+
+void EngineCore::wait() {
+  if (offload_) offload_->engine->wait_all();
+}
+
+std::vector<NamedTensor> EngineCore::weights_for_checkpoint() {
+  std::vector<NamedTensor> out;
+  const auto copy_all = [&] {
+    for (auto& [name, p] : blocks_->all_parameters())
+      out.emplace_back(name, p.detach().to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true));
+  };
+  if (offload_)
+    offload_->store->with_masters_bound(copy_all);
+  else
+    copy_all();
+  return out;
+}
+
+std::string EngineCore::save(const std::string& run_dir, const std::string& hf_config) {
+  TANDEM_CHECK(!open_, "save() in the middle of a step (after a backward, before step()); save between steps");
+  TANDEM_CHECK(!(offload_ && offload_->store->sharded()),
+               "engine.save with dist.zero_stage=2 is not supported from Python yet; set dist.zero_stage=0 to save "
+               "from a data-parallel run");
+  wait();
+  TrainerState state;
+  state.step = step_;
+  state.loss_scale = scale_.item<double>();
+  state.growth_tracker = growth_tracker_.item<int64_t>();
+  state.config_hash = config_hash(cfg_);
+  CheckpointSnapshot snap = take_checkpoint_snapshot(weights_for_checkpoint(), hf_config, *optimizer_, state, cfg_,
+                                                     ctx_->device_index, /*copy=*/true);
+  std::string path;
+  if (rank() == 0) path = write_checkpoint((fs::path(run_dir) / "checkpoints").string(), snap);
+  if (ctx_->comm) ctx_->comm->barrier();
+  return path;
+}
+
+std::string EngineCore::load(const std::string& path) {
+  TANDEM_CHECK(!open_, "load() in the middle of a step; load between steps");
+  const std::string dir = resolve_checkpoint_dir(path);
+  wait();
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& [name, p] : blocks_->all_parameters()) by_name.emplace(name, p);
+  const auto load_weights = [&](const auto& lookup, const std::string& source) {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : by_name) {
+      const auto t = lookup(name);
+      TANDEM_CHECK(t.has_value(), source, " has no tensor '", name,
+                   "'; the checkpoint is of another model (compare its config.json with this one)");
+      TANDEM_CHECK(t->sizes() == p.sizes(), source, ": '", name, "' has shape ", t->sizes(), ", the model's is ",
+                   p.sizes(), "; the checkpoint is of another architecture");
+      p.copy_(*t);
+    }
+  };
+  TrainerState state;
+  if (offload_)
+    offload_->store->with_masters_bound([&] { state = load_checkpoint(dir, load_weights, *optimizer_, ctx_->device_index); });
+  else
+    state = load_checkpoint(dir, load_weights, *optimizer_, ctx_->device_index);
+  if (offload_) offload_->engine->set_step_count(state.step);
+  step_ = state.step;
+  scale_.fill_(state.loss_scale);
+  growth_tracker_.fill_(state.growth_tracker);
+  return dir;
+}
+
+std::string EngineCore::stats_json() const {
+  nlohmann::json j;
+  j["step"] = step_;
+  j["device"] = ctx_->device.str();
+  j["rank"] = rank();
+  j["world"] = world();
+  j["offload"] = offload();
+  if (offload_) {
+    const EngineStats s = offload_->engine->stats();
+    j["skipped"] = s.skipped;
+    j["rollbacks"] = s.rollbacks;
+    j["speculative_steps"] = s.speculative_steps;
+    j["cpu_update_s"] = s.cpu_update_s;
+    j["transfer_s"] = s.transfer_s;
+    j["gpu_blocks"] = offload_->store->gpu_blocks();
+    const SplitStatus& split = offload_->engine->split();
+    j["split_k"] = split.k;
+  }
+  return j.dump();
+}
+
+}  // namespace tandem

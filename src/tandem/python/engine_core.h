@@ -1,0 +1,104 @@
+#pragma once
+// The Python engine's step, in C++ (Note [Python engine]): the same collaborators as the CLI's
+// trainer (run context, offload engine or the resident optimizer, gradient reducer, loss scale,
+// learning-rate schedule, checkpoints), driven by the user's own training loop through the hooks
+// and calls of the `tandem` package.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/core/config.h"
+#include "tandem/python/module_blocks.h"
+
+namespace tandem {
+
+class GradReducer;
+class NumericsGuard;
+class Optimizer;
+struct OffloadParts;
+struct RunContext;
+
+/// What update() did.
+struct StepInfo {
+  int64_t step = 0;         ///< optimizer steps completed
+  bool skipped = false;     ///< a non-finite gradient: nothing was updated
+  double grad_norm = 0.0;   ///< the global norm before clipping
+  double lr = 0.0;          ///< the step's learning rate
+  double loss_scale = 1.0;  ///< the loss scale for the next step (fp16)
+};
+
+class EngineCore {
+ public:
+  /// Opens the run context (rank, device, rendezvous under torchrun or tandem launch) and builds
+  /// the offload engine (offload.optimizer=cpu: the parameters become views of its store) or the
+  /// resident optimizer over the parameters, which must then be on the device already.
+  EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::string run_dir);
+  ~EngineCore();
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+
+  /// Before a forward that records gradients: on the first micro-batch of a step the step begins
+  /// at `lr` (nullopt: the config's schedule); each micro-batch tells the engine whether it is the
+  /// last of the step (Blocks are dispatched as the last backward completes them).
+  void begin_forward(std::optional<double> lr);
+  /// The factor the loss is multiplied by before backward: 1 / accumulation, this rank's share of
+  /// the global batch, and the fp16 loss scale.
+  double loss_multiplier() const;
+  /// After a micro-batch's backward.
+  void end_backward();
+  /// Micro-batches whose backward ran in the open step, and how many make a step.
+  int64_t micro() const { return micro_; }
+  int64_t accumulation() const { return cfg_.train.grad_accum; }
+  /// The update (norm, clipping, non-finite check, AdamW): ends the open step. UserError when no
+  /// backward ran since the last one.
+  StepInfo update();
+  /// Gives up the open step (an out-of-memory error in the user's forward or backward): nothing is
+  /// updated and the gradients are zeroed, so the loop may retry it.
+  void abandon();
+
+  /// Writes `<run_dir>/checkpoints/step_XXXXXXXX` in the CLI's format and returns its path;
+  /// `hf_config` is the model's config.json text ("" = none).
+  std::string save(const std::string& run_dir, const std::string& hf_config);
+  /// Loads a checkpoint directory or the newest intact one under a run directory: weights, the
+  /// optimizer's state, the step, the loss scale and the RNG. Returns the checkpoint's path.
+  std::string load(const std::string& path);
+  /// Waits until every update is in the working weights (before evaluation or export).
+  void wait();
+
+  int64_t step() const { return step_; }
+  std::string device() const;
+  int rank() const;
+  int world() const;
+  bool offload() const;
+  const Config& config() const { return cfg_; }
+  /// The engine's counters and the update split, as JSON text.
+  std::string stats_json() const;
+
+ private:
+  void check_data_parallel_start();
+  void build_offload_engine();
+  int64_t split_limit(int64_t* gpu_blocks) const;
+  std::vector<NamedTensor> weights_for_checkpoint();
+  Optimizer& checkpoint_optimizer();
+
+  std::shared_ptr<ModuleBlocks> blocks_;
+  Config cfg_;
+  std::string run_dir_;
+  std::unique_ptr<RunContext> ctx_;
+  std::unique_ptr<NumericsGuard> numerics_;
+  std::unique_ptr<OffloadParts> offload_;
+  std::unique_ptr<Optimizer> optimizer_;         // the resident optimizer, or the engine's adapter
+  std::unique_ptr<GradReducer> reducer_;         // several ranks without the offload engine
+  std::vector<torch::Tensor> params_;            // every trainable tensor once
+  torch::Tensor scale_, growth_tracker_;         // fp16 loss scale, on the device
+  bool fp16_ = false;
+  bool open_ = false;  // a step has begun
+  int64_t micro_ = 0, step_ = 0;
+  double lr_ = 0.0;
+};
+
+}  // namespace tandem

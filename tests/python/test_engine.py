@@ -1,0 +1,141 @@
+"""tandem.Engine and tandem.optim.OffloadAdamW against a plain PyTorch AdamW loop (CPU, fp32)."""
+
+import pytest
+import torch
+
+import tandem
+from models import (CLIP, assert_close, engine_config, engine_losses, loss_of, batch, reference_losses, tiny_gpt,
+                    tiny_llama)
+
+STEPS = 30
+
+
+@pytest.mark.parametrize("offload", [True, False], ids=["offload", "resident"])
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt], ids=["llama", "nanogpt"])
+def test_engine_equals_plain_adamw(build, offload):
+    ref, ref_norms = reference_losses(build(), STEPS)
+    model = build()
+    with tandem.Engine(model, engine_config(offload), run_dir=None) as engine:
+        ours, norms = engine_losses(model, engine, STEPS)
+    assert sum(n > CLIP for n in ref_norms) >= 5, "clipping must be active in this test"
+    assert_close(ours, ref, 1e-5)
+    assert_close(norms, ref_norms, 1e-4)
+
+
+def test_blocks_found_and_tied_weight_once():
+    model = tiny_llama(tied=True)
+    specs = tandem.find_blocks(model)
+    assert [s.name for s in specs] == ["embed", "layer.0", "layer.1", "head"]
+    names = [n for s in specs for n, _ in s.params]
+    assert len(names) == len(set(names)) == len(list(model.parameters()))
+    assert "lm_head.weight" not in names  # tied to model.embed_tokens.weight, which the embedding Block owns
+    gpt = tandem.find_blocks(tiny_gpt())
+    assert [s.name for s in gpt] == ["embed", "layer.0", "layer.1", "head"]
+    assert [n for n, _ in gpt[-1].params] == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+
+
+def test_tied_weights_train_as_plain_adamw():
+    ref, _ = reference_losses(tiny_llama(tied=True), 10)
+    model = tiny_llama(tied=True)
+    with tandem.Engine(model, engine_config(True)) as engine:
+        ours, _ = engine_losses(model, engine, 10)
+    assert_close(ours, ref, 1e-5)
+
+
+def test_drop_in_optimizer_equals_engine():
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        ref, _ = engine_losses(model, engine, 10)
+    model = tiny_llama()
+    opt = tandem.optim.OffloadAdamW(model, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, max_grad_norm=CLIP,
+                                    config={"train.device": "cpu", "monitor.enabled": False})
+    ours = []
+    for s in range(10):
+        loss = loss_of(model, *batch(s))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ours.append(loss.item())
+    opt.engine.close()
+    assert ours == ref
+
+
+def test_drop_in_follows_torch_lr_scheduler():
+    model = tiny_gpt()
+    opt = tandem.optim.OffloadAdamW(model, lr=1e-2, config={"train.device": "cpu"})
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    lrs = []
+    for s in range(5):
+        loss_of(model, *batch(s)).backward()
+        lrs.append(opt.step().lr)
+        sched.step()
+    opt.engine.close()
+    assert lrs == pytest.approx([1e-2, 1e-2, 5e-3, 5e-3, 2.5e-3])
+
+
+@pytest.mark.parametrize("offload", [True, False], ids=["offload", "resident"])
+def test_save_load_continue_is_bitwise(tmp_path, offload):
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(offload)) as engine:
+        whole, _ = engine_losses(model, engine, 8)
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(offload)) as engine:
+        first, _ = engine_losses(model, engine, 4)
+        path = engine.save(str(tmp_path / "run"))
+    assert path.endswith("checkpoints/step_00000004")
+    torch.manual_seed(123)  # a different start: everything must come from the checkpoint
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(offload)) as engine:
+        assert engine.load(str(tmp_path / "run")) == path
+        assert engine.global_step == 4
+        rest, _ = engine_losses(model, engine, 4, first=4)
+    assert first + rest == whole
+
+
+def test_checkpoint_is_a_transformers_folder(tmp_path):
+    import transformers
+
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        engine_losses(model, engine, 3)
+        path = engine.save(str(tmp_path))
+        engine.wait()
+    loaded = transformers.LlamaForCausalLM.from_pretrained(path)
+    x, _ = batch(0)
+    with torch.no_grad():
+        model.eval()
+        want = model(x).logits
+        got = loaded(x).logits
+    assert torch.equal(want, got)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    model = tiny_gpt()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        big, _ = engine_losses(model, engine, 5)
+    model = tiny_gpt()
+    acc = []
+    with tandem.Engine(model, engine_config(True, **{"train.grad_accum": 2})) as engine:
+        for s in range(5):
+            x, y = batch(s)
+            total = 0.0
+            for half in (slice(0, 2), slice(2, 4)):
+                loss = loss_of(model, x[half], y[half])
+                engine.backward(loss)
+                info = engine.step()
+                total += loss.item() / 2
+            assert info is not None and info.step == s + 1
+            acc.append(total)
+    assert_close(acc, big, 1e-5)
+
+
+def test_evaluation_under_no_grad_does_not_open_a_step():
+    model = tiny_gpt()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        engine_losses(model, engine, 2)
+        with torch.no_grad():
+            loss_of(model, *batch(99))
+        with pytest.raises(ValueError, match="without engine.backward"):
+            engine.step()
+        engine_losses(model, engine, 1, first=2)
+        assert engine.global_step == 3
