@@ -74,7 +74,9 @@ t0=$(date +%s)
 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_CUDA_ARCHITECTURES=90 "${cmake_extra[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep -E "^-- tandem:" "$OUT/cmake.log"
-ninja -C "$BUILD" >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
+# BUILD_TARGETS: only these (e.g. "tandem tandem_python" when the C++ tests are not run).
+# shellcheck disable=SC2086
+ninja -C "$BUILD" ${BUILD_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 test_rc=0
@@ -416,6 +418,27 @@ if dist_has offload && (( ${#dist_ns[@]} )); then
     fi
   done
 fi
+fi
+
+if has python; then
+echo "== python package: its tests on the GPU, then tandem.Engine against its peers (bench/python_engine.py)"
+install_wheels || echo "python: no wheels in .whl; torchao must come with the image"
+pyenv="PYTHONPATH=$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+(cd tests/python && env "$pyenv" TANDEM_CLI="$PWD/../../$BUILD/tandem" OMP_NUM_THREADS=2 \
+  python3 -m pytest -q -p no:cacheprovider -x .) >"$OUT/pytest.log" 2>&1
+tail -3 "$OUT/pytest.log"
+for part in ${PY_PARTS:-resident offload}; do
+  rm -f "$OUT/py-$part.jsonl"
+  if [ "$part" = resident ]; then
+    env "$pyenv" python3 bench/python_engine.py resident --preset "${PY_RES_PRESET:-1B}" --batch "${PY_RES_BATCH:-8}" \
+      --seq 2048 --cli "$BUILD/tandem" --json "$OUT/py-resident.jsonl" >"$OUT/py-resident.log" 2>&1
+  else
+    env "$pyenv" python3 bench/python_engine.py offload --preset "${PY_OFF_PRESET:-7B}" --batch "${PY_OFF_BATCH:-8}" \
+      --seq 2048 --checkpointing --peers "${PY_OFF_PEERS:-cli,torchao}" --cli "$BUILD/tandem" \
+      --json "$OUT/py-offload.jsonl" >"$OUT/py-offload.log" 2>&1
+  fi
+  tail -4 "$OUT/py-$part.log"
+done
 fi
 
 if has placement; then
