@@ -224,6 +224,12 @@ class Engine:
         return self._core.step()
 
     @property
+    def data_position(self) -> int:
+        """Micro-batches trained since the start (restored by load()): where a resumed loop's data
+        continues, e.g. ``TokenBatches.seek(engine.data_position)``."""
+        return self._core.data_position()
+
+    @property
     def rank(self) -> int:
         return self._core.rank()
 

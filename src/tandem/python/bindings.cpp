@@ -154,6 +154,7 @@ PYBIND11_MODULE(_C, m) {
       .def("load", &EngineCore::load, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def("wait", &EngineCore::wait, py::call_guard<py::gil_scoped_release>())
       .def("step", &EngineCore::step)
+      .def("data_position", &EngineCore::data_position)
       .def("device", &EngineCore::device)
       .def("rank", &EngineCore::rank)
       .def("world", &EngineCore::world)

@@ -222,6 +222,7 @@ void EngineCore::end_backward() {
   TANDEM_CHECK(open_, "backward without a forward through the engine's model; call the model wrapped by "
                       "tandem.Engine (its forward opens the step)");
   ++micro_;
+  ++data_position_;
 }
 
 StepInfo EngineCore::update() {
@@ -288,6 +289,7 @@ std::string EngineCore::save(const std::string& run_dir, const std::string& hf_c
   wait();
   TrainerState state;
   state.step = step_;
+  state.data_position = data_position_;
   state.loss_scale = scale_.item<double>();
   state.growth_tracker = growth_tracker_.item<int64_t>();
   state.config_hash = config_hash(cfg_);
@@ -323,6 +325,7 @@ std::string EngineCore::load(const std::string& path) {
     state = load_checkpoint(dir, load_weights, *optimizer_, ctx_->device_index);
   if (offload_) offload_->engine->set_step_count(state.step);
   step_ = state.step;
+  data_position_ = state.data_position;
   scale_.fill_(state.loss_scale);
   growth_tracker_.fill_(state.growth_tracker);
   return dir;

@@ -70,6 +70,9 @@ class EngineCore {
   void wait();
 
   int64_t step() const { return step_; }
+  /// Micro-batches whose backward ran since the start (a checkpoint's data position: `tandem
+  /// train` seeks its loader there on resume, and load() restores it).
+  int64_t data_position() const { return data_position_; }
   std::string device() const;
   int rank() const;
   int world() const;
@@ -97,7 +100,7 @@ class EngineCore {
   torch::Tensor scale_, growth_tracker_;         // fp16 loss scale, on the device
   bool fp16_ = false;
   bool open_ = false;  // a step has begun
-  int64_t micro_ = 0, step_ = 0;
+  int64_t micro_ = 0, step_ = 0, data_position_ = 0;
   double lr_ = 0.0;
 };
 
