@@ -81,7 +81,7 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
   growth_tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(ctx_->device));
   if (offload()) {
     build_offload_engine();
-    optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, /*sharded_state=*/false);
+    optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, offload_->store->sharded());
     return;
   }
   for (const auto& [name, p] : blocks_->all_parameters())
@@ -268,48 +268,15 @@ void EngineCore::wait() {
   if (offload_) offload_->engine->wait_all();
 }
 
-std::vector<NamedTensor> EngineCore::weights_for_checkpoint() {
-  std::vector<NamedTensor> out;
-  const auto copy_all = [&] {
-    for (auto& [name, p] : blocks_->all_parameters())
-      out.emplace_back(name, p.detach().to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true));
-  };
-  if (offload_)
-    offload_->store->with_masters_bound(copy_all);
-  else
-    copy_all();
-  return out;
-}
-
-std::string EngineCore::save(const std::string& run_dir, const std::string& hf_config) {
-  TANDEM_CHECK(!open_, "save() in the middle of a step (after a backward, before step()); save between steps");
-  TANDEM_CHECK(!(offload_ && offload_->store->sharded()),
-               "engine.save with dist.zero_stage=2 is not supported from Python yet; set dist.zero_stage=0 to save "
-               "from a data-parallel run");
-  wait();
-  TrainerState state;
-  state.step = step_;
-  state.data_position = data_position_;
-  state.loss_scale = scale_.item<double>();
-  state.growth_tracker = growth_tracker_.item<int64_t>();
-  state.config_hash = config_hash(cfg_);
-  CheckpointSnapshot snap = take_checkpoint_snapshot(weights_for_checkpoint(), hf_config, *optimizer_, state, cfg_,
-                                                     ctx_->device_index, /*copy=*/true);
-  std::string path;
-  if (rank() == 0) path = write_checkpoint((fs::path(run_dir) / "checkpoints").string(), snap);
-  if (ctx_->comm) ctx_->comm->barrier();
-  return path;
-}
-
-std::string EngineCore::load(const std::string& path) {
-  TANDEM_CHECK(!open_, "load() in the middle of a step; load between steps");
-  const std::string dir = resolve_checkpoint_dir(path);
-  wait();
-  std::map<std::string, torch::Tensor> by_name;
-  for (auto& [name, p] : blocks_->all_parameters()) by_name.emplace(name, p);
-  const auto load_weights = [&](const auto& lookup, const std::string& source) {
+// The Python model's side of a checkpoint: its parameters under their names, and copied back in
+// by name (every one must be in the checkpoint, with its shape).
+CheckpointModel EngineCore::checkpoint_model(const std::string& hf_config) {
+  CheckpointModel m;
+  m.weights = [this] { return blocks_->all_parameters(); };
+  m.hf_config = hf_config;
+  m.load = [this](const auto& lookup, const std::string& source) {
     torch::NoGradGuard no_grad;
-    for (auto& [name, p] : by_name) {
+    for (auto& [name, p] : blocks_->all_parameters()) {
       const auto t = lookup(name);
       TANDEM_CHECK(t.has_value(), source, " has no tensor '", name,
                    "'; the checkpoint is of another model (compare its config.json with this one)");
@@ -318,12 +285,39 @@ std::string EngineCore::load(const std::string& path) {
       p.copy_(*t);
     }
   };
+  return m;
+}
+
+// The CLI's Checkpointer over this engine (Note [Checkpoint layout], Note [Sharded checkpoints]).
+std::unique_ptr<Checkpointer> EngineCore::checkpointer(const std::string& run_dir, const std::string& hf_config) {
+  return std::make_unique<Checkpointer>(
+      cfg_, run_dir, *ctx_, checkpoint_model(hf_config), *optimizer_, offload_ ? offload_->store.get() : nullptr,
+      offload_ ? offload_->engine.get() : nullptr,
+      CheckpointReports{[](const nlohmann::json&) {}, [](const std::string& line) { log::info(line); }});
+}
+
+std::string EngineCore::save(const std::string& run_dir, const std::string& hf_config) {
+  TANDEM_CHECK(!open_, "save() in the middle of a step (after a backward, before step()); save between steps");
+  wait();
   TrainerState state;
-  if (offload_)
-    offload_->store->with_masters_bound([&] { state = load_checkpoint(dir, load_weights, *optimizer_, ctx_->device_index); });
-  else
-    state = load_checkpoint(dir, load_weights, *optimizer_, ctx_->device_index);
-  if (offload_) offload_->engine->set_step_count(state.step);
+  state.step = step_;
+  state.data_position = data_position_;
+  state.loss_scale = scale_.item<double>();
+  state.growth_tracker = growth_tracker_.item<int64_t>();
+  state.config_hash = config_hash(cfg_);
+  auto ck = checkpointer(run_dir, hf_config);
+  ck->write(state, /*allow_async=*/false);
+  TANDEM_CHECK(ck->error().empty(), "the checkpoint was not saved (", ck->error(),
+               "); the earlier checkpoints are kept: free space or choose a writable directory");
+  if (ctx_->comm && !(offload_ && offload_->store->sharded())) ctx_->comm->barrier();
+  return ck->last();
+}
+
+std::string EngineCore::load(const std::string& path) {
+  TANDEM_CHECK(!open_, "load() in the middle of a step; load between steps");
+  const std::string dir = resolve_checkpoint_dir(path);
+  wait();
+  const TrainerState state = checkpointer(fs::path(dir).parent_path().parent_path().string(), "")->resume(dir);
   step_ = state.step;
   data_position_ = state.data_position;
   scale_.fill_(state.loss_scale);

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "tandem/core/config.h"
+#include "tandem/run/checkpointer.h"
 #include "tandem/python/module_blocks.h"
 
 namespace tandem {
 
+class Checkpointer;
 class GradReducer;
 class NumericsGuard;
 class Optimizer;
@@ -85,8 +87,8 @@ class EngineCore {
   void check_data_parallel_start();
   void build_offload_engine();
   int64_t split_limit(int64_t* gpu_blocks) const;
-  std::vector<NamedTensor> weights_for_checkpoint();
-  Optimizer& checkpoint_optimizer();
+  CheckpointModel checkpoint_model(const std::string& hf_config);
+  std::unique_ptr<Checkpointer> checkpointer(const std::string& run_dir, const std::string& hf_config);
 
   std::shared_ptr<ModuleBlocks> blocks_;
   Config cfg_;

@@ -10,9 +10,9 @@
 #include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
+#include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
-#include "tandem/run/run_plan.h"
 #include "tandem/run/run_setup.h"
 
 namespace fs = std::filesystem;
@@ -40,17 +40,26 @@ void EngineOptimizer::load_state(const std::function<std::optional<torch::Tensor
   engine_.sync_step_from_state();
 }
 
-Checkpointer::Checkpointer(const RunPlan& plan, const RunContext& ctx, Model& model, Optimizer& optimizer,
-                           ParamStore* store, OffloadEngine* engine, CheckpointReports reports)
-    : plan_(plan),
+CheckpointModel checkpoint_model(Model& model) {
+  CheckpointModel m;
+  m.weights = [&model] { return model.hf_state_dict(); };
+  m.hf_config = hf_config_json(model.spec());
+  m.load = [&model](const auto& lookup, const std::string& source) { model.load_hf_state_dict(lookup, source); };
+  return m;
+}
+
+Checkpointer::Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx,
+                           CheckpointModel model, Optimizer& optimizer, ParamStore* store, OffloadEngine* engine,
+                           CheckpointReports reports)
+    : cfg_(cfg),
       ctx_(ctx),
-      model_(model),
+      model_(std::move(model)),
       optimizer_(optimizer),
       store_(store),
       engine_(engine),
       reports_(std::move(reports)),
-      parent_(plan.checkpoint_dir()),
-      sharded_(engine != nullptr && plan.cfg.dist.zero_stage == 2) {}
+      parent_((fs::path(run_dir) / "checkpoints").string()),
+      sharded_(engine != nullptr && cfg.dist.zero_stage == 2) {}
 
 Checkpointer::~Checkpointer() {
   if (pending_ && pending_->result.valid()) pending_->result.wait();  // never leave a write behind
@@ -62,11 +71,10 @@ void Checkpointer::with_weights(const std::function<void()>& fn) {
   store_->with_masters_bound(fn);
 }
 
-TrainerState Checkpointer::resume() {
+TrainerState Checkpointer::resume(const std::string& dir) {
   TrainerState state;
-  state.loss_scale = plan_.cfg.scaler.init_scale;
-  state.config_hash = config_hash(plan_.cfg);
-  const std::string& dir = plan_.resume_dir;
+  state.loss_scale = cfg_.scaler.init_scale;
+  state.config_hash = config_hash(cfg_);
   if (dir.empty()) return state;
   const int world = ctx_.world();
   // Note [Sharded checkpoints]: dist.zero_stage=2 runs save per-rank shards at every world size.
@@ -87,7 +95,7 @@ TrainerState Checkpointer::resume() {
   TANDEM_CHECK(!sharded_ || world == 1, "checkpoint ", dir,
                " holds whole optimizer state; resume it with "
                "dist.zero_stage=0, or in one process, and save again to shard it");
-  with_weights([&] { state = load_checkpoint(dir, model_, optimizer_, ctx_.device_index); });
+  with_weights([&] { state = load_checkpoint(dir, model_.load, optimizer_, ctx_.device_index); });
   log::info(strprintf("resumed from %s at step %lld", dir.c_str(), static_cast<long long>(state.step)));
   return state;
 }
@@ -102,7 +110,7 @@ void Checkpointer::failed(int64_t step, const std::string& why) {
 void Checkpointer::written(int64_t step, const std::string& path, const char* time_key, double seconds,
                            const std::string& how) {
   last_ = path;
-  prune_checkpoints(parent_, plan_.cfg.train.keep_checkpoints);
+  prune_checkpoints(parent_, cfg_.train.keep_checkpoints);
   reports_.publish({{"step", step}, {"checkpoint", path}, {time_key, seconds}});
   reports_.message(strprintf("checkpoint %s%s (%.2f s)", path.c_str(), how.c_str(), seconds));
 }
@@ -134,7 +142,7 @@ void Checkpointer::write(const TrainerState& state, bool allow_async) {
   if (sharded_) return write_sharded(state);
   if (!ctx_.main_rank()) return;  // replicated state: rank 0 writes it
   const auto t0 = Clock::now();
-  const bool want_background = allow_async && plan_.cfg.train.async_checkpoint;
+  const bool want_background = allow_async && cfg_.train.async_checkpoint;
   // Note [Checkpoint failures]
   // A checkpoint that cannot be written (full disk, directory made read-only, quota) fails alone:
   // its temporary directory is removed, the earlier checkpoints stay (pruning runs only after a
@@ -147,7 +155,8 @@ void Checkpointer::write(const TrainerState& state, bool allow_async) {
     CheckpointSnapshot snap;
     bool background = false;
     with_weights([&] {
-      snap = take_checkpoint_snapshot(model_, optimizer_, state, plan_.cfg, ctx_.device_index, false);
+      snap = take_checkpoint_snapshot(model_.weights(), model_.hf_config, optimizer_, state, cfg_, ctx_.device_index,
+                                      false);
       if (want_background) {
         const int64_t need = checkpoint_snapshot_bytes(snap), avail = host_available_bytes();
         background = need + (int64_t{2} << 30) <= avail;
@@ -210,7 +219,8 @@ void Checkpointer::write_sharded(const TrainerState& state) {
     try {
       TANDEM_CHECK(failures == 0,
                    error.empty() ? strprintf("%.0f rank(s) could not write their shards", failures) : error);
-      CheckpointSnapshot snap = take_checkpoint_snapshot(model_, optimizer_, state, plan_.cfg, ctx_.device_index, true);
+      CheckpointSnapshot snap = take_checkpoint_snapshot(model_.weights(), model_.hf_config, optimizer_, state, cfg_,
+                                                         ctx_.device_index, true);
       snap.zero_world = world;
       for (int r = 0; r < world; ++r) snap.adopt.push_back((fs::path(staging) / zero_shard_file(r)).string());
       path = write_checkpoint(parent_, snap);

@@ -22,7 +22,6 @@ class Model;
 class OffloadEngine;
 class ParamStore;
 struct RunContext;
-struct RunPlan;
 
 /// The Optimizer interface over the offload engine, for checkpoint code: state() and load_state()
 /// reach the engine's masters' states; the update itself is driven by the step loop.
@@ -41,6 +40,17 @@ class EngineOptimizer : public Optimizer {
   bool sharded_state_;
 };
 
+/// The model's side of a checkpoint, whoever defined the model (Note [Block sequence]).
+struct CheckpointModel {
+  /// The weights under their checkpoint names (the live tensors; with the offload engine, called
+  /// while the fp32 masters are bound).
+  std::function<std::vector<NamedTensor>()> weights;
+  std::string hf_config;  ///< config.json text ("" = none)
+  WeightLoader load;      ///< copies a checkpoint's weights in
+};
+/// A preset's: HF-shaped weights, its HF config, load_hf_state_dict.
+CheckpointModel checkpoint_model(Model& model);
+
 /// Where a checkpoint's outcome goes: metrics rows and progress lines.
 struct CheckpointReports {
   std::function<void(const nlohmann::json&)> publish;
@@ -49,14 +59,15 @@ struct CheckpointReports {
 
 class Checkpointer {
  public:
-  /// `store` and `engine` are null without the offload engine.
-  Checkpointer(const RunPlan& plan, const RunContext& ctx, Model& model, Optimizer& optimizer, ParamStore* store,
-               OffloadEngine* engine, CheckpointReports reports);
+  /// Checkpoints of a run with config `cfg` go to <run_dir>/checkpoints. `store` and `engine` are
+  /// null without the offload engine.
+  Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx, CheckpointModel model,
+               Optimizer& optimizer, ParamStore* store, OffloadEngine* engine, CheckpointReports reports);
   ~Checkpointer();
 
-  /// The state to start from: the plan's resume checkpoint loaded into the model, the optimizer
-  /// (or the store's shards), the RNG; a fresh state otherwise.
-  TrainerState resume();
+  /// The state to start from: checkpoint `dir` loaded into the model, the optimizer (or the
+  /// store's shards), the RNG; a fresh state when `dir` is empty.
+  TrainerState resume(const std::string& dir);
   /// Runs fn with the fp32 masters bound to the model when the engine holds them.
   void with_weights(const std::function<void()>& fn);
 
@@ -78,9 +89,9 @@ class Checkpointer {
   void written(int64_t step, const std::string& path, const char* time_key, double seconds, const std::string& how);
   void write_sharded(const TrainerState& state);
 
-  const RunPlan& plan_;
+  const Config& cfg_;
   const RunContext& ctx_;
-  Model& model_;
+  CheckpointModel model_;
   Optimizer& optimizer_;
   ParamStore* store_;
   OffloadEngine* engine_;

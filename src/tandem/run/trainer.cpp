@@ -225,10 +225,10 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
   if (ctx.comm && !engine) reducer = std::make_unique<GradReducer>(*model, *ctx.comm);
 
   Progress progress(cfg.train.progress, cfg.train.log_every);
-  Checkpointer checkpointer(plan, ctx, *model, *optimizer, offload.store.get(), engine,
+  Checkpointer checkpointer(cfg, plan.run_dir, ctx, checkpoint_model(*model), *optimizer, offload.store.get(), engine,
                             {[&](const nlohmann::json& row) { metrics.publish(row); },
                              [&](const std::string& line) { progress.message(line); }});
-  TrainerState state = checkpointer.resume();
+  TrainerState state = checkpointer.resume(plan.resume_dir);
   // Written only once the model, weights and checkpoint are known to be good, so a failed
   // resume leaves the run directory's files as they were.
   if (ctx.main_rank()) {
