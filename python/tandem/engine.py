@@ -21,6 +21,20 @@ StepInfo = _C.StepInfo
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _cross(value: Any, device: str) -> Any:
+    """Tensors inside `value` (tuples, lists, dicts) moved to `device` inside autograd."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == torch.device(device) else _C.cross_device(value, device)
+    if isinstance(value, tuple):
+        return type(value)(*(_cross(v, device) for v in value)) if hasattr(value, "_fields") else \
+            tuple(_cross(v, device) for v in value)
+    if isinstance(value, list):
+        return [_cross(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _cross(v, device) for k, v in value.items()}
+    return value
+
+
 class _Attachment:
     """The engine's hooks on the user's model (Note [Python engine] in src/tandem/python/engine_core.cpp):
     the model's forward opens the step, each Block's forward waits for its weights, and the forward
@@ -37,21 +51,42 @@ class _Attachment:
         self.tokens = 0  # tokens of the open step's forwards (for the metrics)
         self._entered: set = set()
         self._autocast_stack: List[Any] = []
+        self._host_autocast: Dict[int, Any] = {}
         self._handles = [
             model.register_forward_pre_hook(self._root_pre, with_kwargs=True),
             model.register_forward_hook(self._root_post, with_kwargs=True, always_call=True),
         ]
         for i, spec in enumerate(specs):
             for module in spec.modules:
-                self._handles.append(module.register_forward_pre_hook(self._block_pre(i)))
+                self._handles.append(module.register_forward_pre_hook(self._block_pre(i), with_kwargs=True))
+            if spec.kind == _C.BlockKind.LAYER:
+                self._handles.append(spec.modules[0].register_forward_hook(self._block_post(i), always_call=True))
 
     def _block_pre(self, i: int):
-        def hook(module: nn.Module, args: Any) -> None:
+        def hook(module: nn.Module, args: Any, kwargs: Dict[str, Any]) -> Any:
             # Once per forward (an edge Block's parameters sit in several modules); a layer
             # recomputed in backward (checkpointing) already has its weights.
             if i not in self._entered:
                 self._entered.add(i)
                 self.blocks.before_block(i)
+            if not self.blocks.host_block(i):
+                return None
+            # Note [Block placement]: this Block runs on the host; its inputs cross inside autograd.
+            if self.autocast is not None:
+                ctx = torch.autocast("cpu", dtype=self.autocast)
+                ctx.__enter__()
+                self._host_autocast[i] = ctx
+            return _cross(args, "cpu"), _cross(kwargs, "cpu")
+        return hook
+
+    def _block_post(self, i: int):
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            ctx = self._host_autocast.pop(i, None)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+            if not self.blocks.host_block(i) or self.device.type == "cpu":
+                return None
+            return _cross(output, str(self.device))
         return hook
 
     def _check_inputs(self, args: Sequence[Any], kwargs: Dict[str, Any]) -> None:
@@ -144,8 +179,6 @@ class Engine:
             raise
         self._attach.core = self._core
         self._loss_sum: Optional[torch.Tensor] = None
-        self._step_started = time.perf_counter()
-        self._metrics = None
 
     def _place_model(self, specs: List[BlockSpec]) -> None:
         """Offload: the trainable parameters stay where they are (they become the host masters);
@@ -186,9 +219,7 @@ class Engine:
             if self._core.micro() == 0:
                 raise ValueError("engine.step() without engine.backward(loss) since the last step")
             return None
-        info = self._core.update()
-        self._write_metrics(info)
-        return info
+        return self._finish_step()
 
     def abandon_step(self) -> None:
         """Gives up the open step (after an out-of-memory error in the forward or backward): nothing
@@ -252,9 +283,6 @@ class Engine:
             self._core.wait()
             self._attach.detach()
             self._core = None
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -262,21 +290,12 @@ class Engine:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _write_metrics(self, info: StepInfo) -> None:
-        now = time.perf_counter()
-        loss = float(self._loss_sum) / max(1, self._core.accumulation()) if self._loss_sum is not None else None
-        seconds = now - self._step_started
-        row = {"step": info.step, "loss": loss, "lr": info.lr, "grad_norm": info.grad_norm, "skipped": info.skipped,
-               "step_s": seconds, "tokens_per_s": self._attach.tokens * self.world_size / seconds if seconds > 0 else 0.0}
-        if info.loss_scale != 1.0:
-            row["loss_scale"] = info.loss_scale
+    def _finish_step(self) -> StepInfo:
+        """The update, with this step's loss and tokens for its metrics row (metrics.jsonl, the
+        dashboard and /metrics, TensorBoard: the CLI's Note [Telemetry])."""
+        accumulation = max(1, self._core.accumulation())
+        loss = float(self._loss_sum) / accumulation if self._loss_sum is not None else float("nan")
+        info = self._core.update(loss, self._attach.tokens)
         self._loss_sum = None
         self._attach.tokens = 0
-        self._step_started = now
-        if self.rank != 0:
-            return
-        if self._metrics is None:
-            os.makedirs(self.run_dir, exist_ok=True)
-            self._metrics = open(os.path.join(self.run_dir, "metrics.jsonl"), "a", encoding="utf-8")
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        return info

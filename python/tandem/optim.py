@@ -70,11 +70,8 @@ class OffloadAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        core = self.engine._core
-        core.end_backward()
-        info = core.update()
-        self.engine._write_metrics(info)
-        return info
+        self.engine._core.end_backward()
+        return self.engine._finish_step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to do: the engine clears the gradients it has consumed (they live in its flat

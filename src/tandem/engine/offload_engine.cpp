@@ -516,6 +516,10 @@ void OffloadEngine::start_trace() {
   updater_->trace(true);
 }
 
+void OffloadEngine::finish_trace() {
+  if (trace_->active()) collect_trace();
+}
+
 void OffloadEngine::collect_trace() {
   wait_all();
   sync_streams();

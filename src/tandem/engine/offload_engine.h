@@ -119,6 +119,9 @@ class OffloadEngine {
   /// Blocks until every update of the last step is in the working weights (for evaluation,
   /// checkpoints and the end of training).
   void wait_all();
+  /// Writes the trace of a traced step that has ended (otherwise written when the next step
+  /// begins): for the end of a run.
+  void finish_trace();
 
   /// Note [Block placement]: the Blocks flagged run on the CPU from the next forward on, with the
   /// host copies of the ParamStore; the rest on the device. Between steps only. UserError for a

@@ -16,6 +16,7 @@
 #include "tandem/data/dataset.h"
 #include "tandem/data/loader.h"
 #include "tandem/io/config_file.h"
+#include "tandem/models/model.h"
 #include "tandem/python/engine_core.h"
 #include "tandem/python/module_blocks.h"
 
@@ -122,6 +123,11 @@ PYBIND11_MODULE(_C, m) {
     return get_config_key(make_config(files, keys), key);
   });
   m.def("config_key_names", &config_key_names);
+  m.def(
+      "cross_device",
+      [](const torch::Tensor& x, const std::string& device) { return cross_device(x, torch::Device(device)); },
+      py::arg("x"), py::arg("device"),
+      "x on `device` inside autograd, through pinned buffers (Note [Block placement]).");
 
   py::class_<TokenBatches>(m, "TokenBatches")
       .def(py::init([](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
@@ -147,7 +153,8 @@ PYBIND11_MODULE(_C, m) {
       .def("end_backward", &EngineCore::end_backward)
       .def("micro", &EngineCore::micro)
       .def("accumulation", &EngineCore::accumulation)
-      .def("update", &EngineCore::update, py::call_guard<py::gil_scoped_release>())
+      .def("update", &EngineCore::update, py::arg("loss"), py::arg("tokens"),
+           py::call_guard<py::gil_scoped_release>())
       .def("abandon", &EngineCore::abandon, py::call_guard<py::gil_scoped_release>())
       .def("save", &EngineCore::save, py::arg("run_dir"), py::arg("hf_config"),
            py::call_guard<py::gil_scoped_release>())

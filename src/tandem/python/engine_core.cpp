@@ -6,9 +6,11 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/dist/comm.h"
@@ -22,6 +24,7 @@
 #include "tandem/run/lr_schedule.h"
 #include "tandem/run/placement_driver.h"
 #include "tandem/run/resident_update.h"
+#include "tandem/run/run_metrics.h"
 #include "tandem/run/run_setup.h"
 
 namespace fs = std::filesystem;
@@ -73,6 +76,11 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
   validate_config(cfg_);
   ctx_ = std::make_unique<RunContext>(open_run_context(cfg_));
   numerics_ = std::make_unique<NumericsGuard>(cfg_.train, ctx_->device);
+  if (ctx_->main_rank()) ensure_writable_directory(run_dir_, "run directory");
+  metrics_ = std::make_unique<RunMetrics>(
+      cfg_, run_dir_, strprintf("Python model, %zu Blocks (%s params)", blocks_->block_count(),
+                                format_count(double(blocks_->numel())).c_str()),
+      *ctx_, offload() ? "offload engine" : "GPU-resident");
   fp16_ = cfg_.train.precision == Precision::kFp16;
   for (auto& [name, p] : blocks_->all_parameters()) params_.push_back(p);
   check_data_parallel_start();
@@ -82,6 +90,7 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
   if (offload()) {
     build_offload_engine();
     optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, offload_->store->sharded());
+    metrics_->start();
     return;
   }
   for (const auto& [name, p] : blocks_->all_parameters())
@@ -90,6 +99,7 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
                  "; move the model there first (model.to(device)), or set offload.optimizer=cpu");
   optimizer_ = make_optimizer(cfg_.optim, blocks_->all_parameters(), ctx_->device);
   if (ctx_->comm) reducer_ = std::make_unique<GradReducer>(*blocks_, *ctx_->comm);
+  metrics_->start();
 }
 
 EngineCore::~EngineCore() {
@@ -100,9 +110,11 @@ EngineCore::~EngineCore() {
       log::warn(std::string("engine: while finishing the last updates: ") + one_line(e.what()));
     }
   }
+  if (metrics_) metrics_->finish();
   reducer_.reset();
   optimizer_.reset();
   offload_.reset();
+  metrics_.reset();
   if (ctx_ && ctx_->comm) ctx_->comm->stop_heartbeat();
 }
 
@@ -185,7 +197,8 @@ void EngineCore::build_offload_engine() {
   int64_t gpu_blocks = 0;
   const int64_t limit = split_limit(&gpu_blocks);
   offload_ = std::make_unique<OffloadParts>(
-      build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, {}, 0.0));
+      build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, metrics_->trace_counters(),
+                    0.0));
   log::info(strprintf("offload: %lld of %zu Blocks updated on the %s first (k solved at run time: %s) | %s of "
                       "parameters, host buffers %s",
                       static_cast<long long>(gpu_blocks), blocks_->block_count(),
@@ -198,6 +211,12 @@ void EngineCore::build_offload_engine() {
 void EngineCore::begin_forward(std::optional<double> lr) {
   if (!open_) {
     lr_ = lr ? *lr : lr_at(cfg_.optim, step_, cfg_.train.steps);
+    step_start_ = std::chrono::steady_clock::now();
+    if (offload_) stats0_ = offload_->engine->stats();
+    if (offload_ && offload_->placement) {  // Note [Block placement]: the policy's decision for this step
+      const auto latest = metrics_->latest();
+      offload_->placement->before_step(step_ + 1, latest ? &*latest : nullptr);
+    }
     if (offload_) {
       offload_->store->restore_grad_views();  // a zero_grad(set_to_none=True) in the user's loop
       offload_->engine->begin_step(lr_, fp16_ ? scale_.item<double>() : 1.0);
@@ -225,7 +244,7 @@ void EngineCore::end_backward() {
   ++data_position_;
 }
 
-StepInfo EngineCore::update() {
+StepInfo EngineCore::update(double loss, int64_t tokens) {
   TANDEM_CHECK(open_ && micro_ > 0, "step() without a backward since the last step; call engine.backward(loss) "
                                     "first (or loss.backward() with tandem.optim.OffloadAdamW)");
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
@@ -250,7 +269,38 @@ StepInfo EngineCore::update() {
   info.skipped = host[1].item<double>() != 0.0;
   info.loss_scale = host[2].item<double>();
   info.lr = lr_;
+  publish_step(info, loss, tokens);
   return info;
+}
+
+// The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's
+// loss and tokens.
+void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens) {
+  if (offload_ && offload_->placement && offload_->placement->pace_s() > 0)  // toward a GPU power budget
+    std::this_thread::sleep_for(std::chrono::duration<double>(offload_->placement->pace_s()));
+  if (ctx_->comm) {
+    const auto sums = ctx_->comm->sum({loss / double(world()), double(tokens)});
+    loss = sums[0];
+    tokens = static_cast<int64_t>(sums[1]);
+  }
+  tokens_seen_ += tokens;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
+  nlohmann::json row = {{"step", info.step},
+                        {"loss", loss},
+                        {"lr", info.lr},
+                        {"grad_norm", info.grad_norm},
+                        {"step_time_s", dt},
+                        {"tokens_per_s", dt > 0 ? double(tokens) / dt : 0.0},
+                        {"tokens", tokens_seen_},
+                        {"mem_host_peak_bytes", host_peak_rss_bytes()},
+                        {"t_s", metrics_->since_start_s()}};
+  add_device_memory_row(row, ctx_->device_index);
+  if (fp16_) row["loss_scale"] = info.loss_scale;
+  if (info.skipped) row["skipped"] = true;
+  const auto [gpu_j, cpu_j] = metrics_->add_telemetry(row, tokens);
+  if (offload_) add_engine_row(row, *offload_->engine, *offload_->store, stats0_);
+  if (offload_ && offload_->placement) offload_->placement->after_step(dt, gpu_j, cpu_j, row);
+  metrics_->publish(row);
 }
 
 void EngineCore::abandon() {
@@ -265,7 +315,9 @@ void EngineCore::abandon() {
 }
 
 void EngineCore::wait() {
-  if (offload_) offload_->engine->wait_all();
+  if (!offload_) return;
+  offload_->engine->wait_all();
+  if (!open_) offload_->engine->finish_trace();
 }
 
 // The Python model's side of a checkpoint: its parameters under their names, and copied back in

@@ -6,12 +6,14 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tandem/core/config.h"
+#include "tandem/engine/offload_engine.h"
 #include "tandem/run/checkpointer.h"
 #include "tandem/python/module_blocks.h"
 
@@ -21,6 +23,7 @@ class Checkpointer;
 class GradReducer;
 class NumericsGuard;
 class Optimizer;
+class RunMetrics;
 struct OffloadParts;
 struct RunContext;
 
@@ -55,9 +58,11 @@ class EngineCore {
   /// Micro-batches whose backward ran in the open step, and how many make a step.
   int64_t micro() const { return micro_; }
   int64_t accumulation() const { return cfg_.train.grad_accum; }
-  /// The update (norm, clipping, non-finite check, AdamW): ends the open step. UserError when no
-  /// backward ran since the last one.
-  StepInfo update();
+  /// The update (norm, clipping, non-finite check, AdamW): ends the open step and publishes its
+  /// metrics row (metrics.jsonl, the dashboard and /metrics, TensorBoard) with `loss` (this rank's
+  /// mean over the step's micro-batches) and `tokens` (this rank's). UserError when no backward
+  /// ran since the last one.
+  StepInfo update(double loss, int64_t tokens);
   /// Gives up the open step (an out-of-memory error in the user's forward or backward): nothing is
   /// updated and the gradients are zeroed, so the loop may retry it.
   void abandon();
@@ -85,6 +90,7 @@ class EngineCore {
 
  private:
   void check_data_parallel_start();
+  void publish_step(const StepInfo& info, double loss, int64_t tokens);
   void build_offload_engine();
   int64_t split_limit(int64_t* gpu_blocks) const;
   CheckpointModel checkpoint_model(const std::string& hf_config);
@@ -95,6 +101,7 @@ class EngineCore {
   std::string run_dir_;
   std::unique_ptr<RunContext> ctx_;
   std::unique_ptr<NumericsGuard> numerics_;
+  std::unique_ptr<RunMetrics> metrics_;  // Note [Telemetry]: rows, live endpoints, sampler
   std::unique_ptr<OffloadParts> offload_;
   std::unique_ptr<Optimizer> optimizer_;         // the resident optimizer, or the engine's adapter
   std::unique_ptr<GradReducer> reducer_;         // several ranks without the offload engine
@@ -104,6 +111,9 @@ class EngineCore {
   bool open_ = false;  // a step has begun
   int64_t micro_ = 0, step_ = 0, data_position_ = 0;
   double lr_ = 0.0;
+  int64_t tokens_seen_ = 0;
+  std::chrono::steady_clock::time_point step_start_;
+  EngineStats stats0_;  // the engine's counters when the open step began
 };
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #include "tandem/core/log.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
+#include "tandem/engine/param_store.h"
 #include "tandem/monitor/tensorboard.h"
 #include "tandem/monitor/web_server.h"
 #include "tandem/run/run_plan.h"
@@ -53,20 +54,48 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::
   return out;
 }
 
+void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store,
+                    const EngineStats& before) {
+  const EngineStats es = engine.stats();
+  m["time_cpu_update_s"] = es.cpu_update_s - before.cpu_update_s;
+  m["time_transfer_s"] = es.transfer_s - before.transfer_s;
+  m["offload_gpu_blocks"] = store.gpu_blocks();
+  m["offload_rollbacks"] = es.rollbacks;
+  m["offload_cpu_update_s"] = es.cpu_update_s;
+  const auto& sp = engine.split();
+  if (sp.solved) {
+    m["offload_k"] = sp.k;
+    m["offload_alpha"] = sp.alpha;
+    m["offload_predicted_step_s"] = sp.predicted_step_s;
+  }
+}
+
+void add_device_memory_row(nlohmann::json& m, int device_index) {
+  if (device_index < 0 || !accelerator()) return;
+  const auto ms = accelerator()->memory_stats(device_index);
+  m["mem_device_bytes"] = ms.allocated;
+  m["mem_device_peak_bytes"] = ms.peak_allocated;
+  m["mem_device_reserved_bytes"] = ms.reserved;
+}
+
 RunMetrics::RunMetrics(const RunPlan& plan, const RunContext& ctx, const std::string& mode)
+    : RunMetrics(plan.cfg, plan.run_dir,
+                 strprintf("%s (%s params)", plan.spec.name.c_str(),
+                           format_count(double(plan.spec.num_params_unpadded())).c_str()),
+                 ctx, mode) {}
+
+RunMetrics::RunMetrics(const Config& cfg, const std::string& run_dir, const std::string& model,
+                       const RunContext& ctx, const std::string& mode)
     : main_rank_(ctx.main_rank()),
-      dashboard_port_(plan.cfg.monitor.dashboard_port),
-      period_s_(plan.cfg.monitor.period_s),
-      sample_(plan.cfg.monitor.enabled),
+      dashboard_port_(cfg.monitor.dashboard_port),
+      period_s_(cfg.monitor.period_s),
+      sample_(cfg.monitor.enabled),
       device_index_(ctx.device_index),
       start_(Clock::now()) {
-  const Config& cfg = plan.cfg;
-  const ModelSpec& spec = plan.spec;
   // Opened at the first row, so a run refused before its first step leaves the directory as it was.
-  if (main_rank_) metrics_path_ = (fs::path(plan.run_dir) / "metrics.jsonl").string();
-  feed_.set_info({{"run_dir", plan.run_dir},
-                  {"model", strprintf("%s (%s params)", spec.name.c_str(),
-                                      format_count(double(spec.num_params_unpadded())).c_str())},
+  if (main_rank_) metrics_path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+  feed_.set_info({{"run_dir", run_dir},
+                  {"model", model},
                   {"device", ctx.device.str()},
                   {"precision", to_string(cfg.train.precision)},
                   {"mode", mode}});
@@ -77,7 +106,7 @@ RunMetrics::RunMetrics(const RunPlan& plan, const RunContext& ctx, const std::st
     wo.dashboard = dashboard;
     wo.metrics = metrics_endpoint;
     wo.chartjs_path = cfg.monitor.chartjs;
-    wo.run_label = fs::absolute(plan.run_dir).lexically_normal().filename().string();
+    wo.run_label = fs::absolute(run_dir).lexically_normal().filename().string();
     servers_.push_back(std::make_unique<WebServer>(feed_, wo));
     if (!servers_.back()->warning().empty()) log::warn(servers_.back()->warning());
     log::info(std::string(dashboard ? "dashboard" : "Prometheus metrics") + " at " + servers_.back()->url() +
@@ -88,7 +117,7 @@ RunMetrics::RunMetrics(const RunPlan& plan, const RunContext& ctx, const std::st
   if (cfg.monitor.metrics_port > 0 && cfg.monitor.metrics_port != cfg.monitor.dashboard_port && main_rank_)
     serve(cfg.monitor.metrics_port, false, true);
   if (cfg.monitor.tensorboard && main_rank_) {
-    tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(plan.run_dir) / "tensorboard").string());
+    tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(run_dir) / "tensorboard").string());
     log::info("TensorBoard scalars: " + tensorboard_->path());
   }
 }

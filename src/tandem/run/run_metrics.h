@@ -19,6 +19,7 @@
 
 namespace tandem {
 
+class ParamStore;
 class TensorBoardWriter;
 class WebServer;
 struct RunContext;
@@ -31,11 +32,19 @@ inline constexpr int kSummarySchemaVersion = 2;
 /// The TensorBoard scalars of a metrics row: its numbers under <group>/<key>.
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::json& row);
 
+/// The offload engine's counters since `before` and its split, in a step's metrics row.
+void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store, const EngineStats& before);
+/// Device memory (allocated, peak, reserved) in a step's metrics row; nothing on the CPU.
+void add_device_memory_row(nlohmann::json& m, int device_index);
+
 class RunMetrics {
  public:
   /// Opens metrics.jsonl (rank 0), the live endpoints and TensorBoard as the config asks.
   /// `mode` names the engine for the dashboard ("offload engine" or "GPU-resident").
   RunMetrics(const RunPlan& plan, const RunContext& ctx, const std::string& mode);
+  /// The same for any model: its run directory and config, and `model` as the dashboard names it.
+  RunMetrics(const Config& cfg, const std::string& run_dir, const std::string& model, const RunContext& ctx,
+             const std::string& mode);
   ~RunMetrics();
   RunMetrics(const RunMetrics&) = delete;
   RunMetrics& operator=(const RunMetrics&) = delete;

@@ -56,32 +56,6 @@ void throw_if_peer_lost(Comm& comm, const std::string& what, const std::string& 
                                 one_line(what).substr(0, 160).c_str(), how_the_run_continues(ranks, run_dir).c_str()));
 }
 
-// The offload engine's counters and split in a step's metrics row.
-void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store,
-                    const EngineStats& before) {
-  const EngineStats es = engine.stats();
-  m["time_cpu_update_s"] = es.cpu_update_s - before.cpu_update_s;
-  m["time_transfer_s"] = es.transfer_s - before.transfer_s;
-  m["offload_gpu_blocks"] = store.gpu_blocks();
-  m["offload_rollbacks"] = es.rollbacks;
-  m["offload_cpu_update_s"] = es.cpu_update_s;
-  const auto& sp = engine.split();
-  if (sp.solved) {
-    m["offload_k"] = sp.k;
-    m["offload_alpha"] = sp.alpha;
-    m["offload_predicted_step_s"] = sp.predicted_step_s;
-  }
-}
-
-// Device memory in a step's metrics row.
-void add_device_memory_row(nlohmann::json& m, int device_index) {
-  if (device_index < 0 || !accelerator()) return;
-  const auto ms = accelerator()->memory_stats(device_index);
-  m["mem_device_bytes"] = ms.allocated;
-  m["mem_device_peak_bytes"] = ms.peak_allocated;
-  m["mem_device_reserved_bytes"] = ms.reserved;
-}
-
 // dist.balance=auto's row cap for this rank: the rows its device memory holds beside what it holds now.
 double max_rows_on_device(const RunContext& ctx, const DataParallelRows& rows, double gpu_memory_fraction) {
   double max_rows = double(rows.global_rows());

@@ -1,0 +1,119 @@
+"""What the CLI's engine does, through tandem.Engine: telemetry, the trace, placement on the CPU,
+the delayed update, fp16 loss scaling, the host ring, the update split."""
+
+import json
+import os
+import socket
+import urllib.request
+
+import pytest
+import torch
+
+import tandem
+from models import assert_close, batch, engine_config, engine_losses, loss_of, tiny_gpt, tiny_llama
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_rows_and_trace(tmp_path):
+    model = tiny_llama()
+    cfg = engine_config(True, **{"monitor.enabled": True, "monitor.period_s": 0.05, "offload.trace_steps": "2"})
+    with tandem.Engine(model, cfg, run_dir=str(tmp_path)) as engine:
+        losses, _ = engine_losses(model, engine, 4)
+    r = rows(tmp_path)
+    assert [x["step"] for x in r] == [1, 2, 3, 4]
+    assert [x["loss"] for x in r] == pytest.approx(losses)
+    for key in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "time_cpu_update_s", "offload_gpu_blocks",
+                "mem_host_peak_bytes"):
+        assert key in r[-1], key
+    assert r[-1]["tokens"] == 4 * 4 * 16
+    names = {e.get("name") for e in json.load(open(tmp_path / "trace.json"))["traceEvents"]}
+    assert {"forward layer.0", "backward layer.1", "forward+loss+backward head"} <= names, names
+
+
+def test_prometheus_endpoint_serves_the_run(tmp_path):
+    port = free_port()
+    model = tiny_gpt()
+    cfg = engine_config(True, **{"monitor.metrics_port": port, "offload.trace_steps": "2"})
+    with tandem.Engine(model, cfg, run_dir=str(tmp_path / "run")) as engine:
+        losses, _ = engine_losses(model, engine, 2)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'tandem_steps_total{run="run"} 2' in text, text[:800]
+    assert f'tandem_loss{{run="run"}} {losses[-1]:.6g}'[:28] in text, text[:800]
+    assert os.path.exists(tmp_path / "run" / "trace.json")  # the last step traced, written at close()
+
+
+def test_layers_placed_on_the_cpu_train_as_on_the_device():
+    ref_model = tiny_llama()
+    with tandem.Engine(ref_model, engine_config(True)) as engine:
+        ref, _ = engine_losses(ref_model, engine, 6)
+    model = tiny_llama()
+    cfg = engine_config(True, **{"placement.policy": "static", "placement.blocks": "cpu"})
+    with tandem.Engine(model, cfg) as engine:
+        ours, _ = engine_losses(model, engine, 6)
+        assert engine.stats()["offload"]
+    assert_close(ours, ref, 1e-6)
+
+
+def test_delayed_update_lags_one_step():
+    """offload.delayed_update: each step's forward sees the weights of two updates ago, as a
+    one-step-lagged AdamW; the first two steps see the initial weights."""
+    model = tiny_gpt()
+    with tandem.Engine(model, engine_config(True, **{"offload.delayed_update": True,
+                                                      "offload.speculate": "never"})) as engine:
+        delayed, _ = engine_losses(model, engine, 5)
+        assert engine.stats()["offload"]
+    model = tiny_gpt()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        exact, _ = engine_losses(model, engine, 5)
+    assert delayed[0] == exact[0]
+    assert delayed[1:] != exact[1:]
+
+
+def test_host_ring_and_bf16_states_and_fixed_split():
+    ref_model = tiny_llama()
+    with tandem.Engine(ref_model, engine_config(True, **{"offload.speculate": "never"})) as engine:
+        ref, _ = engine_losses(ref_model, engine, 5)
+    model = tiny_llama()
+    cfg = engine_config(True, **{"offload.host_ring": 2, "offload.speculate": "never", "offload.update_split": 0.5})
+    with tandem.Engine(model, cfg) as engine:
+        ours, _ = engine_losses(model, engine, 5)
+        assert engine.stats()["gpu_blocks"] == 2  # the embedding and the first of two layers
+    assert_close(ours, ref, 1e-6)
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(True, **{"optim.state_dtype": "bf16"})) as engine:
+        bf16, _ = engine_losses(model, engine, 5)
+    assert_close(bf16, ref, 1e-2)
+
+
+def test_fp16_loss_scale_backs_off_and_skips():
+    model = tiny_gpt()
+    cfg = engine_config(True, **{"train.precision": "fp16", "scaler.init_scale": 2.0 ** 40})
+    with tandem.Engine(model, cfg) as engine:
+        infos = []
+        for s in range(4):
+            engine.backward(loss_of(model, *batch(s)))
+            infos.append(engine.step())
+    assert infos[0].skipped and infos[0].loss_scale < 2.0 ** 40
+    assert infos[-1].loss_scale <= infos[0].loss_scale
+
+
+def test_abandoned_step_can_be_retried():
+    model = tiny_gpt()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        ref_model = tiny_gpt()
+        with tandem.Engine(ref_model, engine_config(True)) as ref_engine:
+            ref, _ = engine_losses(ref_model, ref_engine, 3)
+        x, y = batch(0)
+        loss_of(model, x, y)  # a forward whose backward "ran out of memory"
+        engine.abandon_step()
+        ours, _ = engine_losses(model, engine, 3)
+    assert ours == ref
