@@ -146,6 +146,46 @@ def torchao_offload(config_path, args, device):
     return timed_loop(model, step, args, device, "torchao-cpu-offload")
 
 
+def hf_bound(config_path, args, device):
+    """The transformers model's own forward+backward on the GPU in bf16, no optimizer: the floor
+    any optimizer placement can reach on this model."""
+    model = hf_model(config_path, args.checkpointing).to(device, torch.bfloat16)
+
+    def step(x, y):
+        loss = ce(model, x, y)
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+        return loss.detach()
+
+    torch.cuda.reset_peak_memory_stats(device)
+    row = timed_loop(model, step, args, device, "transformers-fwd-bwd-bound")
+    del model
+    return row
+
+
+def deepspeed_offload(config_path, args):
+    """DeepSpeed ZeRO-2 with offload_optimizer=cpu on the same architecture (bench/deepspeed_offload.py)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = f"/tmp/python-bench-{args.preset}-deepspeed.jsonl"
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = [sys.executable, os.path.join(here, "deepspeed_offload.py"), "--model-config", config_path, "--batch",
+           str(args.batch), "--seq", str(args.seq), "--steps", str(args.warmup + args.steps), "--warmup",
+           str(args.warmup), "--json", out] + (["--checkpointing"] if args.checkpointing else [])
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.peer_timeout)
+    except subprocess.TimeoutExpired:
+        return {"impl": "deepspeed-zero2-offload", "preset": args.preset, "error": f"no step in {args.peer_timeout} s"}
+    if r.returncode != 0 or not os.path.exists(out):
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        return {"impl": "deepspeed-zero2-offload", "preset": args.preset, "rc": r.returncode,
+                "error": " | ".join(tail)[-600:]}
+    row = json.loads(open(out).read().strip().splitlines()[-1])
+    row["impl"] = "deepspeed-zero2-offload"
+    return row
+
+
 def emit(row, path):
     line = json.dumps(row)
     print(line, flush=True)
@@ -173,7 +213,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="resident: alternating rounds of each side")
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--state-dtype", default="bf16")
-    ap.add_argument("--peers", default="cli,torchao", help="offload: which peers run (cli, torchao)")
+    ap.add_argument("--peers", default="cli,bound,torchao",
+                    help="offload: which peers run besides tandem.Engine (cli, bound, torchao, deepspeed)")
+    ap.add_argument("--peer-timeout", type=int, default=300, help="seconds DeepSpeed may take")
     ap.add_argument("--cli", default="build/tandem")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -182,8 +224,9 @@ def main():
     # The architecture, as the CLI writes it: one short CLI run (also the CLI's figure in offload mode).
     extra = ["--set", "offload.optimizer=cpu", "--set", f"optim.state_dtype={args.state_dtype}"] if args.mode == "offload" else []
     cli_steps = args.warmup + args.steps if args.mode == "offload" and "cli" in args.peers else 2
-    summary, wall = cli_run(args, extra, work + "-cli", cli_steps)
     config_path = os.path.join(work + "-cli", "model_config.json")
+    if "cli" in args.peers or not os.path.exists(config_path):  # else an earlier invocation's architecture
+        summary, wall = cli_run(args, extra, work + "-cli", cli_steps)
     if args.mode == "offload" and "cli" in args.peers:
         emit({"impl": "tandem-cli-offload", "preset": args.preset, "batch": args.batch, "seq": args.seq,
               "step_s": summary.get("median_step_time_s"), "tokens_per_s": summary.get("median_tokens_per_s"),
@@ -195,8 +238,14 @@ def main():
             emit(guarded(lambda: tandem_engine(config_path, args, device, False), "tandem-python", args), args.json)
             torch.cuda.empty_cache()
         return
-    emit(guarded(lambda: tandem_engine(config_path, args, device, True), "tandem-python-offload", args), args.json)
-    torch.cuda.empty_cache()
+    if "nopython" not in args.peers:
+        emit(guarded(lambda: tandem_engine(config_path, args, device, True), "tandem-python-offload", args), args.json)
+        torch.cuda.empty_cache()
+    if "bound" in args.peers:
+        emit(guarded(lambda: hf_bound(config_path, args, device), "transformers-fwd-bwd-bound", args), args.json)
+        torch.cuda.empty_cache()
+    if "deepspeed" in args.peers:
+        emit(deepspeed_offload(config_path, args), args.json)
     if "torchao" in args.peers:
         emit(guarded(lambda: torchao_offload(config_path, args, device), "torchao-cpu-offload", args), args.json)
 
