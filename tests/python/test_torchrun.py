@@ -29,6 +29,8 @@ def run(tmp_path, nproc, mode, *extra):
         cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), os.path.join(HERE, "dp_worker.py"), out, mode, *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and "has no Gloo headers" in r.stderr:
+        pytest.skip("this build has no Gloo headers (libgloo-dev): one process only")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ranks = [json.load(open(f"{out}.{i}")) for i in range(nproc)]
     assert all(x["world"] == nproc for x in ranks)

@@ -516,6 +516,8 @@ void OffloadEngine::start_trace() {
   updater_->trace(true);
 }
 
+void OffloadEngine::set_max_gpu_blocks(int64_t max_gpu_blocks) { tuner_->set_max_gpu_blocks(max_gpu_blocks); }
+
 void OffloadEngine::finish_trace() {
   if (trace_->active()) collect_trace();
 }

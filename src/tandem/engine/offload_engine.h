@@ -136,6 +136,8 @@ class OffloadEngine {
   /// A consistent copy of the counters (the updater thread adds to them).
   EngineStats stats() const;
   const SplitStatus& split() const { return tuner_->status(); }
+  /// Between steps: the most store Blocks the split may put on the device from the next solve on.
+  void set_max_gpu_blocks(int64_t max_gpu_blocks);
   /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
   /// Restores the step count after a checkpoint's state was copied into state().

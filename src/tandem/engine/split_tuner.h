@@ -72,6 +72,10 @@ class SplitTuner {
   void solve(const SplitInputs& in);
   const SplitStatus& status() const { return status_; }
   const CalibratedCosts& calibrated() const { return cal_; }
+  /// The top of the range the split may move in, measured at run time (Note [Python engine]);
+  /// the next solve uses it.
+  void set_max_gpu_blocks(int64_t max_gpu_blocks) { options_.max_gpu_blocks = max_gpu_blocks; }
+  int64_t max_gpu_blocks() const { return options_.max_gpu_blocks; }
 
  private:
   std::vector<BlockTiming> block_timing() const;
@@ -83,7 +87,7 @@ class SplitTuner {
   ParamStore& store_;
   const StepStamps& stamps_;
   const TransferStreams* const streams_;
-  const SplitTunerOptions options_;
+  SplitTunerOptions options_;
   SplitStatus status_;
   std::chrono::steady_clock::time_point last_begin_{};
   std::vector<double> step_times_;  // since the last solve

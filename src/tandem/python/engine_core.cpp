@@ -59,6 +59,8 @@ namespace {
 
 constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations (Note [Python engine])
 constexpr int64_t kAutoRingSlots = 4;
+constexpr int64_t kMeasuredPlanStep = 2;  // steps whose peak memory sets the split's range
+constexpr double kPeakMargin = 0.92;      // of the GPU, for the allocator's fragmentation
 
 int64_t dtype_bytes(torch::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
 
@@ -269,8 +271,32 @@ StepInfo EngineCore::update(double loss, int64_t tokens) {
   info.skipped = host[1].item<double>() != 0.0;
   info.loss_scale = host[2].item<double>();
   info.lr = lr_;
+  if (step_ == kMeasuredPlanStep) widen_split_range();
   publish_step(info, loss, tokens);
   return info;
+}
+
+// Note [Python engine]: the first split's range kept a third of the GPU for activations, a guess.
+// After two steps the peak is measured: the split may use what the peak left free (a margin kept),
+// at 12 bytes per parameter of each further Block; the solve at step 3 chooses within it.
+void EngineCore::widen_split_range() {
+  if (!offload_ || !ctx_->device.is_cuda() || !accelerator() || parse_update_split(cfg_.offload.update_split)) return;
+  const auto mem = accelerator()->memory_stats(ctx_->device_index);
+  double room = double(mem.total) * kPeakMargin - double(mem.peak_allocated);
+  const int64_t n = static_cast<int64_t>(blocks_->block_count());
+  int64_t top = offload_->store->gpu_blocks();
+  while (top < n && room > 0) {
+    int64_t numel = 0;
+    for (const auto& [name, p] : blocks_->block_parameters(static_cast<size_t>(top))) numel += p.numel();
+    room -= 12.0 * double(numel);
+    if (room < 0) break;
+    ++top;
+  }
+  offload_->engine->set_max_gpu_blocks(top);
+  log::info(strprintf("offload: peak GPU memory %s of %s after %lld steps: the split may put up to %lld of %lld "
+                      "Blocks on the GPU",
+                      format_bytes(double(mem.peak_allocated)).c_str(), format_bytes(double(mem.total)).c_str(),
+                      static_cast<long long>(step_), static_cast<long long>(top), static_cast<long long>(n)));
 }
 
 // The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's

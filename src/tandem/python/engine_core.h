@@ -91,6 +91,7 @@ class EngineCore {
  private:
   void check_data_parallel_start();
   void publish_step(const StepInfo& info, double loss, int64_t tokens);
+  void widen_split_range();
   void build_offload_engine();
   int64_t split_limit(int64_t* gpu_blocks) const;
   CheckpointModel checkpoint_model(const std::string& hf_config);
