@@ -79,6 +79,12 @@ def test_bad_loss_and_step_order():
             engine.backward(torch.tensor(1.0))
 
 
+def test_host_too_small_for_the_masters():
+    with pytest.raises(ValueError, match="cannot hold the fp32 masters") as e:
+        tandem.Engine(tiny_llama(), engine_config(True, **{"offload.host_memory_gib": 0.0005}))
+    assert "optim.state_dtype=bf16" in one_line(e)
+
+
 def test_missing_checkpoint(tmp_path):
     with tandem.Engine(tiny_gpt(), engine_config(True)) as engine:
         with pytest.raises(ValueError, match="no complete checkpoint|not a directory") as e:

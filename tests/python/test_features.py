@@ -67,15 +67,16 @@ def test_delayed_update_lags_one_step():
     """offload.delayed_update: each step's forward sees the weights of two updates ago, as a
     one-step-lagged AdamW; the first two steps see the initial weights."""
     model = tiny_gpt()
-    with tandem.Engine(model, engine_config(True, **{"offload.delayed_update": True,
-                                                      "offload.speculate": "never"})) as engine:
+    # Every Block CPU-updated (k = 0): the delay applies to CPU-updated Blocks only.
+    cpu_side = {"offload.update_split": 0, "offload.speculate": "never"}
+    with tandem.Engine(model, engine_config(True, **cpu_side, **{"offload.delayed_update": True})) as engine:
         delayed, _ = engine_losses(model, engine, 5)
-        assert engine.stats()["offload"]
+        assert engine.stats()["gpu_blocks"] == 0
     model = tiny_gpt()
-    with tandem.Engine(model, engine_config(True)) as engine:
+    with tandem.Engine(model, engine_config(True, **cpu_side)) as engine:
         exact, _ = engine_losses(model, engine, 5)
     assert delayed[0] == exact[0]
-    assert delayed[1:] != exact[1:]
+    assert all(d != e for d, e in zip(delayed[1:], exact[1:]))
 
 
 def test_host_ring_and_bf16_states_and_fixed_split():
@@ -92,6 +93,15 @@ def test_host_ring_and_bf16_states_and_fixed_split():
     with tandem.Engine(model, engine_config(True, **{"optim.state_dtype": "bf16"})) as engine:
         bf16, _ = engine_losses(model, engine, 5)
     assert_close(bf16, ref, 1e-2)
+
+
+def test_host_ring_chosen_when_per_block_buffers_do_not_fit():
+    model = tiny_llama()
+    with tandem.Engine(model, engine_config(True, **{"offload.host_memory_gib": 0.002})) as engine:
+        assert engine.stats()["host_ring"] == 4
+        engine_losses(model, engine, 2)
+    with tandem.Engine(tiny_llama(), engine_config(True)) as engine:
+        assert engine.stats()["host_ring"] == 0
 
 
 def test_fp16_loss_scale_backs_off_and_skips():

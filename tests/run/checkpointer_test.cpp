@@ -31,7 +31,7 @@ struct Rig {
     model = build_model(plan.spec, false);
     optimizer = make_optimizer(plan.cfg.optim, model->hf_parameters(), ctx.device);
     checkpointer = std::make_unique<Checkpointer>(
-        plan, ctx, *model, *optimizer, nullptr, nullptr,
+        plan.cfg, plan.run_dir, ctx, checkpoint_model(*model), *optimizer, nullptr, nullptr,
         CheckpointReports{[this](const nlohmann::json& r) { rows.push_back(r); }, [](const std::string&) {}});
   }
 };
@@ -43,7 +43,7 @@ TEST(Checkpointer, WritesAndResumesIntoAFreshModel) {
   {
     Rig a(c);
     fs::create_directories(dir.path());
-    state = a.checkpointer->resume();
+    state = a.checkpointer->resume(a.plan.resume_dir);
     EXPECT_EQ(state.step, 0) << "nothing to resume";
     for (auto& [n, p] : a.model->hf_parameters()) p.data().add_(0.5);  // weights no fresh model has
     state.step = 2;
@@ -56,7 +56,7 @@ TEST(Checkpointer, WritesAndResumesIntoAFreshModel) {
   }
   Config again = c;
   Rig b(again, {dir.file("checkpoints/step_00000002")});
-  const TrainerState got = b.checkpointer->resume();
+  const TrainerState got = b.checkpointer->resume(b.plan.resume_dir);
   EXPECT_EQ(got.step, 2);
   EXPECT_EQ(got.data_position, 7);
   Rig fresh(c);
@@ -74,7 +74,7 @@ TEST(Checkpointer, ABackgroundWriteIsCollected) {
   c.train.async_checkpoint = true;
   Rig r(c);
   fs::create_directories(dir.path());
-  TrainerState s = r.checkpointer->resume();
+  TrainerState s = r.checkpointer->resume(r.plan.resume_dir);
   s.step = 1;
   r.checkpointer->write(s, true);
   r.checkpointer->collect(true);
@@ -90,7 +90,7 @@ TEST(Checkpointer, AFailedWriteIsReportedAndTheRunEndUnsaved) {
   Rig r(c);
   fs::create_directories(dir.file("run"));
   std::ofstream(dir.file("run/checkpoints")) << "a file where the directory should be";
-  TrainerState s = r.checkpointer->resume();
+  TrainerState s = r.checkpointer->resume(r.plan.resume_dir);
   s.step = 3;
   EXPECT_NO_THROW(r.checkpointer->finish(s, true));
   EXPECT_NE(r.checkpointer->error().find("step 3"), std::string::npos) << r.checkpointer->error();

@@ -19,6 +19,7 @@
 #include "tandem/engine/param_store.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/python/module_plan.h"
 #include "tandem/run/checkpointer.h"
 #include "tandem/run/engine_setup.h"
 #include "tandem/run/lr_schedule.h"
@@ -46,30 +47,11 @@ namespace tandem {
 // Everything else is the CLI's: the config keys and their checks, the run context (torchrun's or
 // tandem launch's environment), the ParamStore and OffloadEngine over the model's Blocks (Note
 // [Block sequence]), the split solver, ZeRO-2 sharding, the checkpoint format.
-//
-// Memory plan for a model tandem did not build: the CLI plans from the architecture; here the
-// engine knows the Blocks' sizes only. The device holds the working weights and gradients in the
-// compute dtype; a GPU-updated Block adds 12 bytes per parameter (fp32 master, m, v); a third of
-// the GPU is kept for activations and workspace. The first split is the largest prefix that fits
-// that budget (offload.update_split=auto) or the user's k; the solver moves within it. The host
-// holds masters, states, landing, staging and undo buffers per parameter; when they do not fit,
-// offload.host_ring=auto takes a ring of 4 slots (Note [Host ring]).
+// The memory plan is module_plan's (Note [Module plan]).
 
 namespace {
 
-constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations (Note [Python engine])
-constexpr int64_t kAutoRingSlots = 4;
-constexpr int64_t kMeasuredPlanStep = 2;  // steps whose peak memory sets the split's range
-constexpr double kPeakMargin = 0.92;      // of the GPU, for the allocator's fragmentation
-
-int64_t dtype_bytes(torch::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
-
-// Host bytes per parameter of a CPU-updated Block with per-Block buffers.
-int64_t host_bytes_per_param(const Config& cfg, bool undo) {
-  const int64_t state = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
-  const int64_t compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
-  return 4 + 2 * state + compute /*landing*/ + compute /*staging*/ + (undo ? 4 + 2 * state : 0);
-}
+constexpr int64_t kMeasuredPlanStep = 2;  // steps whose peak memory widens the split's range
 
 }  // namespace
 
@@ -137,71 +119,16 @@ void EngineCore::check_data_parallel_start() {
                          "the same pretrained weights");
 }
 
-// The largest store-Block prefix the device may update (Note [Python engine]); *gpu_blocks gets
-// the first split: the user's k, or that prefix.
-int64_t EngineCore::split_limit(int64_t* gpu_blocks) const {
-  const int64_t n = static_cast<int64_t>(blocks_->block_count());
-  int64_t limit = n;
-  if (ctx_->device.is_cuda() && accelerator()) {
-    const auto mem = accelerator()->memory_stats(ctx_->device_index);
-    const int64_t compute = cfg_.train.precision == Precision::kFp32 ? 4 : 2;
-    double budget = double(mem.free) - double(mem.total) * kActivationShare - 2.0 * compute * double(blocks_->numel());
-    limit = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t numel = 0;
-      for (const auto& [name, p] : blocks_->block_parameters(static_cast<size_t>(i))) numel += p.numel();
-      budget -= 12.0 * double(numel);
-      if (budget < 0) break;
-      limit = i + 1;
-    }
-  }
-  if (const auto k = parse_update_split(cfg_.offload.update_split)) {
-    // k counts decoder layers, as in the CLI: the prefix through the round(k * layers)-th layer.
-    int64_t layers = 0;
-    for (int64_t i = 0; i < n; ++i) layers += blocks_->block_kind(static_cast<size_t>(i)) == BlockKind::kLayer;
-    const int64_t want = std::llround(*k * double(layers));
-    int64_t prefix = 0, seen = 0;
-    while (prefix < n && seen < want) seen += blocks_->block_kind(static_cast<size_t>(prefix++)) == BlockKind::kLayer;
-    TANDEM_CHECK(prefix <= limit || !ctx_->device.is_cuda(), "offload.update_split=", cfg_.offload.update_split,
-                 " puts ", prefix, " Blocks' fp32 masters and states on the GPU, but ", limit,
-                 " fit beside the working weights and activations; lower offload.update_split or set it to auto");
-    *gpu_blocks = prefix;
-  } else {
-    *gpu_blocks = limit;
-  }
-  return limit;
-}
-
 void EngineCore::build_offload_engine() {
-  const bool undo_wanted = cfg_.offload.speculate != Speculation::kNever && !cfg_.offload.delayed_update;
-  const int64_t per_param = host_bytes_per_param(cfg_, undo_wanted);
   const int64_t host = cfg_.offload.host_memory_gib > 0
                            ? static_cast<int64_t>(cfg_.offload.host_memory_gib * double(1 << 30))
                            : host_available_bytes() / std::max(1, ctx_->ranks.local_world_size);
-  const int64_t shards = cfg_.dist.zero_stage == 2 ? world() : 1;
-  const double need = double(per_param) * double(blocks_->numel()) / double(shards);
-  if (cfg_.offload.host_ring < 0) {
-    cfg_.offload.host_ring = need <= 0.9 * double(host) ? 0 : kAutoRingSlots;
-    if (cfg_.offload.host_ring > 0) {
-      cfg_.offload.speculate = Speculation::kNever;
-      log::info(strprintf("offload: per-block host buffers (%s) do not fit the host (%s); a ring of %lld slots "
-                          "instead, updates after the norm (offload.host_ring=auto)",
-                          format_bytes(need).c_str(), format_bytes(double(host)).c_str(),
-                          static_cast<long long>(kAutoRingSlots)));
-    }
-  }
-  const int64_t ring_per_param = 4 + 2 * (cfg_.optim.state_dtype == StateDtype::kBf16 ? 2 : 4);
-  const double floor = double(ring_per_param) * double(blocks_->numel()) / double(shards);
-  TANDEM_CHECK(floor <= double(host), "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor),
-               " needed, ", format_bytes(double(host)),
-               " available; set optim.state_dtype=bf16, run on more ranks with dist.zero_stage=2, or use a host "
-               "with more memory");
-  int64_t gpu_blocks = 0;
-  const int64_t limit = split_limit(&gpu_blocks);
+  plan_module_host(cfg_, *blocks_, host, cfg_.dist.zero_stage == 2 ? world() : 1);
+  const auto [gpu_blocks, limit] = plan_module_split(cfg_, *blocks_, ctx_->device);
   offload_ = std::make_unique<OffloadParts>(
       build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, metrics_->trace_counters(),
                     0.0));
-  log::info(strprintf("offload: %lld of %zu Blocks updated on the %s first (k solved at run time: %s) | %s of "
+  log::info(strprintf("offload: %lld of %zu Blocks updated on the %s first (offload.update_split=%s) | %s "
                       "parameters, host buffers %s",
                       static_cast<long long>(gpu_blocks), blocks_->block_count(),
                       ctx_->device.is_cuda() ? "GPU" : "device", cfg_.offload.update_split.c_str(),
@@ -276,27 +203,11 @@ StepInfo EngineCore::update(double loss, int64_t tokens) {
   return info;
 }
 
-// Note [Python engine]: the first split's range kept a third of the GPU for activations, a guess.
-// After two steps the peak is measured: the split may use what the peak left free (a margin kept),
-// at 12 bytes per parameter of each further Block; the solve at step 3 chooses within it.
+// Note [Module plan]: the split's range from the peak of the first steps.
 void EngineCore::widen_split_range() {
   if (!offload_ || !ctx_->device.is_cuda() || !accelerator() || parse_update_split(cfg_.offload.update_split)) return;
-  const auto mem = accelerator()->memory_stats(ctx_->device_index);
-  double room = double(mem.total) * kPeakMargin - double(mem.peak_allocated);
-  const int64_t n = static_cast<int64_t>(blocks_->block_count());
-  int64_t top = offload_->store->gpu_blocks();
-  while (top < n && room > 0) {
-    int64_t numel = 0;
-    for (const auto& [name, p] : blocks_->block_parameters(static_cast<size_t>(top))) numel += p.numel();
-    room -= 12.0 * double(numel);
-    if (room < 0) break;
-    ++top;
-  }
-  offload_->engine->set_max_gpu_blocks(top);
-  log::info(strprintf("offload: peak GPU memory %s of %s after %lld steps: the split may put up to %lld of %lld "
-                      "Blocks on the GPU",
-                      format_bytes(double(mem.peak_allocated)).c_str(), format_bytes(double(mem.total)).c_str(),
-                      static_cast<long long>(step_), static_cast<long long>(top), static_cast<long long>(n)));
+  offload_->engine->set_max_gpu_blocks(
+      measured_split_limit(*blocks_, offload_->store->gpu_blocks(), ctx_->device_index));
 }
 
 // The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's
@@ -418,6 +329,7 @@ std::string EngineCore::stats_json() const {
     j["cpu_update_s"] = s.cpu_update_s;
     j["transfer_s"] = s.transfer_s;
     j["gpu_blocks"] = offload_->store->gpu_blocks();
+    j["host_ring"] = cfg_.offload.host_ring;
     const SplitStatus& split = offload_->engine->split();
     j["split_k"] = split.k;
   }

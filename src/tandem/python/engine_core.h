@@ -93,7 +93,6 @@ class EngineCore {
   void publish_step(const StepInfo& info, double loss, int64_t tokens);
   void widen_split_range();
   void build_offload_engine();
-  int64_t split_limit(int64_t* gpu_blocks) const;
   CheckpointModel checkpoint_model(const std::string& hf_config);
   std::unique_ptr<Checkpointer> checkpointer(const std::string& run_dir, const std::string& hf_config);
 
