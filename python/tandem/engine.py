@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +19,16 @@ __all__ = ["Engine", "StepInfo"]
 StepInfo = _C.StepInfo
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _new_run_dir() -> str:
+    """runs/<date>-<time>-python, as the CLI names its runs, with a suffix when that exists."""
+    base = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-python")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
 
 
 def _cross(value: Any, device: str) -> Any:
@@ -48,6 +58,7 @@ class _Attachment:
         self.autocast = autocast
         self.core: Optional["_C.EngineCore"] = None
         self.lr_source = None  # callable giving the learning rate, or None for the config's schedule
+        self.last_part: Optional[bool] = None  # train_step: whether this forward is the step's last
         self.tokens = 0  # tokens of the open step's forwards (for the metrics)
         self._entered: set = set()
         self._autocast_stack: List[Any] = []
@@ -105,7 +116,7 @@ class _Attachment:
         self._entered = set()
         if self.core is not None and torch.is_grad_enabled():
             lr = self.lr_source() if self.lr_source is not None else None
-            self.core.begin_forward(lr)
+            self.core.begin_forward(lr, self.last_part)
         if self.autocast is not None:
             ctx = torch.autocast(self.device.type, dtype=self.autocast)
             ctx.__enter__()
@@ -166,8 +177,7 @@ class Engine:
         self.device = resolve_device(config_value(files, keys, "train.device"))
         self._offload = config_value(files, keys, "offload.optimizer") == "cpu"
         precision = config_value(files, keys, "train.precision")
-        self.run_dir = run_dir or config_value(files, keys, "train.run_dir") or os.path.join(
-            "runs", time.strftime("%Y%m%d-%H%M%S") + "-python")
+        self.run_dir = run_dir or config_value(files, keys, "train.run_dir") or _new_run_dir()
         specs = find_blocks(model, blocks, edge_blocks)
         self._place_model(specs)
         self._blocks = _C.ModuleBlocks([(s.name, s.kind, s.params) for s in specs])
@@ -178,7 +188,14 @@ class Engine:
             self._attach.detach()
             raise
         self._attach.core = self._core
+        self.run_dir = self._core.run_dir()
         self._loss_sum: Optional[torch.Tensor] = None
+        # Note [Adaptive micro-batch] for train_step: parts per micro-batch, clean steps since.
+        self._oom_parts = 1
+        self._clean_steps = 0
+        self._oom_retry = config_value(files, keys, "train.oom_retry") == "true"
+        self._oom_grow_after = int(config_value(files, keys, "train.oom_grow_after"))
+        self.oom_retries = 0  #: steps run again after an out-of-memory error
 
     def _place_model(self, specs: List[BlockSpec]) -> None:
         """Offload: the trainable parameters stay where they are (they become the host masters);
@@ -207,10 +224,62 @@ class Engine:
             raise ValueError(f"the loss has shape {tuple(loss.shape)}; reduce it to a scalar (loss.mean()) first")
         if not loss.requires_grad:
             raise ValueError("the loss does not require grad; compute it from the model's output with gradients on")
-        (loss * self._core.loss_multiplier()).backward()
+        self._backward(loss, 1.0)
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        (loss * (self._core.loss_multiplier() * share)).backward()
         self._core.end_backward()
-        detached = loss.detach().float()
+        detached = loss.detach().float() * share
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+
+    def train_step(self, loss_fn: Callable[..., torch.Tensor], *batch: torch.Tensor) -> StepInfo:
+        """A whole step over this rank's rows of ``batch`` (tensors sharing their first dimension):
+        train.grad_accum micro-batches, ``loss_fn(*rows)`` each, backward, then the update.
+
+        Out of memory in a forward or backward (Note [Adaptive micro-batch], as ``tandem train``):
+        the step is given up, and run again from its first row with each micro-batch cut into
+        twice as many parts, each part's loss weighted by its share of the rows, so the step sees
+        the same samples with the same weights. After train.oom_grow_after clean steps the parts
+        halve again. ValueError when even one row does not fit (or train.oom_retry is off).
+        """
+        rows = int(batch[0].shape[0])
+        accumulation = self._core.accumulation()
+        if any(int(t.shape[0]) != rows for t in batch) or rows < accumulation:
+            raise ValueError(f"train_step: the batch's tensors must share a first dimension of at least "
+                             f"train.grad_accum={accumulation} rows")
+        while True:
+            pieces = min(accumulation * self._oom_parts, rows)
+            try:
+                for p in range(pieces):
+                    r0, r1 = rows * p // pieces, rows * (p + 1) // pieces
+                    self._attach.last_part = p + 1 == pieces
+                    loss = loss_fn(*(t[r0:r1] for t in batch))
+                    self._backward(loss, accumulation * (r1 - r0) / rows)
+                break
+            except torch.OutOfMemoryError as e:
+                self._retry_smaller(pieces, rows, e)
+            finally:
+                self._attach.last_part = None
+        info = self._finish_step()
+        if self._oom_parts > 1 and self._oom_grow_after > 0:
+            self._clean_steps += 1
+            if self._clean_steps >= self._oom_grow_after:
+                self._oom_parts //= 2
+                self._clean_steps = 0
+        return info
+
+    def _retry_smaller(self, pieces: int, rows: int, error: BaseException) -> None:
+        what = str(error).splitlines()[0] if str(error) else "out of memory"
+        self.abandon_step()
+        if not self._oom_retry:
+            raise ValueError(f"out of memory at step {self.global_step + 1} ({what}); lower the batch, enable "
+                             "checkpointing, or set train.oom_retry=true") from None
+        if pieces >= rows:
+            raise ValueError(f"out of memory at step {self.global_step + 1} even at one row per micro-batch ({what}); "
+                             "shorten the sequences, enable checkpointing, or set offload.optimizer=cpu") from None
+        self._oom_parts *= 2
+        self._clean_steps = 0
+        self.oom_retries += 1
 
     def step(self) -> Optional[StepInfo]:
         """The optimizer step at the accumulation boundary (every train.grad_accum backward calls;

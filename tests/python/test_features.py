@@ -127,3 +127,50 @@ def test_abandoned_step_can_be_retried():
         engine.abandon_step()
         ours, _ = engine_losses(model, engine, 3)
     assert ours == ref
+
+
+def test_train_step_halves_the_micro_batch_on_out_of_memory():
+    """Note [Adaptive micro-batch] through train_step: an out-of-memory error (injected here above
+    two rows) gives the step up and runs it again in smaller parts; the losses are those of the
+    whole batch, and the parts grow back after train.oom_grow_after clean steps."""
+    ref_model = tiny_gpt()
+    with tandem.Engine(ref_model, engine_config(True)) as engine:
+        ref, _ = engine_losses(ref_model, engine, 5)
+    model = tiny_gpt()
+    sizes, limit = [], [2]
+
+    def loss_fn(x, y):
+        loss = loss_of(model, x, y)
+        sizes.append(x.shape[0])
+        if x.shape[0] > limit[0]:
+            raise torch.OutOfMemoryError("injected: CUDA out of memory")
+        return loss
+
+    with tandem.Engine(model, engine_config(True, **{"train.oom_grow_after": 2})) as engine:
+        for s in range(5):
+            if s == 2:
+                limit[0] = 4  # memory enough again: the parts may grow back
+            engine.train_step(loss_fn, *batch(s))
+        assert engine.oom_retries == 1
+        run_dir = engine.run_dir
+    assert sizes[:3] == [4, 2, 2]  # the whole batch, then halves
+    assert 4 in sizes[3:]  # grown back after two clean steps
+    assert_close([r["loss"] for r in rows(run_dir)], ref, 1e-6)
+
+
+def test_default_run_directories_do_not_collide():
+    with tandem.Engine(tiny_gpt(), engine_config(True)) as a, tandem.Engine(tiny_gpt(), engine_config(True)) as b:
+        assert a.run_dir != b.run_dir and a.run_dir.startswith("runs/")
+
+
+def test_train_step_gives_up_at_one_row():
+    model = tiny_gpt()
+
+    def loss_fn(x, y):
+        loss_of(model, x, y)
+        raise torch.OutOfMemoryError("injected")
+
+    with tandem.Engine(model, engine_config(True)) as engine:
+        with pytest.raises(ValueError, match="even at one row"):
+            engine.train_step(loss_fn, *batch(0))
+        engine_losses(model, engine, 1)  # the engine goes on

@@ -147,7 +147,7 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<EngineCore>(std::move(blocks), std::move(cfg), run_dir);
            }),
            py::arg("blocks"), py::arg("files"), py::arg("keys"), py::arg("run_dir"))
-      .def("begin_forward", &EngineCore::begin_forward, py::arg("lr") = std::nullopt,
+      .def("begin_forward", &EngineCore::begin_forward, py::arg("lr") = std::nullopt, py::arg("last") = std::nullopt,
            py::call_guard<py::gil_scoped_release>())
       .def("loss_multiplier", &EngineCore::loss_multiplier)
       .def("end_backward", &EngineCore::end_backward)
@@ -161,6 +161,7 @@ PYBIND11_MODULE(_C, m) {
       .def("load", &EngineCore::load, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def("wait", &EngineCore::wait, py::call_guard<py::gil_scoped_release>())
       .def("step", &EngineCore::step)
+      .def("run_dir", &EngineCore::run_dir)
       .def("data_position", &EngineCore::data_position)
       .def("device", &EngineCore::device)
       .def("rank", &EngineCore::rank)

@@ -59,6 +59,7 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
     : blocks_(std::move(blocks)), cfg_(std::move(cfg)), run_dir_(std::move(run_dir)) {
   validate_config(cfg_);
   ctx_ = std::make_unique<RunContext>(open_run_context(cfg_));
+  if (ctx_->comm) run_dir_ = ctx_->comm->broadcast_string("python/run_dir", run_dir_);  // rank 0 names it
   numerics_ = std::make_unique<NumericsGuard>(cfg_.train, ctx_->device);
   if (ctx_->main_rank()) ensure_writable_directory(run_dir_, "run directory");
   metrics_ = std::make_unique<RunMetrics>(
@@ -137,7 +138,7 @@ void EngineCore::build_offload_engine() {
                                                  : "per Block"));
 }
 
-void EngineCore::begin_forward(std::optional<double> lr) {
+void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> last_micro) {
   if (!open_) {
     lr_ = lr ? *lr : lr_at(cfg_.optim, step_, cfg_.train.steps);
     step_start_ = std::chrono::steady_clock::now();
@@ -153,7 +154,7 @@ void EngineCore::begin_forward(std::optional<double> lr) {
     open_ = true;
     micro_ = 0;
   }
-  const bool last = micro_ + 1 >= cfg_.train.grad_accum;
+  const bool last = last_micro ? *last_micro : micro_ + 1 >= cfg_.train.grad_accum;
   if (offload_) offload_->engine->begin_micro(last);
   if (reducer_) reducer_->begin_micro(last);
 }

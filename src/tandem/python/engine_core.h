@@ -48,8 +48,9 @@ class EngineCore {
 
   /// Before a forward that records gradients: on the first micro-batch of a step the step begins
   /// at `lr` (nullopt: the config's schedule); each micro-batch tells the engine whether it is the
-  /// last of the step (Blocks are dispatched as the last backward completes them).
-  void begin_forward(std::optional<double> lr);
+  /// last of the step (Blocks are dispatched as the last backward completes them): `last`, or
+  /// (nullopt) whether it completes train.grad_accum micro-batches.
+  void begin_forward(std::optional<double> lr, std::optional<bool> last = std::nullopt);
   /// The factor the loss is multiplied by before backward: 1 / accumulation, this rank's share of
   /// the global batch, and the fp16 loss scale.
   double loss_multiplier() const;
@@ -77,6 +78,8 @@ class EngineCore {
   void wait();
 
   int64_t step() const { return step_; }
+  /// The run directory (rank 0's name on every rank).
+  const std::string& run_dir() const { return run_dir_; }
   /// Micro-batches whose backward ran since the start (a checkpoint's data position: `tandem
   /// train` seeks its loader there on resume, and load() restores it).
   int64_t data_position() const { return data_position_; }
