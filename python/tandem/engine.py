@@ -331,10 +331,12 @@ class Engine:
 
     @property
     def rank(self) -> int:
+        """This process's rank (0 without torchrun or tandem launch)."""
         return self._core.rank()
 
     @property
     def world_size(self) -> int:
+        """The number of data-parallel processes."""
         return self._core.world()
 
     def stats(self) -> Dict[str, Any]:

@@ -174,3 +174,45 @@ def test_train_step_gives_up_at_one_row():
         with pytest.raises(ValueError, match="even at one row"):
             engine.train_step(loss_fn, *batch(0))
         engine_losses(model, engine, 1)  # the engine goes on
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_layers_on_the_cpu_beside_the_gpu(precision):
+    """On a GPU run, layers placed on the CPU compute there with the host copies; their inputs and
+    outputs cross inside autograd. fp32: the losses of the all-GPU run; bf16: close to them."""
+    def run(extra):
+        model = tiny_llama()
+        cfg = engine_config(True, **{"train.device": "cuda", "train.precision": precision, **extra})
+        with tandem.Engine(model, cfg) as engine:
+            out = []
+            for s in range(6):
+                x, y = batch(s)
+                loss = loss_of(model, x.cuda(), y.cuda())
+                engine.backward(loss)
+                engine.step()
+                out.append(loss.item())
+            return out, engine.stats()
+
+    gpu, _ = run({"offload.update_split": 0})
+    mixed, stats = run({"offload.update_split": 0, "placement.policy": "static", "placement.blocks": "cpu"})
+    assert_close(mixed, gpu, 1e-4 if precision == "fp32" else 2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_offload_bf16_trains_like_the_resident_engine():
+    def run(offload):
+        model = tiny_llama()
+        cfg = engine_config(offload, **{"train.device": "cuda", "train.precision": "bf16"})
+        with tandem.Engine(model, cfg) as engine:
+            out = []
+            for s in range(8):
+                x, y = batch(s)
+                engine.backward(loss_of(model, x.cuda(), y.cuda()))
+                out.append(engine.step().grad_norm)
+            return out, [p.dtype for p in model.parameters()]
+
+    resident, dtypes_r = run(False)
+    offload, dtypes_o = run(True)
+    assert set(dtypes_r) == {torch.float32} and set(dtypes_o) == {torch.bfloat16}
+    assert_close(offload, resident, 5e-2)
