@@ -429,7 +429,7 @@ if [ "${PY_TESTS:-1}" = 1 ]; then
     python3 -m pytest -q -p no:cacheprovider -x .) >"$OUT/pytest.log" 2>&1
   tail -3 "$OUT/pytest.log"
 fi
-for part in ${PY_PARTS:-resident offload}; do
+for part in ${PY_PARTS-resident offload}; do  # PY_PARTS="" runs none
   rm -f "$OUT/py-$part.jsonl"
   if [ "$part" = resident ]; then
     env "$pyenv" python3 bench/python_engine.py resident --preset "${PY_RES_PRESET:-1B}" --batch "${PY_RES_BATCH:-8}" \
