@@ -12,6 +12,8 @@ from models import assert_close
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CLI = os.environ.get("TANDEM_CLI", os.path.join(ROOT, "build", "tandem"))
 
 
 def free_port():
@@ -20,11 +22,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(tmp_path, nproc, mode, *extra):
-    out = str(tmp_path / f"{mode}-{nproc}-{len(extra)}")
+def run(tmp_path, nproc, mode, *extra, launcher="torchrun"):
+    out = str(tmp_path / f"{mode}-{nproc}-{len(extra)}-{launcher.replace(' ', '')}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     if nproc == 1:
         cmd = [sys.executable, os.path.join(HERE, "dp_worker.py"), out, mode, *extra]
+    elif launcher == "tandem launch":
+        cmd = [CLI, "launch", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port",
+               str(free_port()), "--", sys.executable, os.path.join(HERE, "dp_worker.py"), out, mode, *extra]
     else:
         cmd = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), os.path.join(HERE, "dp_worker.py"), out, mode, *extra]
@@ -42,6 +47,13 @@ def run(tmp_path, nproc, mode, *extra):
 def test_two_processes_equal_one(tmp_path, mode):
     one = run(tmp_path, 1, "resident" if mode == "resident" else "offload")
     two = run(tmp_path, 2, mode)
+    assert_close(two, one, 1e-5)
+
+
+@pytest.mark.skipif(not os.path.exists(CLI), reason=f"no CLI at {CLI}")
+def test_tandem_launch_runs_the_same_script(tmp_path):
+    one = run(tmp_path, 1, "offload")
+    two = run(tmp_path, 2, "zero2", launcher="tandem launch")
     assert_close(two, one, 1e-5)
 
 

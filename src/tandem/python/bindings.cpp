@@ -103,12 +103,12 @@ PYBIND11_MODULE(_C, m) {
       .def("before_block", &ModuleBlocks::before_block, py::call_guard<py::gil_scoped_release>())
       .def("host_block", &ModuleBlocks::host_block);
 
-  py::class_<StepInfo>(m, "StepInfo")
-      .def_readonly("step", &StepInfo::step)
-      .def_readonly("skipped", &StepInfo::skipped)
-      .def_readonly("grad_norm", &StepInfo::grad_norm)
-      .def_readonly("lr", &StepInfo::lr)
-      .def_readonly("loss_scale", &StepInfo::loss_scale)
+  py::class_<StepInfo>(m, "StepInfo", "What an optimizer step did (engine.step(), engine.train_step()).")
+      .def_readonly("step", &StepInfo::step, "optimizer steps completed")
+      .def_readonly("skipped", &StepInfo::skipped, "a non-finite gradient: nothing was updated")
+      .def_readonly("grad_norm", &StepInfo::grad_norm, "the global gradient norm before clipping")
+      .def_readonly("lr", &StepInfo::lr, "the step's learning rate")
+      .def_readonly("loss_scale", &StepInfo::loss_scale, "the fp16 loss scale for the next step (1 otherwise)")
       .def("__repr__", [](const StepInfo& s) {
         return strprintf("StepInfo(step=%lld, grad_norm=%.6g, lr=%.6g, skipped=%s, loss_scale=%g)",
                          static_cast<long long>(s.step), s.grad_norm, s.lr, s.skipped ? "True" : "False", s.loss_scale);
