@@ -141,6 +141,11 @@ class Engine:
     backward, and the first Blocks (the update split k, solved at run time) are updated on the GPU.
     Without it the model trains on the device with a fused AdamW, as a plain PyTorch loop would.
 
+    The learning rate follows the config's schedule (optim.lr, optim.warmup_steps, optim.schedule,
+    decaying over train.steps as ``tandem train`` does): set ``train.steps`` to the loop's length,
+    or ``optim.schedule=constant``. With several processes each rank's loss is weighted as one
+    equal share of the global batch.
+
     Example::
 
         engine = tandem.Engine(model, config={"offload.optimizer": "cpu", "optim.lr": 3e-4,

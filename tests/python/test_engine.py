@@ -139,3 +139,24 @@ def test_evaluation_under_no_grad_does_not_open_a_step():
             engine.step()
         engine_losses(model, engine, 1, first=2)
         assert engine.global_step == 3
+
+
+def test_config_from_a_deepspeed_json_and_a_yaml_file(tmp_path):
+    """A DeepSpeed JSON and a YAML of tandem's keys configure the engine as the same dict would."""
+    import json
+
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                   "weight_decay": 0.1}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+    }))
+    yaml = tmp_path / "tandem.yaml"
+    yaml.write_text("train:\n  device: cpu\n  precision: fp32\noptim:\n  schedule: constant\n  warmup_steps: 0\n")
+    model = tiny_llama()
+    with tandem.Engine(model, [str(ds), str(yaml)]) as engine:
+        assert engine.stats()["offload"]
+        ours, _ = engine_losses(model, engine, 5)
+    ref, _ = reference_losses(tiny_llama(), 5)
+    assert_close(ours, ref, 1e-5)
