@@ -173,8 +173,7 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states widen
   // exactly on the way up and round to nearest on the way down).
   const auto move = [&](const torch::Tensor& t, torch::ScalarType host_dtype) {
-    if (side == UpdateSide::kGpu)
-      return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+    if (side == UpdateSide::kGpu) return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
     auto h = host_buffer(t.numel(), host_dtype);
     h.copy_(t);
     return h;

@@ -13,9 +13,9 @@
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/fault.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/io/digest.h"
-#include "tandem/core/fs.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 

@@ -4,9 +4,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -52,7 +52,8 @@ std::shared_ptr<ModuleBlocks> make_blocks(const std::vector<std::tuple<std::stri
 }
 
 // The defaults, then each file (YAML: tandem's keys; .json: a DeepSpeed config), then each key.
-Config make_config(const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
+Config make_config(const std::vector<std::string>& files,
+                   const std::vector<std::pair<std::string, std::string>>& keys) {
   Config cfg;
   for (const auto& f : files) load_config_file(cfg, f);
   for (const auto& [k, v] : keys) set_config_key(cfg, k, v, "tandem.Engine(config=...)");
@@ -64,12 +65,11 @@ Config make_config(const std::vector<std::string>& files, const std::vector<std:
 // loop can train on the very batches `tandem train` would.
 class TokenBatches {
  public:
-  TokenBatches(const Config& cfg, int64_t vocab_size, int64_t rows, int64_t first_row)
-      : data_(open_data(cfg.data)) {
+  TokenBatches(const Config& cfg, int64_t vocab_size, int64_t rows, int64_t first_row) : data_(open_data(cfg.data)) {
     TANDEM_CHECK(cfg.train.seq_len > 0, "tandem.data.TokenBatches needs train.seq_len (> 0)");
     loader_ = std::make_unique<BatchLoader>(data_.train, rows > 0 ? rows : cfg.train.micro_batch, cfg.train.seq_len,
-                                            cfg.train.seed, torch::Device(torch::kCPU),
-                                            cfg.data.prefetch, vocab_size, "training", first_row);
+                                            cfg.train.seed, torch::Device(torch::kCPU), cfg.data.prefetch, vocab_size,
+                                            "training", first_row);
   }
   std::pair<torch::Tensor, torch::Tensor> next() {
     Batch b = loader_->next();
@@ -114,14 +114,13 @@ PYBIND11_MODULE(_C, m) {
                          static_cast<long long>(s.step), s.grad_norm, s.lr, s.skipped ? "True" : "False", s.loss_scale);
       });
 
-  m.def("make_config_yaml", [](const std::vector<std::string>& files,
-                               const std::vector<std::pair<std::string, std::string>>& keys) {
-    return config_to_yaml(make_config(files, keys));
-  });
-  m.def("config_value", [](const std::vector<std::string>& files,
-                           const std::vector<std::pair<std::string, std::string>>& keys, const std::string& key) {
-    return get_config_key(make_config(files, keys), key);
-  });
+  m.def("make_config_yaml",
+        [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
+          return config_to_yaml(make_config(files, keys));
+        });
+  m.def("config_value",
+        [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
+           const std::string& key) { return get_config_key(make_config(files, keys), key); });
   m.def("config_key_names", &config_key_names);
   m.def(
       "cross_device",
@@ -130,8 +129,9 @@ PYBIND11_MODULE(_C, m) {
       "x on `device` inside autograd, through pinned buffers (Note [Block placement]).");
 
   py::class_<TokenBatches>(m, "TokenBatches")
-      .def(py::init([](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
-                       int64_t vocab_size, int64_t rows, int64_t first_row) {
+      .def(py::init([](const std::vector<std::string>& files,
+                       const std::vector<std::pair<std::string, std::string>>& keys, int64_t vocab_size, int64_t rows,
+                       int64_t first_row) {
              return std::make_unique<TokenBatches>(make_config(files, keys), vocab_size, rows, first_row);
            }),
            py::arg("files"), py::arg("keys"), py::arg("vocab_size"), py::arg("rows") = 0, py::arg("first_row") = 0)
@@ -153,8 +153,7 @@ PYBIND11_MODULE(_C, m) {
       .def("end_backward", &EngineCore::end_backward)
       .def("micro", &EngineCore::micro)
       .def("accumulation", &EngineCore::accumulation)
-      .def("update", &EngineCore::update, py::arg("loss"), py::arg("tokens"),
-           py::call_guard<py::gil_scoped_release>())
+      .def("update", &EngineCore::update, py::arg("loss"), py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
       .def("abandon", &EngineCore::abandon, py::call_guard<py::gil_scoped_release>())
       .def("save", &EngineCore::save, py::arg("run_dir"), py::arg("hf_config"),
            py::call_guard<py::gil_scoped_release>())

@@ -62,10 +62,10 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
   if (ctx_->comm) run_dir_ = ctx_->comm->broadcast_string("python/run_dir", run_dir_);  // rank 0 names it
   numerics_ = std::make_unique<NumericsGuard>(cfg_.train, ctx_->device);
   if (ctx_->main_rank()) ensure_writable_directory(run_dir_, "run directory");
-  metrics_ = std::make_unique<RunMetrics>(
-      cfg_, run_dir_, strprintf("Python model, %zu Blocks (%s params)", blocks_->block_count(),
-                                format_count(double(blocks_->numel())).c_str()),
-      *ctx_, offload() ? "offload engine" : "GPU-resident");
+  metrics_ = std::make_unique<RunMetrics>(cfg_, run_dir_,
+                                          strprintf("Python model, %zu Blocks (%s params)", blocks_->block_count(),
+                                                    format_count(double(blocks_->numel())).c_str()),
+                                          *ctx_, offload() ? "offload engine" : "GPU-resident");
   fp16_ = cfg_.train.precision == Precision::kFp16;
   for (auto& [name, p] : blocks_->all_parameters()) params_.push_back(p);
   check_data_parallel_start();
@@ -126,16 +126,15 @@ void EngineCore::build_offload_engine() {
                            : host_available_bytes() / std::max(1, ctx_->ranks.local_world_size);
   plan_module_host(cfg_, *blocks_, host, cfg_.dist.zero_stage == 2 ? world() : 1);
   const auto [gpu_blocks, limit] = plan_module_split(cfg_, *blocks_, ctx_->device);
-  offload_ = std::make_unique<OffloadParts>(
-      build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, metrics_->trace_counters(),
-                    0.0));
-  log::info(strprintf("offload: %lld of %zu Blocks updated on the %s first (offload.update_split=%s) | %s "
-                      "parameters, host buffers %s",
-                      static_cast<long long>(gpu_blocks), blocks_->block_count(),
-                      ctx_->device.is_cuda() ? "GPU" : "device", cfg_.offload.update_split.c_str(),
-                      format_count(double(blocks_->numel())).c_str(),
-                      cfg_.offload.host_ring > 0 ? strprintf("a ring of %lld", (long long)cfg_.offload.host_ring).c_str()
-                                                 : "per Block"));
+  offload_ = std::make_unique<OffloadParts>(build_offload(
+      *blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, metrics_->trace_counters(), 0.0));
+  log::info(
+      strprintf("offload: %lld of %zu Blocks updated on the %s first (offload.update_split=%s) | %s "
+                "parameters, host buffers %s",
+                static_cast<long long>(gpu_blocks), blocks_->block_count(), ctx_->device.is_cuda() ? "GPU" : "device",
+                cfg_.offload.update_split.c_str(), format_count(double(blocks_->numel())).c_str(),
+                cfg_.offload.host_ring > 0 ? strprintf("a ring of %lld", (long long)cfg_.offload.host_ring).c_str()
+                                           : "per Block"));
 }
 
 void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> last_micro) {
@@ -168,15 +167,17 @@ double EngineCore::loss_multiplier() const {
 }
 
 void EngineCore::end_backward() {
-  TANDEM_CHECK(open_, "backward without a forward through the engine's model; call the model wrapped by "
-                      "tandem.Engine (its forward opens the step)");
+  TANDEM_CHECK(open_,
+               "backward without a forward through the engine's model; call the model wrapped by "
+               "tandem.Engine (its forward opens the step)");
   ++micro_;
   ++data_position_;
 }
 
 StepInfo EngineCore::update(double loss, int64_t tokens) {
-  TANDEM_CHECK(open_ && micro_ > 0, "step() without a backward since the last step; call engine.backward(loss) "
-                                    "first (or loss.backward() with tandem.optim.OffloadAdamW)");
+  TANDEM_CHECK(open_ && micro_ > 0,
+               "step() without a backward since the last step; call engine.backward(loss) "
+               "first (or loss.backward() with tandem.optim.OffloadAdamW)");
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
   torch::Tensor found_inf = torch::zeros({}, fopts), norm;
   if (offload_) {

@@ -14,8 +14,8 @@
 
 #include "tandem/core/config.h"
 #include "tandem/engine/offload_engine.h"
-#include "tandem/run/checkpointer.h"
 #include "tandem/python/module_blocks.h"
+#include "tandem/run/checkpointer.h"
 
 namespace tandem {
 
@@ -106,10 +106,10 @@ class EngineCore {
   std::unique_ptr<NumericsGuard> numerics_;
   std::unique_ptr<RunMetrics> metrics_;  // Note [Telemetry]: rows, live endpoints, sampler
   std::unique_ptr<OffloadParts> offload_;
-  std::unique_ptr<Optimizer> optimizer_;         // the resident optimizer, or the engine's adapter
-  std::unique_ptr<GradReducer> reducer_;         // several ranks without the offload engine
-  std::vector<torch::Tensor> params_;            // every trainable tensor once
-  torch::Tensor scale_, growth_tracker_;         // fp16 loss scale, on the device
+  std::unique_ptr<Optimizer> optimizer_;  // the resident optimizer, or the engine's adapter
+  std::unique_ptr<GradReducer> reducer_;  // several ranks without the offload engine
+  std::vector<torch::Tensor> params_;     // every trainable tensor once
+  torch::Tensor scale_, growth_tracker_;  // fp16 loss scale, on the device
   bool fp16_ = false;
   bool open_ = false;  // a step has begun
   int64_t micro_ = 0, step_ = 0, data_position_ = 0;

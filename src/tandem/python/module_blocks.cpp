@@ -20,8 +20,7 @@ ModuleBlocks::ModuleBlocks(std::vector<BlockGroup> groups) : groups_(std::move(g
       const auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), here);
       TANDEM_CHECK(fresh, "one parameter is in two places: ", it->second, " and ", here,
                    "; a tied weight belongs to one Block only (give each parameter to exactly one Block)");
-      TANDEM_CHECK(names.insert(name).second, "two parameters are named '", name,
-                   "'; checkpoint names must be unique");
+      TANDEM_CHECK(names.insert(name).second, "two parameters are named '", name, "'; checkpoint names must be unique");
       TANDEM_CHECK(p.is_floating_point(), "parameter '", name, "' is ", p.scalar_type(),
                    "; the engine trains floating-point parameters only (freeze it with requires_grad=False)");
       if (p.scalar_type() != torch::kFloat32) p.set_data(p.to(torch::kFloat32));

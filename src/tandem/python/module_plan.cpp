@@ -26,7 +26,7 @@ namespace {
 
 constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations at first
 constexpr int64_t kAutoRingSlots = 4;
-constexpr double kPeakMargin = 0.92;  // of the GPU, usable once the peak is measured
+constexpr double kPeakMargin = 0.92;     // of the GPU, usable once the peak is measured
 constexpr double kGpuStateBytes = 12.0;  // fp32 master, m and v per parameter of a GPU-updated Block
 
 int64_t block_numel(const ModuleBlocks& blocks, int64_t i) {
@@ -56,8 +56,9 @@ void plan_module_host(Config& cfg, const ModuleBlocks& blocks, int64_t host_byte
   const bool undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
   const double numel = double(blocks.numel()) / double(shards);
   const double floor = double(4 + 2 * state) * numel;  // masters and states: a ring cannot shrink them
-  TANDEM_CHECK(floor <= double(host_bytes), "the host cannot hold the fp32 masters and Adam states: ",
-               format_bytes(floor), " needed, ", format_bytes(double(host_bytes)),
+  TANDEM_CHECK(floor <= double(host_bytes),
+               "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor), " needed, ",
+               format_bytes(double(host_bytes)),
                " available; set optim.state_dtype=bf16, run on more ranks with dist.zero_stage=2, or use a host "
                "with more memory");
   if (cfg.offload.host_ring >= 0) return;
@@ -65,10 +66,10 @@ void plan_module_host(Config& cfg, const ModuleBlocks& blocks, int64_t host_byte
   cfg.offload.host_ring = need <= 0.9 * double(host_bytes) ? 0 : kAutoRingSlots;
   if (cfg.offload.host_ring == 0) return;
   cfg.offload.speculate = Speculation::kNever;
-  log::info(strprintf("offload: per-block host buffers (%s) do not fit the host (%s); a ring of %lld slots instead, "
-                      "updates after the norm (offload.host_ring=auto)",
-                      format_bytes(need).c_str(), format_bytes(double(host_bytes)).c_str(),
-                      static_cast<long long>(kAutoRingSlots)));
+  log::info(strprintf(
+      "offload: per-block host buffers (%s) do not fit the host (%s); a ring of %lld slots instead, "
+      "updates after the norm (offload.host_ring=auto)",
+      format_bytes(need).c_str(), format_bytes(double(host_bytes)).c_str(), static_cast<long long>(kAutoRingSlots)));
 }
 
 std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlocks& blocks,
@@ -78,9 +79,9 @@ std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlo
   if (device.is_cuda() && accelerator()) {
     const auto mem = accelerator()->memory_stats(device.index());
     const int64_t compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
-    limit = blocks_fitting(blocks, 0,
-                           double(mem.free) - double(mem.total) * kActivationShare -
-                               2.0 * double(compute) * double(blocks.numel()));
+    limit = blocks_fitting(
+        blocks, 0,
+        double(mem.free) - double(mem.total) * kActivationShare - 2.0 * double(compute) * double(blocks.numel()));
   }
   const auto k = parse_update_split(cfg.offload.update_split);
   if (!k) return {limit, limit};

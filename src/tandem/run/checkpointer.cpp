@@ -48,9 +48,8 @@ CheckpointModel checkpoint_model(Model& model) {
   return m;
 }
 
-Checkpointer::Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx,
-                           CheckpointModel model, Optimizer& optimizer, ParamStore* store, OffloadEngine* engine,
-                           CheckpointReports reports)
+Checkpointer::Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx, CheckpointModel model,
+                           Optimizer& optimizer, ParamStore* store, OffloadEngine* engine, CheckpointReports reports)
     : cfg_(cfg),
       ctx_(ctx),
       model_(std::move(model)),

@@ -164,8 +164,8 @@ void PlacementDriver::after_step(double step_s, std::optional<double> gpu_j, std
       std::string per_block;
       for (size_t i = 0; i < costs_.size(); ++i)
         if (costs_[i].movable)
-          per_block += strprintf(" %s GPU %.1f ms / CPU %.1f ms;", model_.block_name(i).c_str(),
-                                 costs_[i].gpu_s * 1e3, costs_[i].cpu_s * 1e3);
+          per_block += strprintf(" %s GPU %.1f ms / CPU %.1f ms;", model_.block_name(i).c_str(), costs_[i].gpu_s * 1e3,
+                                 costs_[i].cpu_s * 1e3);
       if (log_)
         log_(
             strprintf("placement cost model: GPU idle %.0f W;%s chose %s with %.3f s pacing, predicted %.1f ms per "

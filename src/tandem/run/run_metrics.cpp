@@ -84,8 +84,8 @@ RunMetrics::RunMetrics(const RunPlan& plan, const RunContext& ctx, const std::st
                            format_count(double(plan.spec.num_params_unpadded())).c_str()),
                  ctx, mode) {}
 
-RunMetrics::RunMetrics(const Config& cfg, const std::string& run_dir, const std::string& model,
-                       const RunContext& ctx, const std::string& mode)
+RunMetrics::RunMetrics(const Config& cfg, const std::string& run_dir, const std::string& model, const RunContext& ctx,
+                       const std::string& mode)
     : main_rank_(ctx.main_rank()),
       dashboard_port_(cfg.monitor.dashboard_port),
       period_s_(cfg.monitor.period_s),
