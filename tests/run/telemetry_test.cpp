@@ -47,6 +47,17 @@ TEST(Telemetry, StepRowsCarryATimeSplitThatAddsUpToTheStep) {
   EXPECT_GT(rows.back()["time_transfer_s"].get<double>(), 0.0);
 }
 
+// The run's last step, when traced, is written at the end (no next step begins to write it).
+TEST(Telemetry, ATracedLastStepIsWritten) {
+  test::TempDir dir;
+  Config c = test::tiny_cpu_config(dir.path(), 3);
+  c.offload.optimizer = OffloadTarget::kCpu;
+  c.offload.trace_steps = "3";
+  train(c, {});
+  const auto trace = nlohmann::json::parse(test::read_text(dir.file("trace.json")));
+  EXPECT_FALSE(trace["traceEvents"].empty());
+}
+
 TEST(Telemetry, TraceEventsAreWellFormedAndCarryCounterTracks) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 6);

@@ -312,6 +312,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     }
   }
   progress.finish();
+  if (engine) engine->finish_trace();  // a traced last step: its trace is written now
   const double wall = metrics.since_start_s();
 
   // The end: a last evaluation, the final checkpoint, summary.json.
