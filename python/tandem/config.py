@@ -11,7 +11,7 @@ from . import _C
 
 ConfigArg = Union[None, str, "os.PathLike[str]", Mapping[str, Any], Sequence[Union[str, "os.PathLike[str]", Mapping[str, Any]]]]
 
-__all__ = ["ConfigArg", "split_config", "config_value", "resolve_device"]
+__all__ = ["ConfigArg", "split_config", "config_values", "resolve_device"]
 
 
 def _value_text(key: str, value: Any) -> str:
@@ -48,9 +48,10 @@ def split_config(config: ConfigArg) -> Tuple[List[str], List[Tuple[str, str]]]:
     return files, keys
 
 
-def config_value(files: List[str], keys: List[Tuple[str, str]], key: str) -> str:
-    """The resolved value of one key (ValueError for an unknown key or a bad value)."""
-    return _C.config_value(files, keys, key)
+def config_values(files: List[str], keys: List[Tuple[str, str]], names: List[str]) -> List[str]:
+    """The resolved values of `names`, the config read once (ValueError for an unknown key or a bad
+    value)."""
+    return list(_C.config_values(files, keys, names))
 
 
 def resolve_device(setting: str) -> torch.device:

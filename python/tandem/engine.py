@@ -12,7 +12,7 @@ from torch import nn
 
 from . import _C
 from .blocks import BlockSpec, find_blocks
-from .config import ConfigArg, config_value, resolve_device, split_config
+from .config import ConfigArg, config_values, resolve_device, split_config
 
 __all__ = ["Engine", "StepInfo"]
 
@@ -179,10 +179,12 @@ class Engine:
         files, keys = split_config(config)
         self._files, self._keys = files, keys
         self.model = model
-        self.device = resolve_device(config_value(files, keys, "train.device"))
-        self._offload = config_value(files, keys, "offload.optimizer") == "cpu"
-        precision = config_value(files, keys, "train.precision")
-        self.run_dir = run_dir or config_value(files, keys, "train.run_dir") or _new_run_dir()
+        device, offload, precision, config_run_dir, oom_retry, oom_grow_after = config_values(
+            files, keys, ["train.device", "offload.optimizer", "train.precision", "train.run_dir", "train.oom_retry",
+                          "train.oom_grow_after"])
+        self.device = resolve_device(device)
+        self._offload = offload == "cpu"
+        self.run_dir = run_dir or config_run_dir or _new_run_dir()
         specs = find_blocks(model, blocks, edge_blocks)
         self._place_model(specs)
         self._blocks = _C.ModuleBlocks([(s.name, s.kind, s.params) for s in specs])
@@ -198,8 +200,8 @@ class Engine:
         # Note [Adaptive micro-batch] for train_step: parts per micro-batch, clean steps since.
         self._oom_parts = 1
         self._clean_steps = 0
-        self._oom_retry = config_value(files, keys, "train.oom_retry") == "true"
-        self._oom_grow_after = int(config_value(files, keys, "train.oom_grow_after"))
+        self._oom_retry = oom_retry == "true"
+        self._oom_grow_after = int(oom_grow_after)
         self.oom_retries = 0  #: steps run again after an out-of-memory error
 
     def _place_model(self, specs: List[BlockSpec]) -> None:
@@ -370,7 +372,7 @@ class Engine:
         """The update, with this step's loss and tokens for its metrics row (metrics.jsonl, the
         dashboard and /metrics, TensorBoard: the CLI's Note [Telemetry])."""
         accumulation = max(1, self._core.accumulation())
-        loss = float(self._loss_sum) / accumulation if self._loss_sum is not None else float("nan")
+        loss = self._loss_sum / accumulation if self._loss_sum is not None else None
         info = self._core.update(loss, self._attach.tokens)
         self._loss_sum = None
         self._attach.tokens = 0

@@ -59,19 +59,26 @@ std::string step_name(int64_t step) {
   return buf;
 }
 
-CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
-                                            const Config& config, int device_index, bool copy) {
-  return take_checkpoint_snapshot(model.hf_state_dict(), hf_config_json(model.spec()), optimizer, state, config,
-                                  device_index, copy);
+CheckpointModel checkpoint_model(Model& model) {
+  CheckpointModel m;
+  m.weights = [&model] { return model.hf_state_dict(); };
+  m.hf_config = hf_config_json(model.spec());
+  m.load = [&model](const auto& lookup, const std::string& source) { model.load_hf_state_dict(lookup, source); };
+  return m;
 }
 
-CheckpointSnapshot take_checkpoint_snapshot(std::vector<NamedTensor> weights, std::string hf_config,
-                                            Optimizer& optimizer, const TrainerState& state, const Config& config,
-                                            int device_index, bool copy) {
+CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
+                                            const Config& config, int device_index, bool copy) {
+  return take_checkpoint_snapshot(checkpoint_model(model), optimizer, state, config, device_index, copy);
+}
+
+CheckpointSnapshot take_checkpoint_snapshot(const CheckpointModel& model, Optimizer& optimizer,
+                                            const TrainerState& state, const Config& config, int device_index,
+                                            bool copy) {
   // Note [Asynchronous checkpoints]: with `copy` every tensor is cloned into host memory, so the
   // snapshot stays as it was while training goes on; without, it refers to the live tensors.
   CheckpointSnapshot s;
-  s.model = std::move(weights);
+  s.model = model.weights();
   s.optimizer = optimizer.state();
   if (copy) own_checkpoint_snapshot(s);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -83,7 +90,7 @@ CheckpointSnapshot take_checkpoint_snapshot(std::vector<NamedTensor> weights, st
   s.rng = {{"cpu", cpu_state}};
   if (device_index >= 0 && accelerator())
     s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
-  s.hf_config = std::move(hf_config);
+  s.hf_config = model.hf_config;
   s.tandem_yaml = config_to_yaml(config);
   s.state = state;
   return s;
@@ -346,12 +353,10 @@ std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std
 }
 
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index) {
-  return load_checkpoint(
-      dir, [&](const auto& lookup, const std::string& source) { model.load_hf_state_dict(lookup, source); }, optimizer,
-      device_index);
+  return load_checkpoint(dir, checkpoint_model(model), optimizer, device_index);
 }
 
-TrainerState load_checkpoint(const std::string& dir, const WeightLoader& load_weights, Optimizer& optimizer,
+TrainerState load_checkpoint(const std::string& dir, const CheckpointModel& model, Optimizer& optimizer,
                              int device_index) {
   const fs::path d(dir);
   const std::string state_path = (d / kStateFile).string();
@@ -365,7 +370,7 @@ TrainerState load_checkpoint(const std::string& dir, const WeightLoader& load_we
                "size (1 included)");
   {
     SafetensorsFile weights((d / "model.safetensors").string());
-    load_weights(
+    model.load(
         [&](const std::string& n) -> std::optional<torch::Tensor> {
           if (!weights.contains(n)) return std::nullopt;
           return weights.tensor(n);

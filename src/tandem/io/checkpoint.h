@@ -65,15 +65,31 @@ class ZeroShards {
   std::map<std::string, int64_t> numel_;              // Block -> numel
 };
 
+/// Where a checkpoint's weights go: `lookup(name)` gives a tensor of model.safetensors (nullopt when
+/// absent); `source` names the file for errors.
+using WeightLoader = std::function<void(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                                        const std::string& source)>;
+
+/// The model's side of a checkpoint, whoever defined the model (Note [Block sequence]): a preset
+/// (checkpoint_model) or a Python module (python/engine_core).
+struct CheckpointModel {
+  /// The weights under their checkpoint names (the live tensors; with the offload engine, called
+  /// while the fp32 masters are bound).
+  std::function<std::vector<NamedTensor>()> weights;
+  std::string hf_config;  ///< config.json text ("" = none)
+  WeightLoader load;      ///< copies a checkpoint's weights in
+};
+/// A preset's: HF-shaped weights, its HF config, load_hf_state_dict.
+CheckpointModel checkpoint_model(Model& model);
+
 /// The checkpoint's contents now; `copy` clones every tensor into host memory (for a write that
 /// overlaps training), otherwise the snapshot refers to the live tensors.
 CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, const TrainerState& state,
                                             const Config& config, int device_index, bool copy);
-/// The same for any model: its weights under their checkpoint names and its HF config.json text
-/// ("" = none).
-CheckpointSnapshot take_checkpoint_snapshot(std::vector<NamedTensor> weights, std::string hf_config,
-                                            Optimizer& optimizer, const TrainerState& state, const Config& config,
-                                            int device_index, bool copy);
+/// The same for any model.
+CheckpointSnapshot take_checkpoint_snapshot(const CheckpointModel& model, Optimizer& optimizer,
+                                            const TrainerState& state, const Config& config, int device_index,
+                                            bool copy);
 
 /// Host bytes a copy of the snapshot's tensors needs (weights and optimizer state).
 int64_t checkpoint_snapshot_bytes(const CheckpointSnapshot& snapshot);
@@ -90,12 +106,8 @@ std::string save_checkpoint(const std::string& parent, Model& model, Optimizer& 
 /// Restores model, optimizer and RNG from a checkpoint directory and returns the trainer state.
 /// UserError when the directory is not a complete checkpoint or does not match the model.
 TrainerState load_checkpoint(const std::string& dir, Model& model, Optimizer& optimizer, int device_index);
-/// Where a checkpoint's weights go: `lookup(name)` gives a tensor of model.safetensors (nullopt when
-/// absent); `source` names the file for errors.
-using WeightLoader = std::function<void(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
-                                        const std::string& source)>;
-/// The same for any model, its weights loaded by `load_weights`.
-TrainerState load_checkpoint(const std::string& dir, const WeightLoader& load_weights, Optimizer& optimizer,
+/// The same for any model.
+TrainerState load_checkpoint(const std::string& dir, const CheckpointModel& model, Optimizer& optimizer,
                              int device_index);
 /// Restores only the RNG and returns the trainer state (a sharded checkpoint's weights and states
 /// come from ZeroShards).

@@ -13,12 +13,11 @@
 #include "tandem/core/config.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/data/dataset.h"
-#include "tandem/data/loader.h"
 #include "tandem/io/config_file.h"
 #include "tandem/models/model.h"
 #include "tandem/python/engine_core.h"
 #include "tandem/python/module_blocks.h"
+#include "tandem/python/token_batches.h"
 
 namespace py = pybind11;
 using namespace tandem;
@@ -61,28 +60,6 @@ Config make_config(const std::vector<std::string>& files,
   return cfg;
 }
 
-// The CLI's training batches (data.path, train.micro_batch, train.seq_len, train.seed), so a Python
-// loop can train on the very batches `tandem train` would.
-class TokenBatches {
- public:
-  TokenBatches(const Config& cfg, int64_t vocab_size, int64_t rows, int64_t first_row) : data_(open_data(cfg.data)) {
-    TANDEM_CHECK(cfg.train.seq_len > 0, "tandem.data.TokenBatches needs train.seq_len (> 0)");
-    loader_ = std::make_unique<BatchLoader>(data_.train, rows > 0 ? rows : cfg.train.micro_batch, cfg.train.seq_len,
-                                            cfg.train.seed, torch::Device(torch::kCPU), cfg.data.prefetch, vocab_size,
-                                            "training", first_row);
-  }
-  std::pair<torch::Tensor, torch::Tensor> next() {
-    Batch b = loader_->next();
-    return {b.inputs, b.targets};
-  }
-  int64_t position() const { return loader_->position(); }
-  void seek(int64_t p) { loader_->seek(p); }
-
- private:
-  DataSplits data_;
-  std::unique_ptr<BatchLoader> loader_;
-};
-
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -118,9 +95,14 @@ PYBIND11_MODULE(_C, m) {
         [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
           return config_to_yaml(make_config(files, keys));
         });
-  m.def("config_value",
+  m.def("config_values",
         [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
-           const std::string& key) { return get_config_key(make_config(files, keys), key); });
+           const std::vector<std::string>& names) {
+          const Config cfg = make_config(files, keys);
+          std::vector<std::string> out;
+          for (const auto& n : names) out.push_back(get_config_key(cfg, n));
+          return out;
+        });
   m.def("config_key_names", &config_key_names);
   m.def(
       "cross_device",

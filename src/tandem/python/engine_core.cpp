@@ -70,20 +70,20 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
   for (auto& [name, p] : blocks_->all_parameters()) params_.push_back(p);
   check_data_parallel_start();
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
-  scale_ = torch::full({1}, fp16_ ? cfg_.scaler.init_scale : 1.0, fopts);
+  loss_scale_ = fp16_ ? cfg_.scaler.init_scale : 1.0;
+  scale_ = torch::full({1}, loss_scale_, fopts);
   growth_tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(ctx_->device));
   if (offload()) {
     build_offload_engine();
     optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, offload_->store->sharded());
-    metrics_->start();
-    return;
+  } else {
+    for (const auto& [name, p] : blocks_->all_parameters())
+      TANDEM_CHECK(p.device() == ctx_->device, "parameter '", name, "' is on ", p.device().str(),
+                   " but this run trains on ", ctx_->device.str(),
+                   "; move the model there first (model.to(device)), or set offload.optimizer=cpu");
+    optimizer_ = make_optimizer(cfg_.optim, blocks_->all_parameters(), ctx_->device);
+    if (ctx_->comm) reducer_ = std::make_unique<GradReducer>(*blocks_, *ctx_->comm);
   }
-  for (const auto& [name, p] : blocks_->all_parameters())
-    TANDEM_CHECK(p.device() == ctx_->device, "parameter '", name, "' is on ", p.device().str(),
-                 " but this run trains on ", ctx_->device.str(),
-                 "; move the model there first (model.to(device)), or set offload.optimizer=cpu");
-  optimizer_ = make_optimizer(cfg_.optim, blocks_->all_parameters(), ctx_->device);
-  if (ctx_->comm) reducer_ = std::make_unique<GradReducer>(*blocks_, *ctx_->comm);
   metrics_->start();
 }
 
@@ -113,9 +113,9 @@ int EngineCore::world() const { return ctx_->world(); }
 void EngineCore::check_data_parallel_start() {
   if (!ctx_->comm) return;
   torch::NoGradGuard no_grad;
-  double sum = 0.0;
-  for (const auto& p : params_) sum += p.to(torch::kFloat64).abs().sum().item<double>();
-  ctx_->comm->check_same("initial weights (checksum)", strprintf("%.17g", sum),
+  torch::Tensor sum = torch::zeros({}, params_.front().options().dtype(torch::kFloat64));
+  for (const auto& p : params_) sum += p.to(torch::kFloat64).abs().sum();
+  ctx_->comm->check_same("initial weights (checksum)", strprintf("%.17g", sum.item<double>()),
                          "call torch.manual_seed(S) with the same S on every rank before building the model, or load "
                          "the same pretrained weights");
 }
@@ -148,7 +148,7 @@ void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> las
     }
     if (offload_) {
       offload_->store->restore_grad_views();  // a zero_grad(set_to_none=True) in the user's loop
-      offload_->engine->begin_step(lr_, fp16_ ? scale_.item<double>() : 1.0);
+      offload_->engine->begin_step(lr_, loss_scale_);
     }
     open_ = true;
     micro_ = 0;
@@ -161,9 +161,7 @@ void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> las
 double EngineCore::loss_multiplier() const {
   // Note [Data parallel]: each rank's loss weighted by its share of the global batch (equal rows
   // per rank here); the gradients' sum over the ranks is the mean.
-  double m = 1.0 / double(cfg_.train.grad_accum) / double(world());
-  if (fp16_) m *= scale_.item<double>();
-  return m;
+  return loss_scale_ / double(cfg_.train.grad_accum) / double(world());
 }
 
 void EngineCore::end_backward() {
@@ -174,7 +172,7 @@ void EngineCore::end_backward() {
   ++data_position_;
 }
 
-StepInfo EngineCore::update(double loss, int64_t tokens) {
+StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t tokens) {
   TANDEM_CHECK(open_ && micro_ > 0,
                "step() without a backward since the last step; call engine.backward(loss) "
                "first (or loss.backward() with tandem.optim.OffloadAdamW)");
@@ -190,7 +188,11 @@ StepInfo EngineCore::update(double loss, int64_t tokens) {
                            fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf);
   }
   if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf, cfg_.scaler);
-  auto host = torch::stack({norm.to(torch::kFloat32), found_inf, scale_.squeeze()}).to(torch::kCPU, torch::kFloat64);
+  // One host synchronisation per step: the norm, the non-finite flag, the scale and the loss.
+  const torch::Tensor loss_now =
+      loss ? loss->detach().to(ctx_->device, torch::kFloat32).reshape({}) : torch::full({}, NAN, fopts);
+  auto host =
+      torch::stack({norm.to(torch::kFloat32), found_inf, scale_.squeeze(), loss_now}).to(torch::kCPU, torch::kFloat64);
   open_ = false;
   micro_ = 0;
   ++step_;
@@ -198,10 +200,10 @@ StepInfo EngineCore::update(double loss, int64_t tokens) {
   info.step = step_;
   info.grad_norm = host[0].item<double>();
   info.skipped = host[1].item<double>() != 0.0;
-  info.loss_scale = host[2].item<double>();
+  info.loss_scale = loss_scale_ = host[2].item<double>();
   info.lr = lr_;
   if (step_ == kMeasuredPlanStep) widen_split_range();
-  publish_step(info, loss, tokens);
+  publish_step(info, host[3].item<double>(), tokens);
   return info;
 }
 
@@ -224,15 +226,8 @@ void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens)
   }
   tokens_seen_ += tokens;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
-  nlohmann::json row = {{"step", info.step},
-                        {"loss", loss},
-                        {"lr", info.lr},
-                        {"grad_norm", info.grad_norm},
-                        {"step_time_s", dt},
-                        {"tokens_per_s", dt > 0 ? double(tokens) / dt : 0.0},
-                        {"tokens", tokens_seen_},
-                        {"mem_host_peak_bytes", host_peak_rss_bytes()},
-                        {"t_s", metrics_->since_start_s()}};
+  nlohmann::json row =
+      step_metrics_row(info.step, loss, info.lr, info.grad_norm, dt, tokens, tokens_seen_, metrics_->since_start_s());
   add_device_memory_row(row, ctx_->device_index);
   if (fp16_) row["loss_scale"] = info.loss_scale;
   if (info.skipped) row["skipped"] = true;
@@ -244,10 +239,12 @@ void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens)
 
 void EngineCore::abandon() {
   if (!open_) return;
-  if (offload_) offload_->engine->abandon_step();
-  for (auto& p : params_)
-    if (!offload_ && p.grad().defined()) p.mutable_grad() = torch::Tensor();
-  if (offload_) offload_->store->restore_grad_views();
+  if (offload_) {
+    offload_->engine->abandon_step();
+    offload_->store->restore_grad_views();
+  } else {
+    optimizer_->zero_grad();
+  }
   open_ = false;
   micro_ = 0;
   if (ctx_->device_index >= 0 && accelerator()) accelerator()->empty_cache(ctx_->device_index);
@@ -311,6 +308,7 @@ std::string EngineCore::load(const std::string& path) {
   const TrainerState state = checkpointer(fs::path(dir).parent_path().parent_path().string(), "")->resume(dir);
   step_ = state.step;
   data_position_ = state.data_position;
+  loss_scale_ = state.loss_scale;
   scale_.fill_(state.loss_scale);
   growth_tracker_.fill_(state.growth_tracker);
   return dir;

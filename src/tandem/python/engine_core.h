@@ -61,9 +61,10 @@ class EngineCore {
   int64_t accumulation() const { return cfg_.train.grad_accum; }
   /// The update (norm, clipping, non-finite check, AdamW): ends the open step and publishes its
   /// metrics row (metrics.jsonl, the dashboard and /metrics, TensorBoard) with `loss` (this rank's
-  /// mean over the step's micro-batches) and `tokens` (this rank's). UserError when no backward
+  /// mean over the step's micro-batches, a 0-d tensor read with the step's one host copy; nullopt
+  /// when unknown) and `tokens` (this rank's). UserError when no backward
   /// ran since the last one.
-  StepInfo update(double loss, int64_t tokens);
+  StepInfo update(const std::optional<torch::Tensor>& loss, int64_t tokens);
   /// Gives up the open step (an out-of-memory error in the user's forward or backward): nothing is
   /// updated and the gradients are zeroed, so the loop may retry it.
   void abandon();
@@ -110,6 +111,7 @@ class EngineCore {
   std::unique_ptr<GradReducer> reducer_;  // several ranks without the offload engine
   std::vector<torch::Tensor> params_;     // every trainable tensor once
   torch::Tensor scale_, growth_tracker_;  // fp16 loss scale, on the device
+  double loss_scale_ = 1.0;               // scale_ as the last step's host copy read it
   bool fp16_ = false;
   bool open_ = false;  // a step has begun
   int64_t micro_ = 0, step_ = 0, data_position_ = 0;

@@ -34,10 +34,15 @@ std::vector<NamedTensor> ModuleBlocks::all_parameters() const {
   return out;
 }
 
+int64_t ModuleBlocks::block_numel(size_t i) const {
+  int64_t n = 0;
+  for (const auto& [name, p] : groups_.at(i).params) n += p.numel();
+  return n;
+}
+
 int64_t ModuleBlocks::numel() const {
   int64_t n = 0;
-  for (const auto& g : groups_)
-    for (const auto& [name, p] : g.params) n += p.numel();
+  for (size_t i = 0; i < groups_.size(); ++i) n += block_numel(i);
   return n;
 }
 

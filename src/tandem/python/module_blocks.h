@@ -43,6 +43,8 @@ class ModuleBlocks : public BlockSequence {
   bool host_block(size_t i) const { return i < host_.size() && host_[i]; }
   /// Every parameter once, in Block order.
   std::vector<NamedTensor> all_parameters() const;
+  /// Elements of Block i's parameters, and of all of them.
+  int64_t block_numel(size_t i) const;
   int64_t numel() const;
 
  private:

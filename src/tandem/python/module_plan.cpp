@@ -29,19 +29,12 @@ constexpr int64_t kAutoRingSlots = 4;
 constexpr double kPeakMargin = 0.92;     // of the GPU, usable once the peak is measured
 constexpr double kGpuStateBytes = 12.0;  // fp32 master, m and v per parameter of a GPU-updated Block
 
-int64_t block_numel(const ModuleBlocks& blocks, int64_t i) {
-  int64_t n = 0;
-  for (const auto& [name, p] : const_cast<ModuleBlocks&>(blocks).block_parameters(static_cast<size_t>(i)))
-    n += p.numel();
-  return n;
-}
-
 // The most Blocks from `first` on whose GPU states fit `room` bytes.
 int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room) {
   const int64_t n = static_cast<int64_t>(blocks.block_count());
   int64_t top = first;
   while (top < n) {
-    room -= kGpuStateBytes * double(block_numel(blocks, top));
+    room -= kGpuStateBytes * double(blocks.block_numel(static_cast<size_t>(top)));
     if (room < 0) break;
     ++top;
   }

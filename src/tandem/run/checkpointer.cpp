@@ -10,7 +10,6 @@
 #include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
-#include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
 #include "tandem/run/run_setup.h"
@@ -38,14 +37,6 @@ void EngineOptimizer::load_state(const std::function<std::optional<torch::Tensor
                                  const std::string& source) {
   Optimizer::load_state(lookup, source);
   engine_.sync_step_from_state();
-}
-
-CheckpointModel checkpoint_model(Model& model) {
-  CheckpointModel m;
-  m.weights = [&model] { return model.hf_state_dict(); };
-  m.hf_config = hf_config_json(model.spec());
-  m.load = [&model](const auto& lookup, const std::string& source) { model.load_hf_state_dict(lookup, source); };
-  return m;
 }
 
 Checkpointer::Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx, CheckpointModel model,
@@ -94,7 +85,7 @@ TrainerState Checkpointer::resume(const std::string& dir) {
   TANDEM_CHECK(!sharded_ || world == 1, "checkpoint ", dir,
                " holds whole optimizer state; resume it with "
                "dist.zero_stage=0, or in one process, and save again to shard it");
-  with_weights([&] { state = load_checkpoint(dir, model_.load, optimizer_, ctx_.device_index); });
+  with_weights([&] { state = load_checkpoint(dir, model_, optimizer_, ctx_.device_index); });
   log::info(strprintf("resumed from %s at step %lld", dir.c_str(), static_cast<long long>(state.step)));
   return state;
 }
@@ -154,8 +145,7 @@ void Checkpointer::write(const TrainerState& state, bool allow_async) {
     CheckpointSnapshot snap;
     bool background = false;
     with_weights([&] {
-      snap = take_checkpoint_snapshot(model_.weights(), model_.hf_config, optimizer_, state, cfg_, ctx_.device_index,
-                                      false);
+      snap = take_checkpoint_snapshot(model_, optimizer_, state, cfg_, ctx_.device_index, false);
       if (want_background) {
         const int64_t need = checkpoint_snapshot_bytes(snap), avail = host_available_bytes();
         background = need + (int64_t{2} << 30) <= avail;
@@ -218,8 +208,7 @@ void Checkpointer::write_sharded(const TrainerState& state) {
     try {
       TANDEM_CHECK(failures == 0,
                    error.empty() ? strprintf("%.0f rank(s) could not write their shards", failures) : error);
-      CheckpointSnapshot snap = take_checkpoint_snapshot(model_.weights(), model_.hf_config, optimizer_, state, cfg_,
-                                                         ctx_.device_index, true);
+      CheckpointSnapshot snap = take_checkpoint_snapshot(model_, optimizer_, state, cfg_, ctx_.device_index, true);
       snap.zero_world = world;
       for (int r = 0; r < world; ++r) snap.adopt.push_back((fs::path(staging) / zero_shard_file(r)).string());
       path = write_checkpoint(parent_, snap);

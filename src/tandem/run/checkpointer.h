@@ -40,17 +40,6 @@ class EngineOptimizer : public Optimizer {
   bool sharded_state_;
 };
 
-/// The model's side of a checkpoint, whoever defined the model (Note [Block sequence]).
-struct CheckpointModel {
-  /// The weights under their checkpoint names (the live tensors; with the offload engine, called
-  /// while the fp32 masters are bound).
-  std::function<std::vector<NamedTensor>()> weights;
-  std::string hf_config;  ///< config.json text ("" = none)
-  WeightLoader load;      ///< copies a checkpoint's weights in
-};
-/// A preset's: HF-shaped weights, its HF config, load_hf_state_dict.
-CheckpointModel checkpoint_model(Model& model);
-
 /// Where a checkpoint's outcome goes: metrics rows and progress lines.
 struct CheckpointReports {
   std::function<void(const nlohmann::json&)> publish;

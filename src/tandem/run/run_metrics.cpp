@@ -54,6 +54,19 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::
   return out;
 }
 
+nlohmann::json step_metrics_row(int64_t step, double loss, double lr, double grad_norm, double step_s,
+                                int64_t step_tokens, int64_t tokens, double t_s) {
+  return {{"step", step},
+          {"loss", loss},
+          {"lr", lr},
+          {"grad_norm", grad_norm},
+          {"step_time_s", step_s},
+          {"tokens_per_s", step_s > 0 ? double(step_tokens) / step_s : 0.0},
+          {"tokens", tokens},
+          {"mem_host_peak_bytes", host_peak_rss_bytes()},
+          {"t_s", t_s}};
+}
+
 void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store,
                     const EngineStats& before) {
   const EngineStats es = engine.stats();

@@ -32,6 +32,10 @@ inline constexpr int kSummarySchemaVersion = 2;
 /// The TensorBoard scalars of a metrics row: its numbers under <group>/<key>.
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::json& row);
 
+/// A step's metrics row: step, loss, learning rate, gradient norm, step time, tokens/s over the
+/// step's `step_tokens`, the run's `tokens` so far, peak host memory, `t_s` since the run started.
+nlohmann::json step_metrics_row(int64_t step, double loss, double lr, double grad_norm, double step_s,
+                                int64_t step_tokens, int64_t tokens, double t_s);
 /// The offload engine's counters since `before` and its split, in a step's metrics row.
 void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store, const EngineStats& before);
 /// Device memory (allocated, peak, reserved) in a step's metrics row; nothing on the CPU.

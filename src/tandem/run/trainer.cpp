@@ -135,19 +135,12 @@ void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step
 // A step's metrics row: loss, rate, memory, and the step time split (Note [Step time split]).
 nlohmann::json step_row(const TrainerState& state, double loss, double lr, const StepResult& r, double dt,
                         int64_t tokens_per_step, const StepPhases& phases, double t_s) {
-  return {{"step", state.step},
-          {"loss", loss},
-          {"lr", lr},
-          {"grad_norm", r.grad_norm},
-          {"step_time_s", dt},
-          {"tokens_per_s", tokens_per_step / dt},
-          {"tokens", state.tokens_seen},
-          {"mem_host_peak_bytes", host_peak_rss_bytes()},
-          {"t_s", t_s},
-          {"time_forward_s", phases.forward_s},
-          {"time_backward_s", phases.backward_s},
-          {"time_update_s", phases.update_s},
-          {"time_idle_s", phases.idle_s}};
+  nlohmann::json row = step_metrics_row(state.step, loss, lr, r.grad_norm, dt, tokens_per_step, state.tokens_seen, t_s);
+  row["time_forward_s"] = phases.forward_s;
+  row["time_backward_s"] = phases.backward_s;
+  row["time_update_s"] = phases.update_s;
+  row["time_idle_s"] = phases.idle_s;
+  return row;
 }
 
 // The run's last line: steps, loss, speed and peak memory, or that nothing was left to do.
