@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0
 TRANSFORMERS_VERSION=5.24.0  # the tests' reference (tests/io/hf_transformers_fixture.py)
 BUILD_DIR=${TANDEM_BUILD_DIR:-build}
-APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip
+APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip python3-dev
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
               libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev
@@ -77,7 +77,11 @@ cmake --build "$BUILD_DIR" -j"$(nproc)"
 # The Python package (Note [Python package]): the build assembles it in $BUILD_DIR/python; a .pth
 # file puts that on .venv's path, so `.venv/bin/python -c "import tandem"` works without a second
 # compilation.
-if [ -x .venv/bin/python ] && [ -d "$BUILD_DIR/python/tandem" ]; then
+if [ -x .venv/bin/python ]; then
+  if [ ! -d "$BUILD_DIR/python/tandem" ]; then
+    say "the Python package was not built: see the 'tandem: Python package' line of $BUILD_DIR.cmake.log"
+    exit 1
+  fi
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   realpath "$BUILD_DIR/python" >"$site/tandem.pth"
   .venv/bin/python -c "import tandem" && say "ready: import tandem (.venv/bin/python)"

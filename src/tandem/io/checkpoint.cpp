@@ -262,9 +262,9 @@ void prune_checkpoints(const std::string& parent, int64_t keep) {
   for (int64_t i = 0; i + keep < static_cast<int64_t>(all.size()); ++i) fs::remove_all(all[i], ec);
 }
 
-std::string resolve_checkpoint_dir(const std::string& path) {
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& what) {
   std::error_code ec;
-  TANDEM_CHECK(fs::is_directory(path, ec), "--resume: '", path,
+  TANDEM_CHECK(fs::is_directory(path, ec), what, ": '", path,
                "' is not a directory; give a checkpoint or run directory");
   if (fs::exists(fs::path(path) / kStateFile)) return path;  // a checkpoint: load_checkpoint verifies it
   // A run directory (or its checkpoints/): the newest intact checkpoint, passing over damaged ones.
@@ -276,15 +276,15 @@ std::string resolve_checkpoint_dir(const std::string& path) {
     if (list_checkpoints((run / "checkpoints").string()).empty()) continue;
     std::vector<std::string> skipped;
     const std::string found = newest_intact_checkpoint(run.string(), &skipped);
-    for (const auto& s : skipped) log::warn("--resume: passing over damaged checkpoint " + s);
-    TANDEM_CHECK(!found.empty(), "--resume: every checkpoint in '", path, "' is damaged (", skipped.front(),
-                 "); start without --resume or restore the directory");
+    for (const auto& s : skipped) log::warn(what + ": passing over damaged checkpoint " + s);
+    TANDEM_CHECK(!found.empty(), what, ": every checkpoint in '", path, "' is damaged (", skipped.front(),
+                 "); start without ", what, " or restore the directory");
     return found;
   }
   if (fs::path(path).filename().string().rfind("step_", 0) == 0)
-    TANDEM_FAIL("--resume: '", path, "' has no ", kStateFile,
+    TANDEM_FAIL(what, ": '", path, "' has no ", kStateFile,
                 "; the checkpoint is incomplete (cut off while being written?)");
-  TANDEM_FAIL("--resume: no complete checkpoint in '", path,
+  TANDEM_FAIL(what, ": no complete checkpoint in '", path,
               "'; give a step_* directory or a run directory with checkpoints/");
 }
 

@@ -122,7 +122,8 @@ std::string verify_checkpoint(const std::string& dir);
 std::string newest_intact_checkpoint(const std::string& run_dir, std::vector<std::string>* skipped);
 
 /// A checkpoint directory itself, or the newest complete checkpoint under a run directory.
-std::string resolve_checkpoint_dir(const std::string& path);
+/// `what` names the caller in errors ("--resume", "engine.load").
+std::string resolve_checkpoint_dir(const std::string& path, const std::string& what = "--resume");
 
 /// The directory name of the checkpoint at `step`: step_XXXXXXXX.
 std::string step_name(int64_t step);

@@ -303,7 +303,7 @@ std::string EngineCore::save(const std::string& run_dir, const std::string& hf_c
 
 std::string EngineCore::load(const std::string& path) {
   TANDEM_CHECK(!open_, "load() in the middle of a step; load between steps");
-  const std::string dir = resolve_checkpoint_dir(path);
+  const std::string dir = resolve_checkpoint_dir(path, "engine.load");
   wait();
   const TrainerState state = checkpointer(fs::path(dir).parent_path().parent_path().string(), "")->resume(dir);
   step_ = state.step;
