@@ -2,7 +2,7 @@
 """Loss curves of tandem run directories side by side: a table of the loss (mean over each
 window of steps), median tokens/s and peak device memory, and optionally an SVG plot.
 
-    python3 bench/train_curves.py RUN_DIR [RUN_DIR ...] [--every 25] [--svg curves.svg]
+    python3 bench/train_curves.py RUN_DIR [RUN_DIR ...] [--every 25] [--last 50] [--svg curves.svg]
 """
 import argparse
 
@@ -56,6 +56,7 @@ def main():
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--svg")
+    ap.add_argument("--last", type=int, default=50, help="mean loss over the last N steps, against the first run")
     a = ap.parse_args()
     data = [(run_name(r), *load(r)) for r in a.runs]
     curves = [(name, windows(steps, a.every)) for name, steps, _ in data]
@@ -71,6 +72,15 @@ def main():
         cells = [f"{c[k][1]:.4f}" if k < len(c) else "" for _, c in curves]
         step = next(c[k][0] for _, c in curves if k < len(c))
         print(f"| {step} | " + " | ".join(cells) + " |")
+    print()
+    print(f"| run | mean loss, last {a.last} steps | vs {data[0][0]} |")
+    print("|---|---|---|")
+    ref = None
+    for name, steps, _ in data:
+        tail = [r["loss"] for r in steps[-a.last:]]
+        mean = sum(tail) / len(tail)
+        ref = mean if ref is None else ref
+        print(f"| {name} | {mean:.4f} | {100 * (mean / ref - 1):+.2f}% |")
     if a.svg:
         svg(curves, a.svg)
 

@@ -32,6 +32,8 @@
 #          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
 #          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
 #          PL_STEPS_<model> steps each (default 60 for amx-moe, 30 for 1B); table via bench/placement_table.py.
+#   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
+#          states, host ring), one plot (bench/train_curves.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -215,6 +217,27 @@ if big_has deepspeed && install_wheels; then
     --steps 8 --warmup 3 --checkpointing --json "$OUT/big-deepspeed.jsonl" >"$OUT/big-deepspeed.log" 2>&1
   tail -2 "$OUT/big-deepspeed.log"
 fi
+fi
+
+if has curve; then
+# Convergence on real text (the Python sources as bytes), 1B, B=8, T=1024, CURVE_STEPS (default 320)
+# steps, the recipe's defaults: GPU-only AdamW, the offload engine at k = 0 (bf16 host states, a
+# 4-slot host ring) exact, and the same delayed. bench/train_curves.py draws them on one plot.
+corpus="$OUT/corpus.txt"
+[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+cur=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 --steps "${CURVE_STEPS:-320}"
+     --set train.eval_every=0 --set train.save_final=false --set train.progress=lines --set train.log_every=40
+     --set data.path="$corpus")
+ring=(--set offload.optimizer=cpu --set offload.update_split=0 --set optim.state_dtype=bf16 --set offload.host_ring=4
+      --set offload.speculate=never)
+for c in ${CURVE_RUNS:-gpu exact delayed}; do
+  extra=()
+  [[ $c != gpu ]] && extra=("${ring[@]}")
+  [[ $c == delayed ]] && extra+=(--set offload.delayed_update=true)
+  echo "== curve: 1B $c"
+  "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"
+  grep -E "recipe|lr |offload:|done" "$OUT/curve-$c.log" | head -4
+done
 fi
 
 if has telemetry; then
@@ -480,6 +503,7 @@ has offload && python3 bench/offload_compare.py "$OUT/off125-gpu" "$OUT/off125-g
   && python3 bench/offload_compare.py "$OUT/off125-nd1" "$OUT/off125-nd2" \
   && { [[ ${OFF_1B:-1} != 1 ]] || python3 bench/offload_compare.py "$OUT/off1b-gpu" "$OUT/off1b-k0" "$OUT/off1b-kauto"; }
 has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" "$OUT/big-delayed" "$OUT/big-deepspeed.jsonl"
+has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(for c in ${CURVE_RUNS:-gpu exact delayed}; do echo "$OUT/curve-$c"; done)
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"

@@ -17,6 +17,7 @@
 #include "error_of.h"
 #include "tandem/core/config.h"
 #include "tandem/core/error.h"
+#include "tandem/models/recipe.h"
 
 namespace tandem::test {
 
@@ -67,8 +68,9 @@ inline Config tiny_cpu_config(const std::string& dir, int64_t steps) {
   c.train.eval_every = 0;
   c.train.progress = ProgressMode::kOff;
   c.train.run_dir = dir;
-  c.optim.warmup_steps = 10;
   c.data.synthetic_bytes = 200000;
+  apply_preset_recipe(c);  // as `tandem train` lays it: 3e-3 for tiny on the generated corpus
+  c.optim.warmup_steps = 10;
   return c;
 }
 

@@ -3,13 +3,18 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
 #include "../test_util.h"
+#include "tandem/models/recipe.h"
+#include "tandem/models/spec.h"
 
 namespace tandem {
 namespace {
@@ -167,6 +172,121 @@ TEST(Cli, TokenFilesAreReadAsWhatTheyAre) {
       dir.file("one.bin") + " --run-dir " + dir.file("r1"));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("nanoGPT uint16 (no llm.c header; data.format=auto)"), std::string::npos) << r.err;
+}
+
+/// A recipe key's line of `tandem inspect`: "  optim.lr   0.0006   recipe".
+struct RecipeLine {
+  std::string value, origin;
+};
+
+RecipeLine recipe_line(const std::string& out, const std::string& key) {
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("  " + key + " ", 0) != 0) continue;
+    std::istringstream fields(line);
+    RecipeLine r;
+    std::string k;
+    fields >> k >> r.value >> std::ws;
+    std::getline(fields, r.origin);
+    return r;
+  }
+  return {"(no line for " + key + ")", ""};
+}
+
+double number(const std::string& s) { return std::strtod(s.c_str(), nullptr); }
+
+// Every preset on each data kind: `tandem inspect` shows the row of recipe_row for its parameter
+// count, each value from the recipe, the warmup by the rule at the default 300 steps.
+TEST(Cli, InspectShowsTheRecipeOfEveryPreset) {
+  for (const auto& preset : preset_names()) {
+    for (const DataKind kind : {DataKind::kSynthetic, DataKind::kReal}) {
+      const std::string args = "inspect -p " + preset + (kind == DataKind::kReal ? " --set data.path=tokens.bin" : "");
+      SCOPED_TRACE(args);
+      const Result r = run_cli(args);
+      ASSERT_EQ(r.code, 0) << r.err;
+      const RecipeRow& row = recipe_row(preset_spec(preset).num_params_unpadded(), kind);
+      EXPECT_NE(r.out.find(std::string("training recipe: ") + row.name + " ("), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find(std::string(" on ") + to_string(kind) + " data, 300 steps"), std::string::npos) << r.out;
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.lr").value), row.lr);
+      EXPECT_EQ(recipe_line(r.out, "optim.warmup_steps").value, std::to_string(recipe_warmup_steps(row, 300)));
+      EXPECT_EQ(recipe_line(r.out, "optim.schedule").value, to_string(row.schedule));
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.min_lr_ratio").value), row.min_lr_ratio);
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.beta1").value), row.beta1);
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.beta2").value), row.beta2);
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.eps").value), row.eps);
+      EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.weight_decay").value), row.weight_decay);
+      for (const auto& key : recipe_keys())
+        EXPECT_EQ(recipe_line(r.out, key).origin.rfind("recipe", 0), 0u) << key << ": " << r.out;
+    }
+  }
+}
+
+// Note [Config layers]: --set, a YAML file and a DeepSpeed JSON each win over the recipe, in
+// inspect (with the origin) and in `tandem config` (the resolved value).
+TEST(Cli, UserValuesWinOverTheRecipe) {
+  test::TempDir dir;
+  const std::string real = "-p 125M --set data.path=tokens.bin --set train.steps=400";
+  Result r = run_cli("inspect " + real);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.lr").value), 6e-4);
+  EXPECT_EQ(recipe_line(r.out, "optim.warmup_steps").value, "40");
+
+  r = run_cli("inspect " + real + " --set optim.lr=1e-3");
+  EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.lr").value), 1e-3);
+  EXPECT_EQ(recipe_line(r.out, "optim.lr").origin, "--set");
+
+  std::ofstream(dir.file("run.yaml")) << "optim:\n  lr: 2e-4\n  warmup_steps: 5\n";
+  r = run_cli("inspect " + real + " -c " + dir.file("run.yaml"));
+  EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.lr").value), 2e-4);
+  EXPECT_EQ(recipe_line(r.out, "optim.lr").origin, dir.file("run.yaml"));
+  EXPECT_EQ(recipe_line(r.out, "optim.warmup_steps").value, "5");
+  EXPECT_EQ(recipe_line(r.out, "optim.beta2").origin, "recipe");
+  r = run_cli("inspect " + real + " -c " + dir.file("run.yaml") + " --set optim.lr=1e-3");
+  EXPECT_EQ(recipe_line(r.out, "optim.lr").origin, "--set") << "--set wins over the file";
+
+  std::ofstream(dir.file("ds.json"))
+      << R"({"optimizer": {"type": "AdamW", "params": {"lr": 5e-5, "weight_decay": 0.01}}})";
+  r = run_cli("inspect " + real + " --deepspeed " + dir.file("ds.json"));
+  EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.lr").value), 5e-5);
+  EXPECT_EQ(recipe_line(r.out, "optim.lr").origin, dir.file("ds.json"));
+  EXPECT_DOUBLE_EQ(number(recipe_line(r.out, "optim.weight_decay").value), 0.01);
+
+  // `tandem config` prints the resolved values.
+  r = run_cli("config " + real);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto yaml_value = [&](const std::string& key) -> std::string {
+    const std::string tag = "\n  " + key + ": ";
+    const auto at = r.out.find(tag);
+    if (at == std::string::npos) return "";
+    const auto from = at + tag.size();
+    return r.out.substr(from, r.out.find('\n', from) - from);
+  };
+  EXPECT_DOUBLE_EQ(number(yaml_value("lr")), 6e-4) << r.out;
+  EXPECT_EQ(yaml_value("warmup_steps"), "40") << r.out;
+  r = run_cli("config " + real + " --deepspeed " + dir.file("ds.json"));
+  EXPECT_DOUBLE_EQ(number(yaml_value("lr")), 5e-5) << r.out;
+}
+
+// The default job, as `tandem train` runs it with no options (tiny, the generated corpus, 300
+// steps): its recipe is 3e-3 with warmup 20, and it converges from about 5.5 to about 0.3.
+TEST(Cli, TheDefaultJobConverges) {
+  test::TempDir dir;
+  const Result r = run_cli("train --run-dir " + dir.file("run") + " --set train.progress=off");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(dir.file("run/metrics.jsonl"));
+  std::vector<double> losses, lrs;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && !j.contains("eval_loss")) {
+      losses.push_back(j["loss"].get<double>());
+      lrs.push_back(j["lr"].get<double>());
+    }
+  }
+  ASSERT_FALSE(losses.empty());
+  EXPECT_GT(losses.front(), 5.0);
+  EXPECT_LT(losses.back(), 0.6) << "the default job should end near 0.3";
+  const double peak = *std::max_element(lrs.begin(), lrs.end());
+  EXPECT_NEAR(peak, 3e-3, 1e-9);
 }
 
 }  // namespace

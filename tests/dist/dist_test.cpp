@@ -37,7 +37,7 @@ int port(int k) { return 20000 + (getpid() % 1500) * 20 + k; }
 std::string train_args(const std::string& dir, int steps, const std::string& extra) {
   return "--preset tiny --device cpu --steps " + std::to_string(steps) +
          " --set train.seq_len=64 --set train.eval_every=0 --set train.progress=off --set data.synthetic_bytes=200000"
-         " --set monitor.enabled=false --set optim.warmup_steps=5 --run-dir " +
+         " --set monitor.enabled=false --set optim.warmup_steps=5 --set optim.lr=1e-3 --run-dir " +
          dir + " " + extra;
 }
 

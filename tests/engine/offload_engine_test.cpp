@@ -348,6 +348,45 @@ TEST(OffloadEngine, DelayedUpdateLagsTheCpuBlocksByExactlyOneUpdate) {
   EXPECT_GT(most, 1e-3);
 }
 
+TEST(OffloadEngine, ADelayedUpdateThroughAHostRingGivesTheSameBitsAsPerBlockBuffers) {
+  // Note [Delayed host ring]: every Block CPU-updated, the embedding tied to the head (reached by
+  // the head's backward, completed last, so it holds its slot through the backward); the same
+  // kernel on the same gradients uploaded at the same point: equal losses, and the lagged-AdamW
+  // reference within 1e-5.
+  const auto delayed = [](EngineOptions& o) { o.delayed = true; };
+  ASSERT_TRUE(small_spec().tie_embeddings);
+  const auto want = engine_losses(16, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kNever, delayed);
+  expect_same_losses(want.losses, reference_losses(16, 1, 1.0, /*delayed=*/true), 1e-5);
+  for (const int64_t slots : {3, 4, 8}) {
+    const auto got = engine_losses(16, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kNever, delayed,
+                                   [&](ParamStoreOptions& o) { o.ring_slots = slots; });
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (size_t i = 0; i < want.losses.size(); ++i)
+      EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1 << ", " << slots << " slots";
+    EXPECT_EQ(got.stats.delayed_steps, 16);
+  }
+  // Two slots could wait on each other: refused with the fix.
+  const auto spec = small_spec();
+  auto model = build_model(spec, false);
+  ParamStoreOptions so;
+  so.undo = false;
+  so.ring_slots = 2;
+  ParamStore store(*model, so, 0);
+  EngineOptions eo;
+  eo.delayed = true;
+  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.host_ring=4"),
+            std::string::npos);
+  // Accumulation would wait on slots only the last micro-batch frees: refused at the first one.
+  ParamStoreOptions so3 = so;
+  so3.ring_slots = 3;
+  torch::manual_seed(7);
+  auto model3 = build_model(spec, false);
+  ParamStore store3(*model3, so3, 0);
+  OffloadEngine e3(*model3, store3, eo);
+  e3.begin_step(kLr);
+  EXPECT_NE(test::error_of([&] { e3.begin_micro(false); }).find("train.grad_accum=1"), std::string::npos);
+}
+
 TEST(OffloadEngine, TheSolvedSplitMovesBlocksBetweenStepsWithoutChangingTheResult) {
   // The memory range [2, 2] forces the solver to move the embedding and layer 0 to the device side
   // at step 3; the run must still match the plain AdamW loop.

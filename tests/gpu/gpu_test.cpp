@@ -9,6 +9,7 @@
 #include "../test_util.h"
 #include "tandem/core/device.h"
 #include "tandem/models/model.h"
+#include "tandem/models/recipe.h"
 #include "tandem/run/trainer.h"
 
 namespace tandem {
@@ -25,6 +26,7 @@ Config cuda_run(const test::TempDir& dir, int64_t steps) {
   c.train.progress = ProgressMode::kOff;
   c.train.eval_every = 0;
   c.train.run_dir = dir.path();
+  apply_preset_recipe(c);
   return c;
 }
 

@@ -205,8 +205,8 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).host_ring, 0);
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, no_gpu).speculate, Speculation::kAuto);
   Config delayed = c;
-  delayed.offload.delayed_update = true;  // needs per-Block landing buffers: kept, and the check says so
-  EXPECT_EQ(resolve_host_ring(s, delayed, 2048, 3, host125).host_ring, 0);
+  delayed.offload.delayed_update = true;  // a ring delays too (Note [Delayed host ring])
+  EXPECT_EQ(resolve_host_ring(s, delayed, 2048, 3, host125).host_ring, 4);
   c.offload = small;
   EXPECT_TRUE(plan_fits(plan_offload_memory(s, c, 2048, 3), host125, c.offload));
 
@@ -218,7 +218,7 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
   EXPECT_NE(msg.find("optim.state_dtype=bf16"), std::string::npos) << msg;
   EXPECT_NE(msg.find("offload.host_ring=4"), std::string::npos) << msg;
-  f.offload.delayed_update = true;  // a ring cannot delay: not suggested then
+  f.offload.speculate = Speculation::kAlways;  // a ring cannot speculate: not suggested then
   const std::string msg2 =
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
   EXPECT_EQ(msg2.find("offload.host_ring"), std::string::npos) << msg2;

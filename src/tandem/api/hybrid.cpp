@@ -1,5 +1,7 @@
 #include "tandem/api/hybrid.h"
 
+#include "tandem/models/recipe.h"
+
 namespace tandem {
 
 Config hybrid_config(const HybridModel& m) {
@@ -21,6 +23,7 @@ Config hybrid_config(const HybridModel& m) {
   std::string dense;
   for (int64_t i = 1; i <= m.dense_blocks; ++i) dense += (dense.empty() ? "" : ",") + std::to_string(i);
   cfg.placement.movable = dense.empty() ? "none" : dense;
+  apply_preset_recipe(cfg);
   return cfg;
 }
 

@@ -33,7 +33,9 @@ struct HybridModel {
 
 /// A configuration that trains `model` with the offload engine (fp32 masters and optimizer state
 /// on the CPU, the one weight source; bf16 on a GPU, fp32 on the CPU), every block on the GPU
-/// until a policy says otherwise, the dense blocks the ones that may move.
+/// until a policy says otherwise, the dense blocks the ones that may move. The optim keys are the
+/// training recipe of the model's size on the generated corpus (models/recipe.h), the warmup for
+/// the default train.steps, as `tandem train` would set them.
 Config hybrid_config(const HybridModel& model);
 
 /// Every step the same placement: "gpu", "cpu" (every movable block) or one letter per block

@@ -22,8 +22,7 @@
 #include "tandem/dist/comm.h"
 #include "tandem/dist/launcher.h"
 #include "tandem/io/checkpoint.h"
-#include "tandem/io/config_file.h"
-#include "tandem/io/deepspeed.h"
+#include "tandem/io/config_layers.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/plan.h"
@@ -66,29 +65,34 @@ struct ConfigArgs {
     }
   }
 
-  /// defaults < resumed checkpoint's config < --config files < --deepspeed < flags < --set
-  Config resolve(const std::string& resume_dir) const {
-    Config cfg;
-    if (!resume_dir.empty()) load_checkpoint_config(cfg, resume_dir);
-    for (const auto& f : config_files) load_config_file(cfg, f);
-    if (!deepspeed.empty()) {
-      const auto r = load_deepspeed_config(cfg, deepspeed);
-      if (!r.ignored_keys.empty())
-        log::warn(deepspeed +
-                  ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));
-    }
-    if (!preset.empty()) set_config_key(cfg, "model.preset", preset, "--preset");
-    if (!device.empty()) set_config_key(cfg, "train.device", device, "--device");
-    if (!init_from.empty()) set_config_key(cfg, "model.init_from", init_from, "--init-from");
-    if (!steps.empty()) set_config_key(cfg, "train.steps", steps, "--steps");
-    if (!run_dir.empty()) set_config_key(cfg, "train.run_dir", run_dir, "--run-dir");
-    if (!metrics_port.empty()) set_config_key(cfg, "monitor.metrics_port", metrics_port, "--metrics-port");
-    if (!dashboard_port.empty()) set_config_key(cfg, "monitor.dashboard_port", dashboard_port, "--dashboard");
-    if (tensorboard) set_config_key(cfg, "monitor.tensorboard", "true", "--tensorboard");
-    for (const auto& s : sets) apply_override(cfg, s);
-    validate_config(cfg);
-    return cfg;
+  /// defaults < recipe < resumed checkpoint's config < --config files < --deepspeed < flags < --set
+  /// (Note [Config layers])
+  ResolvedConfig resolve_layers(const std::string& resume_dir) const {
+    std::vector<ConfigLayer> layers;
+    if (!resume_dir.empty()) layers.push_back(checkpoint_layer(resume_dir));
+    for (const auto& f : config_files) layers.push_back(config_file_layer(f));
+    if (!deepspeed.empty()) layers.push_back(deepspeed_layer(deepspeed));
+    layers.push_back({"flags", [this](Config& cfg, std::vector<std::string>&) {
+                        if (!preset.empty()) set_config_key(cfg, "model.preset", preset, "--preset");
+                        if (!device.empty()) set_config_key(cfg, "train.device", device, "--device");
+                        if (!init_from.empty()) set_config_key(cfg, "model.init_from", init_from, "--init-from");
+                        if (!steps.empty()) set_config_key(cfg, "train.steps", steps, "--steps");
+                        if (!run_dir.empty()) set_config_key(cfg, "train.run_dir", run_dir, "--run-dir");
+                        if (!metrics_port.empty())
+                          set_config_key(cfg, "monitor.metrics_port", metrics_port, "--metrics-port");
+                        if (!dashboard_port.empty())
+                          set_config_key(cfg, "monitor.dashboard_port", dashboard_port, "--dashboard");
+                        if (tensorboard) set_config_key(cfg, "monitor.tensorboard", "true", "--tensorboard");
+                      }});
+    layers.push_back({"--set", [this](Config& cfg, std::vector<std::string>&) {
+                        for (const auto& s : sets) apply_override(cfg, s);
+                      }});
+    RecipeOptions recipe;
+    recipe.resume_dir = resume_dir;
+    return resolve_config(layers, recipe);
   }
+
+  Config resolve(const std::string& resume_dir) const { return resolve_layers(resume_dir).config; }
 };
 
 ModelSpec spec_for(const Config& cfg) {
@@ -167,7 +171,8 @@ int print_offload_plan(const Config& config, const ModelSpec& s, int64_t T, cons
   return 0;
 }
 
-int run_inspect(const Config& cfg, const InspectOptions& opts) {
+int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
+  const Config& cfg = resolved.config;
   const ModelSpec s = spec_for(cfg);
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
   std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
@@ -216,6 +221,7 @@ int run_inspect(const Config& cfg, const InspectOptions& opts) {
         "best)\n");
   if (bad8.empty())
     for (const auto& m : bad16) std::printf("  not a multiple of 16 (fp8): %s\n", m.c_str());
+  std::printf("\n%s", format_recipe(resolved).c_str());
   if (opts.plan) return print_offload_plan(cfg, s, T, opts);
   const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
   const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
@@ -450,7 +456,7 @@ int main(int argc, char** argv) {
     }
     if (*inspect_cmd) {
       inspect_opts.gpu_memory_given = gpu_memory_opt->count() > 0;
-      return run_inspect(inspect_args.resolve(""), inspect_opts);
+      return run_inspect(inspect_args.resolve_layers(""), inspect_opts);
     }
     if (*report_cmd) {
       std::printf("%s\n", write_report(report_dir, report_out).c_str());

@@ -8,6 +8,11 @@
 
 namespace tandem {
 
+DataKind DataConfig::kind() const { return path == "synthetic" ? DataKind::kSynthetic : DataKind::kReal; }
+
+// DataKind is not a key (no parse table in config_enums.cpp): its names are only printed.
+const char* to_string(DataKind v) { return v == DataKind::kSynthetic ? "synthetic" : "real"; }
+
 std::vector<int64_t> parse_step_list(const std::string& s, const std::string& key) {
   std::vector<int64_t> out;
   std::stringstream in(s);

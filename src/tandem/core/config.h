@@ -1,9 +1,10 @@
 #pragma once
 // The run's configuration: one flat key space ("train.steps", "optim.lr", ...), filled from
-// defaults, then YAML files, then DeepSpeed JSON files (io/deepspeed.h), then --set overrides, in
-// that order. Every key is declared once in config_keys.cpp with its type and a one-line doc; an
-// unknown key is an error naming the closest valid one. A key with a fixed set of values is an
-// enum field, its names in one table per enum (config_enums.cpp).
+// defaults, then the training recipe of the model's size and data (models/recipe.h), then YAML
+// files, then DeepSpeed JSON files (io/deepspeed.h), then --set overrides, in that order (Note
+// [Config layers], io/config_layers.h). Every key is declared once in config_keys.cpp with its
+// type and a one-line doc; an unknown key is an error naming the closest valid one. A key with a
+// fixed set of values is an enum field, its names in one table per enum (config_enums.cpp).
 
 #include <cstdint>
 #include <optional>
@@ -41,6 +42,9 @@ enum class DistBackend { kAuto, kNccl, kGloo };
 enum class PlacementPolicyKind { kOff, kStatic, kThreshold, kCost };
 /// placement.objective: what the cost model optimises.
 enum class PlacementObjective { kThroughput, kEnergy };
+/// What data.path names: the generated default corpus, or real token data (a token or text file).
+/// Not a key of its own; the training recipe depends on it (models/recipe.h).
+enum class DataKind { kSynthetic, kReal };
 
 /// The name of an enum value as the config writes it (one table per enum, config_enums.cpp).
 const char* to_string(Precision v);
@@ -57,6 +61,7 @@ const char* to_string(Speculation v);
 const char* to_string(DistBackend v);
 const char* to_string(PlacementPolicyKind v);
 const char* to_string(PlacementObjective v);
+const char* to_string(DataKind v);
 
 /// Model selection: a preset plus optional overrides of its fields (unset = preset value).
 struct ModelConfig {
@@ -79,6 +84,9 @@ struct DataConfig {
   double val_fraction = 0.05;
   int64_t synthetic_bytes = 2'000'000;  ///< size of the generated corpus
   int64_t prefetch = 2;                 ///< batches prepared ahead by the loader thread
+
+  /// kSynthetic for path "synthetic", kReal for any file.
+  DataKind kind() const;
 };
 
 /// The step loop.
@@ -107,7 +115,9 @@ struct TrainConfig {
   ProgressMode progress = ProgressMode::kAuto;
 };
 
-/// AdamW and the learning-rate schedule.
+/// AdamW and the learning-rate schedule. The defaults of lr .. weight_decay are the generic recipe
+/// (models/recipe.h, Note [Training recipes]), for a model of unknown size; `tandem` lays the
+/// recipe of the preset's size and the data over them.
 struct OptimConfig {
   OptimizerType type = OptimizerType::kAdamW;
   OptimizerImpl impl = OptimizerImpl::kAuto;
@@ -119,10 +129,10 @@ struct OptimConfig {
   int64_t cpu_threads = 0;  ///< CPU kernel threads; 0 = TANDEM_CPU_THREADS, OMP_NUM_THREADS or all
   CpuIsaChoice cpu_isa = CpuIsaChoice::kAuto;
   bool cpu_pin = false;  ///< pin CPU kernel threads to cores
-  double lr = 3e-3;
+  double lr = 3e-4;
   double min_lr_ratio = 0.1;  ///< cosine/linear decay floor as a fraction of lr
-  int64_t warmup_steps = 20;
-  int64_t decay_steps = 0;  ///< 0 = train.steps
+  int64_t warmup_steps = 30;  ///< the recipe's rule at the default train.steps (recipe_warmup_steps)
+  int64_t decay_steps = 0;    ///< 0 = train.steps
   double warmup_min_lr = 0.0;
   LrSchedule schedule = LrSchedule::kCosine;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

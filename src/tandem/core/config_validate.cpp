@@ -81,10 +81,11 @@ void validate_offload(const OffloadConfig& o) {
   (void)parse_step_list(o.trace_steps, "offload.trace_steps");
   TANDEM_CHECK(o.host_ring >= -1 && o.host_ring <= 64,
                "offload.host_ring must be -1 (auto), 0 (per block) or a slot count up to 64; got ", o.host_ring);
-  TANDEM_CHECK(o.host_ring <= 0 || (o.speculate != Speculation::kAlways && !o.delayed_update),
-               "offload.host_ring=", o.host_ring,
-               " updates each block once the norm is known; it cannot speculate or delay: set offload.speculate=auto "
-               "or never and offload.delayed_update=false, or offload.host_ring=0");
+  TANDEM_CHECK(o.host_ring <= 0 || o.speculate != Speculation::kAlways, "offload.host_ring=", o.host_ring,
+               " updates each block once the norm is known; it cannot speculate: set offload.speculate=auto or never, "
+               "or offload.host_ring=0");
+  TANDEM_CHECK(o.host_ring <= 0 || o.host_ring >= 3 || !o.delayed_update, "offload.host_ring=", o.host_ring,
+               " with offload.delayed_update=true: a delayed ring needs at least 3 slots; set offload.host_ring=4");
   TANDEM_CHECK(o.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                o.resolve_every);
   TANDEM_CHECK(o.gpu_memory_fraction > 0 && o.gpu_memory_fraction <= 1,
@@ -114,6 +115,10 @@ void validate_placement(const PlacementConfig& pl) {
 
 // Values each valid alone that no run can use together.
 void validate_combinations(const Config& c) {
+  TANDEM_CHECK(c.offload.host_ring <= 0 || !c.offload.delayed_update || c.train.grad_accum == 1,
+               "offload.host_ring=", c.offload.host_ring, " with offload.delayed_update=true and train.grad_accum=",
+               c.train.grad_accum, ": a delayed ring takes one micro-batch per step; set train.grad_accum=1 (a larger "
+               "train.micro_batch instead) or offload.host_ring=0");
   const auto& pl = c.placement;
   TANDEM_CHECK(pl.policy == PlacementPolicyKind::kOff || c.offload.optimizer == OffloadTarget::kCpu,
                "placement.policy=", to_string(pl.policy),

@@ -9,7 +9,7 @@ namespace tandem {
 DataSplits open_data(const DataConfig& cfg) {
   DataSplits s;
   TokenBuffer all;
-  if (cfg.path == "synthetic") {
+  if (cfg.kind() == DataKind::kSynthetic) {
     // The corpus does not depend on the run's seed, so every run sees the same text.
     all = TokenBuffer::from_tokens(
         byte_tokenize(generate_corpus_text(cfg.synthetic_bytes, 20240520)),

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 
 #include "tandem/core/error.h"
 #include "tandem/engine/update_spans.h"
@@ -17,8 +18,11 @@ CpuUpdater::CpuUpdater(ParamStore& store, CpuUpdaterOptions options, TransferStr
       stamps_(stamps),
       ring_(store.options().ring_slots > 0),
       slot_owner_(static_cast<size_t>(store.options().ring_slots), -1),
+      done_(store.blocks().size(), 1),
       pending_upload_(store.blocks().size(), 0),
-      done_(store.blocks().size(), 1) {
+      pending_slot_(store.blocks().size(), -1),
+      gradient_taken_(store.blocks().size(), 1),
+      slot_free_(static_cast<size_t>(store.options().ring_slots), 1) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -39,6 +43,7 @@ void CpuUpdater::enqueue(const std::vector<CpuUpdateJob>& jobs) {
       ++in_flight_;
       queue_.push_back(job);
       if (options_.delayed) pending_upload_[job.block] = 1;  // goes up after the next backward
+      if (ring_) gradient_taken_[job.block] = 0;
     }
   }
   cv_.notify_all();
@@ -53,6 +58,17 @@ void CpuUpdater::wait_updated(size_t i) {
 void CpuUpdater::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return in_flight_ == 0; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool CpuUpdater::pending_upload(size_t i) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_upload_[i] != 0;
+}
+
+void CpuUpdater::wait_gradient_taken(size_t i) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return gradient_taken_[i] != 0; });
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -91,6 +107,13 @@ void CpuUpdater::upload(size_t i, int64_t slot) {
   if (store_.sharded()) store_.gather_working(i, lane);  // behind the copy, on the H2D stream
   if (h2d != nullptr) streams_->uploaded[i]->record(*h2d);
   stamps_.mark(stamps_.h2d1[i], h2d);
+  if (slot >= 0) {  // the slot may take the next Block (its staging is read by this upload, U_i)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot_free_[static_cast<size_t>(slot)] = 1;
+    }
+    cv_.notify_all();
+  }
 }
 
 // Note [Delayed update]
@@ -104,9 +127,10 @@ void CpuUpdater::upload(size_t i, int64_t slot) {
 // update), measured against the exact engine in docs/benchmarks.md. GPU-updated Blocks are never
 // delayed. The dispatch waits on the host for the Block's previous update before anything else:
 // that update reads the landing buffer the new gradient is about to overwrite, and its upload must
-// follow the backward. With updates queued in forward order, the backward's first dispatches (the
-// last Blocks) wait for nearly all of them; a second landing buffer per Block would remove that
-// wait (docs/benchmarks.md). wait_all() (evaluation, checkpoints, split solves, traced steps, the
+// follow the backward. The updates are therefore queued in the order the backward reached the
+// Blocks (OffloadEngine::queue_cpu_updates), so the backward's first dispatches find their Blocks
+// updated first and the CPU's work hides under the whole next forward and backward whenever it is
+// shorter than them. wait_all() (evaluation, checkpoints, split solves, traced steps, the
 // end) uploads what is pending, so checkpoints hold consistent weights and a resumed run repeats
 // the uninterrupted one.
 void CpuUpdater::upload_after_backward(size_t i) {
@@ -118,21 +142,44 @@ void CpuUpdater::upload_after_backward(size_t i) {
 }
 
 void CpuUpdater::upload_pending(size_t i) {
-  pending_upload_[i] = 0;
+  int64_t slot = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot = ring_ ? pending_slot_[i] : -1;
+    pending_upload_[i] = 0;
+  }
   if (streams_ != nullptr) {
     auto& s = *streams_;
     s.grad_ready[i]->record(s.compute());  // nothing queued before may still read the old weights
     s.h2d.wait(*s.grad_ready[i]);
   }
-  upload(i);
+  upload(i, slot);
 }
+
+// Note [Delayed host ring]
+// A delayed update with a host ring (Note [Host ring]) keeps each CPU-updated Block's new weights
+// in the staging half of its slot until the next backward is done with the Block, so a slot is
+// busy from its Block's copy down to that upload, and the updater takes whichever slot is free
+// (not strictly the next one: a slot whose Block waits longer, such as an embedding tied to the
+// head, is skipped). The gradient stays in the device's gradient buffer until the updater copies
+// it down, and the next backward must not add to that buffer before: each parameter's gradient
+// pre-hook (OffloadEngine::on_gradient_arriving) waits until the copy down is queued and makes the
+// compute stream wait for D_i. The updates are queued in the order the backward first reaches the
+// Blocks, so those waits and the slots follow the backward; the CPU can run ahead of the backward
+// by as many Blocks as the ring has slots. A Block the backward reaches early and completes late
+// (the embedding tied to the head) holds its slot through the whole backward, and a layer may
+// still be completing when the next one is reached, so the ring needs three slots at least
+// (kDelayedRingSlots) to always have one for the next Block. The slots are freed by the last
+// micro-batch's backward while the first one's needs every gradient copied down, so a delayed ring
+// takes one micro-batch per step (train.grad_accum = 1). The result is the per-Block delayed update's, bit for
+// bit: the same kernel on the same gradients, uploaded at the same point of the step.
 
 // Note [Host ring]
 // Per-Block landing and staging buffers cost 2 x the CPU-updated parameters in the compute dtype
 // of pinned memory (about 48 GB at 13B) for buffers that are busy a fraction of the step. With
 // offload.host_ring = N the CPU-updated Blocks share N slots instead, each the size of the largest
-// Block. The updates then start once the norm is known (no speculation, no delayed update), in
-// forward order, and the gradient stays in the device's gradient buffer until the updater takes a
+// Block. The updates then start once the norm is known (no speculation), in forward order (a
+// delayed update: Note [Delayed host ring]), and the gradient stays in the device's gradient buffer until the updater takes a
 // slot for it, queues the D2H behind that Block's backward (G_i), zeroes the device gradient on
 // the same stream and records D_i after the zeroing, and queues the D2H of the next Block before
 // running this one's update, so copies down overlap updates; the update waits for the upload of
@@ -141,9 +188,33 @@ void CpuUpdater::upload_pending(size_t i) {
 // (the host waited for it), so the zeroing. The cost is the overlap with backward that speculation
 // would give; the CPU update is the same kernel on the same data, so the result is identical to the
 // per-Block buffers.
-void CpuUpdater::ring_d2h(CpuUpdateJob& job) {
+int64_t CpuUpdater::free_slot(bool wait) {
+  const auto n = static_cast<int64_t>(slot_free_.size());
+  std::unique_lock<std::mutex> lock(mu_);
+  int64_t found = -1;
+  const auto search = [&] {
+    for (int64_t k = 0; k < n && found < 0; ++k)
+      if (slot_free_[static_cast<size_t>((next_slot_ + k) % n)] != 0) found = (next_slot_ + k) % n;
+    return found >= 0 || stop_;
+  };
+  if (wait)
+    cv_.wait(lock, search);
+  else
+    search();
+  if (found < 0) {
+    if (wait) throw std::runtime_error("the CPU updater stopped while waiting for a host ring slot");
+    return -1;
+  }
+  slot_free_[static_cast<size_t>(found)] = 0;
+  next_slot_ = found + 1;
+  return found;
+}
+
+// Returns false (nothing done) when `wait` is false and no slot is free.
+bool CpuUpdater::ring_d2h(CpuUpdateJob& job, bool wait) {
   const size_t i = job.block;
-  job.slot = next_slot_++ % store_.options().ring_slots;
+  job.slot = free_slot(wait);
+  if (job.slot < 0) return false;
   // The slot's landing half was last read by its previous Block's CPU update, already done; its
   // staging half may still be going up: wait_for_buffers waits for that upload (job.prev_owner).
   auto& owner = slot_owner_[static_cast<size_t>(job.slot)];
@@ -168,6 +239,12 @@ void CpuUpdater::ring_d2h(CpuUpdateJob& job) {
     stamps_.mark(stamps_.d2h1[i], nullptr);
     b.grad.zero_();
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gradient_taken_[i] = 1;
+  }
+  cv_.notify_all();
+  return true;
 }
 
 void CpuUpdater::loop() {
@@ -195,6 +272,7 @@ void CpuUpdater::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_[job.block] = 1;
+      gradient_taken_[job.block] = 1;  // also after a failure: nothing waits for it forever
       --in_flight_;
     }
     cv_.notify_all();
@@ -203,21 +281,27 @@ void CpuUpdater::loop() {
 
 void CpuUpdater::run_job(CpuUpdateJob& job, CpuUpdateJob* next) {
   if (ring_) {
-    if (job.slot < 0) ring_d2h(job);
-    if (next != nullptr) ring_d2h(*next);  // its copy down overlaps this update
+    if (job.slot < 0) ring_d2h(job, /*wait=*/true);
+    if (next != nullptr) ring_d2h(*next, /*wait=*/false);  // its copy down overlaps this update
   }
   wait_for_buffers(job);
   count_transfer(job);
   run_update(job);
-  if (job.upload) upload(job.block, job.slot);
+  if (job.upload) {
+    upload(job.block, job.slot);
+  } else if (ring_) {  // Note [Delayed host ring]: the weights wait in the slot
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_slot_[job.block] = job.slot;
+  }
 }
 
 void CpuUpdater::wait_for_buffers(const CpuUpdateJob& job) {
   if (streams_ == nullptr) return;  // the CPU device's copies are done when issued
   streams_->landed[job.block]->synchronize();
   // Delayed mode: the previous update's upload must have read staging before it is rewritten.
-  if (options_.delayed) streams_->uploaded[job.block]->synchronize();
-  // Host ring: the slot's previous Block must have gone up before staging is rewritten.
+  if (options_.delayed && !ring_) streams_->uploaded[job.block]->synchronize();
+  // Host ring: the slot's previous Block must have gone up before staging is rewritten (its upload
+  // was issued when the slot was freed).
   if (job.prev_owner >= 0) streams_->uploaded[static_cast<size_t>(job.prev_owner)]->synchronize();
 }
 

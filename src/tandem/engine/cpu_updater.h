@@ -81,11 +81,16 @@ class CpuUpdater {
   void upload(size_t i, int64_t slot = -1);
 
   /// Delayed update: Block i's latest update is on the host and not yet uploaded.
-  bool pending_upload(size_t i) const { return pending_upload_[i] != 0; }
+  bool pending_upload(size_t i) const;
   /// Delayed update, from Block i's dispatch: waits for its update, then upload_pending(i).
   void upload_after_backward(size_t i);
   /// Delayed update: uploads Block i's pending update behind everything queued on the compute stream.
   void upload_pending(size_t i);
+
+  /// Host ring with a delayed update (Note [Delayed host ring]): until the updater has queued the
+  /// copy down of Block i's gradient of the last queued update (the next backward may then write
+  /// the device gradient behind D_i); rethrows the updater thread's first failure.
+  void wait_gradient_taken(size_t i);
 
   /// A consistent copy of the counters.
   CpuUpdaterCounters counters() const;
@@ -95,7 +100,8 @@ class CpuUpdater {
  private:
   void loop();
   void run_job(CpuUpdateJob& job, CpuUpdateJob* next);
-  void ring_d2h(CpuUpdateJob& job);
+  bool ring_d2h(CpuUpdateJob& job, bool wait);
+  int64_t free_slot(bool wait);
   void wait_for_buffers(const CpuUpdateJob& job);
   void count_transfer(const CpuUpdateJob& job);
   void run_update(const CpuUpdateJob& job);
@@ -105,14 +111,17 @@ class CpuUpdater {
   TransferStreams* const streams_;  // null: the CPU device
   StepStamps& stamps_;
   const bool ring_;                   // Note [Host ring]
-  int64_t next_slot_ = 0;             // updater thread only
-  std::vector<int64_t> slot_owner_;   // per ring slot: the Block whose upload last read it, or -1
-  std::vector<char> pending_upload_;  // delayed mode, per Block; the step loop's threads only
+  int64_t next_slot_ = 0;            // updater thread only
+  std::vector<int64_t> slot_owner_;  // per ring slot: the Block whose upload last read it, or -1; updater thread only
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::deque<CpuUpdateJob> queue_;
   std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
+  std::vector<char> pending_upload_;  // delayed mode, per Block: updated on the host, not yet uploaded
+  std::vector<int64_t> pending_slot_;  // delayed mode with a ring, per Block: the slot its new weights wait in
+  std::vector<char> gradient_taken_;  // ring, per Block: the copy down of its queued update's gradient is issued
+  std::vector<char> slot_free_;       // ring, per slot: no update's weights wait in its staging half
   int64_t in_flight_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;  // the updater thread's first failure, rethrown by the waits

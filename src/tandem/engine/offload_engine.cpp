@@ -121,6 +121,14 @@ OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOpti
     for (auto& f : store_.blocks()[i].params)
       torch::autograd::impl::set_post_acc_grad_hooks(f.param,
                                                      std::make_unique<ReadyHook>([this, i] { on_param_ready(i); }));
+  if (options_.delayed) {  // Note [Delayed update]: the backward's order, and the ring's waits
+    arrived_.assign(n, 0);
+    await_gradient_taken_.assign(n, 0);
+    for (size_t i = 0; i < n; ++i)
+      for (auto& f : store_.blocks()[i].params)
+        gradient_prehooks_.emplace_back(f.param,
+                                        f.param.register_hook([this, i](const torch::Tensor&) { on_gradient_arriving(i); }));
+  }
   model_.set_before_block([this](size_t i) { before_block(i); });
   updater_ = std::make_unique<CpuUpdater>(store_, CpuUpdaterOptions{hyper, options_.pool, options_.delayed},
                                           streams_.get(), *stamps_);
@@ -129,6 +137,7 @@ OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOpti
 OffloadEngine::~OffloadEngine() {
   updater_.reset();  // runs what is queued, then stops the thread
   model_.set_before_block(nullptr);
+  for (auto& [param, hook] : gradient_prehooks_) param.remove_hook(hook);
   for (auto& b : store_.blocks())
     for (auto& f : b.params) torch::autograd::impl::set_post_acc_grad_hooks(f.param, nullptr);
 }
@@ -137,9 +146,13 @@ void OffloadEngine::check_options() const {
   TANDEM_CHECK(!(options_.delayed && options_.speculate == EngineOptions::Speculate::kAlways),
                "offload.delayed_update=true updates once the norm is known; it does not speculate. Set "
                "offload.speculate=auto or never");
-  TANDEM_CHECK(!ring_ || (options_.speculate == EngineOptions::Speculate::kNever && !options_.delayed),
+  TANDEM_CHECK(!ring_ || options_.speculate == EngineOptions::Speculate::kNever || options_.delayed,
                "a host ring (offload.host_ring) updates each Block once the norm is known, one slot at a time: set "
-               "offload.speculate=never and offload.delayed_update=false, or offload.host_ring=0");
+               "offload.speculate=never, or offload.host_ring=0");
+  TANDEM_CHECK(!ring_ || !options_.delayed || store_.options().ring_slots >= kDelayedRingSlots,
+               "a delayed update through a host ring needs at least ", kDelayedRingSlots,
+               " slots (one may wait for a tied embedding; Note [Delayed host ring]); got offload.host_ring=",
+               store_.options().ring_slots, ": set offload.host_ring=4");
   TANDEM_CHECK(options_.mirror_every >= 1, "placement.mirror_every must be >= 1, got ", options_.mirror_every);
   TANDEM_CHECK(options_.mirror_every == 1 || (!options_.delayed && !ring_),
                "placement.mirror_every > 1 (stale device copies) does not combine with offload.delayed_update or a "
@@ -191,13 +204,35 @@ void OffloadEngine::begin_step(double lr, double loss_scale) {
                             (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
                              std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; })));
   if (speculate_now_) ++stats_.speculative_steps;
-  if (options_.delayed) ++stats_.delayed_steps;
+  if (options_.delayed) {
+    ++stats_.delayed_steps;
+    std::fill(arrived_.begin(), arrived_.end(), 0);
+    backward_order_.clear();
+  }
 }
 
 void OffloadEngine::begin_micro(bool last) {
+  TANDEM_CHECK(last || !(ring_ && options_.delayed),
+               "a delayed update through a host ring takes one micro-batch per step (its slots are freed by the last "
+               "micro-batch's backward, Note [Delayed host ring]): set train.grad_accum=1, offload.host_ring=0 or "
+               "offload.delayed_update=false");
   last_micro_ = last;
   in_forward_ = true;
   for (size_t i = 0; i < remaining_.size(); ++i) remaining_[i] = static_cast<int64_t>(store_.blocks()[i].params.size());
+}
+
+// Note [Delayed update]: a gradient about to be added to Block i's buffer. The first one of a step
+// records the backward's order; with a ring it waits until the gradient of Block i's last queued
+// update has been copied out of that buffer (Note [Delayed host ring]). One autograd thread: a
+// delayed update runs no Block on the CPU.
+void OffloadEngine::on_gradient_arriving(size_t i) {
+  if (arrived_[i]) return;
+  arrived_[i] = 1;
+  backward_order_.push_back(i);
+  if (!await_gradient_taken_[i]) return;
+  updater_->wait_gradient_taken(i);
+  if (cuda_) streams_->compute().wait(*streams_->landed[i]);
+  await_gradient_taken_[i] = 0;
 }
 
 void OffloadEngine::on_param_ready(size_t block) {
@@ -379,11 +414,12 @@ void OffloadEngine::set_placement(const std::vector<bool>& on_host) {
 }
 
 void OffloadEngine::wait_all() {
+  // Delayed updates go up in the order queued, which frees the ring slots the updater may be
+  // waiting for (Note [Delayed host ring]).
+  for (const size_t i : queued_order_)
+    if (updater_->pending_upload(i)) updater_->upload_after_backward(i);
   updater_->wait_idle();
-  for (size_t i = 0; i < store_.blocks().size(); ++i) {
-    if (updater_->pending_upload(i)) updater_->upload_pending(i);
-    wait_block(i);
-  }
+  for (size_t i = 0; i < store_.blocks().size(); ++i) wait_block(i);
 }
 
 StepOutcome OffloadEngine::end_step() { return finish_step(false); }
@@ -453,12 +489,27 @@ double OffloadEngine::clip_coefficient(StepOutcome& out) {
   return coef;
 }
 
-// The CPU Blocks in forward order, so the next forward's first Blocks are ready first.
+// The CPU Blocks in forward order, so the next forward's first Blocks are ready first; delayed
+// updates in the order this step's backward reached the Blocks (those it did not reach last), so
+// the next backward finds its first Blocks updated first (Note [Delayed update]).
 void OffloadEngine::queue_cpu_updates(double grad_scale) {
+  const size_t n = store_.blocks().size();
+  std::vector<size_t> order;
+  if (options_.delayed) {
+    order = backward_order_;
+    for (size_t i = n; i-- > 0;)
+      if (!arrived_[i]) order.push_back(i);
+  } else {
+    for (size_t i = 0; i < n; ++i) order.push_back(i);
+  }
   std::vector<CpuUpdateJob> jobs;
-  for (size_t i = 0; i < store_.blocks().size(); ++i)
-    if (store_.blocks()[i].side == UpdateSide::kCpu)
-      jobs.push_back(job(i, grad_scale, false, !options_.delayed && upload_now_[i]));
+  queued_order_.clear();
+  for (const size_t i : order) {
+    if (store_.blocks()[i].side != UpdateSide::kCpu) continue;
+    jobs.push_back(job(i, grad_scale, false, !options_.delayed && upload_now_[i]));
+    queued_order_.push_back(i);
+    if (options_.delayed && ring_) await_gradient_taken_[i] = 1;
+  }
   updater_->enqueue(jobs);
 }
 

@@ -73,6 +73,9 @@ struct EngineOptions {
   Comm* comm = nullptr;
 };
 
+/// The fewest host ring slots a delayed update runs with (Note [Delayed host ring]).
+inline constexpr int64_t kDelayedRingSlots = 3;
+
 /// What end_step() decided.
 struct StepOutcome {
   double grad_norm = 0.0;    ///< global norm of the (unscaled) gradients, before clipping
@@ -151,6 +154,7 @@ class OffloadEngine {
  private:
   void check_options() const;
   void on_param_ready(size_t block);
+  void on_gradient_arriving(size_t block);
   void dispatch(size_t block);
   void dispatch_host_run(size_t block);
   void copy_down(size_t block, const torch::Tensor& grad, bool reduced_on_d2h);
@@ -189,6 +193,14 @@ class OffloadEngine {
   std::vector<int64_t> remaining_;     // per Block: parameters whose gradient is not yet complete
   std::vector<char> dispatched_;       // char, not bool: the CPU and device autograd threads dispatch concurrently
   std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm
+
+  // Note [Delayed update]: the order this step's backward first reached the Blocks, and the order
+  // the last CPU updates were queued in; with a ring, the Blocks whose next backward must wait for
+  // the copy down of their gradient (Note [Delayed host ring]).
+  std::vector<char> arrived_;
+  std::vector<size_t> backward_order_, queued_order_;
+  std::vector<char> await_gradient_taken_;
+  std::vector<std::pair<torch::Tensor, unsigned>> gradient_prehooks_;  // removed by the destructor
 
   // Note [Block placement].
   std::vector<bool> host_run_;

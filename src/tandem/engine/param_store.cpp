@@ -1,8 +1,12 @@
 #include "tandem/engine/param_store.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "tandem/core/error.h"
+#include "tandem/core/thread_pool.h"
 #include "tandem/memory/pinned.h"
 
 namespace tandem {
@@ -13,10 +17,36 @@ torch::Tensor view_of(const torch::Tensor& flat, const FlatParam& p) {
   return flat.narrow(0, p.offset, p.numel).view(p.shape);
 }
 
+// dst = src (or 0) over 1-D host tensors, in chunks on tandem's CPU pool (Note [Parallel pinning]).
+void host_fill(torch::Tensor dst, const torch::Tensor& src = torch::Tensor()) {
+  constexpr int64_t kChunk = int64_t(1) << 22;
+  const int64_t n = dst.numel(), chunks = (n + kChunk - 1) / kChunk;
+  CpuThreadPool::global().run(chunks, [&](int64_t c) {
+    auto d = dst.narrow(0, c * kChunk, std::min(kChunk, n - c * kChunk));
+    if (src.defined())
+      d.copy_(src.narrow(0, c * kChunk, d.numel()));
+    else
+      d.zero_();
+  });
+}
+
 }  // namespace
 
 torch::Tensor ParamStore::host_buffer(int64_t n, torch::ScalarType t) const {
   return host_tensor(n, t, options_.pin_memory && options_.device.is_cuda());  // Note [Exact pinned buffers]
+}
+
+// Note [Parallel pinning]
+// Pinning is the driver locking each page of a buffer, about as slow per byte as a copy on one
+// core, and the masters and states of a large model are tens of GB: a Block's master, m and v are
+// pinned at once on three threads (each on the run's device, so no thread creates a context on
+// another GPU). The fills that follow (zeroing, the masters' copies) are LibTorch's parallel CPU
+// kernels. pin_seconds() reports the wall time spent pinning.
+std::future<torch::Tensor> ParamStore::host_buffer_async(int64_t n, torch::ScalarType t) const {
+  return std::async(std::launch::async, [this, n, t] {
+    const c10::DeviceGuard guard(options_.device);
+    return host_buffer(n, t);
+  });
 }
 
 torch::Tensor ParamStore::landing(size_t i, int64_t slot) const {
@@ -74,17 +104,32 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
     }
     const bool gpu = b.side == UpdateSide::kGpu;
     const int64_t sn = b.shard_numel;
-    b.master = gpu ? torch::empty({sn}, fdev) : host_buffer(sn, torch::kFloat32);
-    b.master.zero_();
+    const auto st = options_.host_state_dtype;
+    const auto t_pin = std::chrono::steady_clock::now();
+    if (gpu) {
+      b.master = torch::empty({sn}, fdev);
+      b.m = torch::zeros({sn}, fdev);
+      b.v = torch::zeros({sn}, fdev);
+    } else {  // Note [Parallel pinning]
+      auto m = host_buffer_async(sn, st), v = host_buffer_async(sn, st);
+      b.master = host_buffer(sn, torch::kFloat32);
+      b.m = m.get();
+      b.v = v.get();
+      pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
+      host_fill(b.m);
+      host_fill(b.v);
+    }
+    const auto fill = [&](torch::Tensor dst, const torch::Tensor& src) {
+      if (gpu) return src.defined() ? void(dst.copy_(src)) : void(dst.zero_());
+      host_fill(dst, src);
+    };
+    fill(b.master, torch::Tensor());
     for (const auto& f : b.params) {
       const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + sn);
       if (lo < hi)
-        b.master.narrow(0, lo - b.shard_offset, hi - lo)
-            .copy_(f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
+        fill(b.master.narrow(0, lo - b.shard_offset, hi - lo),
+             f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
     }
-    const auto st = options_.host_state_dtype;
-    b.m = gpu ? torch::zeros({sn}, fdev) : host_buffer(sn, st).zero_();
-    b.v = gpu ? torch::zeros({sn}, fdev) : host_buffer(sn, st).zero_();
     b.working = torch::zeros({b.padded_numel}, dopts);
     b.grad = torch::zeros({b.padded_numel}, dopts);
     if (sharded()) {

@@ -31,6 +31,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -153,6 +154,9 @@ class ParamStore {
   /// them back to the working copies and refreshes those from the masters.
   void with_masters_bound(const std::function<void()>& fn);
 
+  /// Wall seconds the constructor spent pinning the masters and states (Note [Parallel pinning]).
+  double pin_seconds() const { return pin_seconds_; }
+
   /// Optimizer state under FusedAdamW's names ("<param>.exp_avg", "<param>.exp_avg_sq",
   /// "<param>.step"): views of m and v, and `step` for every parameter.
   std::vector<NamedTensor> state(const torch::Tensor& step);
@@ -161,11 +165,13 @@ class ParamStore {
   void bind_working();
   void allocate_host_side(BlockStore& b);  // landing, staging and undo of a CPU-updated Block
   torch::Tensor host_buffer(int64_t n, torch::ScalarType t) const;
+  std::future<torch::Tensor> host_buffer_async(int64_t n, torch::ScalarType t) const;  // Note [Parallel pinning]
   torch::ScalarType landing_dtype() const;
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;
   std::vector<RingSlot> ring_;
   std::vector<bool> keep_cpu_;  // per Block: stays CPU-updated (keep_cpu_updated)
+  double pin_seconds_ = 0.0;
 };
 
 }  // namespace tandem

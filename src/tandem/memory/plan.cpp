@@ -178,7 +178,7 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         "%s; set %s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
         gib(host_budget).c_str(), plan.state_bytes == 4 ? "optim.state_dtype=bf16 (half the optimizer states), " : "",
-        plan.host_ring == 0 && offload.speculate != Speculation::kAlways && !offload.delayed_update
+        plan.host_ring == 0 && offload.speculate != Speculation::kAlways
             ? "offload.host_ring=4 (a ring instead of per-block buffers), "
             : "");
   msg += " (tandem inspect --plan lists every buffer)";
@@ -191,8 +191,8 @@ OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_
   if (o.host_ring >= 0) return o;
   o.host_ring = 0;
   // Decided on the host tier alone; with the CPU as the device (no GPU) there is no pinned tier.
-  if (cap.host_available == 0 || cap.gpu_total == 0 || o.speculate == Speculation::kAlways || o.delayed_update)
-    return o;
+  if (cap.host_available == 0 || cap.gpu_total == 0 || o.speculate == Speculation::kAlways) return o;
+  if (o.delayed_update && cfg.train.grad_accum > 1) return o;  // Note [Delayed host ring]: one micro-batch
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks);
   if (!plan.pinned || plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
   o.host_ring = 4;

@@ -3,20 +3,22 @@
 #include <cmath>
 
 #include "tandem/core/error.h"
+#include "tandem/models/init.h"
 
 namespace tandem {
 namespace {
 
 constexpr double kInitStd = 0.02;
 
-torch::nn::Linear linear(int64_t in, int64_t out, double std) {
-  auto l = torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  torch::NoGradGuard g;
-  l->weight.normal_(0.0, std);
-  return l;
-}
+Projection linear(int64_t in, int64_t out, double std) { return Projection(in, out, std); }
 
 }  // namespace
+
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, double std) {
+  auto w = torch::empty({out, in});
+  init_normal(w, std);
+  weight = register_parameter("weight", w);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -89,9 +91,10 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 }
 
 EmbeddingBlock::EmbeddingBlock(const ModelSpec& spec) : Block(BlockKind::kEmbedding, "embed", "model.") {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(spec.padded_vocab(), spec.d_model));
-  torch::NoGradGuard g;
-  embed_tokens->weight.normal_(0.0, kInitStd);
+  auto w = torch::empty({spec.padded_vocab(), spec.d_model});  // (V_pad, C)
+  init_normal(w, kInitStd);
+  embed_tokens = register_module(
+      "embed_tokens", torch::nn::Embedding(torch::nn::EmbeddingOptions(spec.padded_vocab(), spec.d_model)._weight(w)));
 }
 
 // Note [fp32 residual stream]

@@ -39,6 +39,16 @@ class EmbeddingBlock : public Block {
   torch::nn::Embedding embed_tokens{nullptr};
 };
 
+/// A bias-free linear map y = x W^T, W (out, in) drawn from N(0, std^2) in parallel (Note [Parallel
+/// initialisation]); torch::nn::Linear would first draw its own initialisation on one core.
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  ProjectionImpl(int64_t in, int64_t out, double std);
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+  torch::Tensor weight;  // (out, in)
+};
+TORCH_MODULE(Projection);
+
 /// One decoder layer: x + attn(norm(x)), then h + mlp(norm(h)).
 class LlamaLayer : public Block {
  public:
@@ -46,10 +56,10 @@ class LlamaLayer : public Block {
   torch::Tensor forward(const torch::Tensor& x) override;
 
   struct Attention : torch::nn::Module {
-    torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+    Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   };
   struct SwiGlu : torch::nn::Module {
-    torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+    Projection gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   };
 
  private:
@@ -68,7 +78,7 @@ class MlpLayer : public Block {
 
  private:
   RMSNorm norm_{nullptr};
-  torch::nn::Linear up_{nullptr}, down_{nullptr};
+  Projection up_{nullptr}, down_{nullptr};
 };
 
 /// Final norm and the output projection (untied lm_head, or the embedding matrix when tied).
@@ -80,7 +90,7 @@ class HeadBlock : public Block {
 
  private:
   RMSNorm norm_{nullptr};
-  torch::nn::Linear lm_head_{nullptr};
+  Projection lm_head_{nullptr};
   torch::Tensor tied_weight_;  // the embedding's parameter when tied; not registered here
 };
 

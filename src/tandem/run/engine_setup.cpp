@@ -188,9 +188,11 @@ OffloadParts build_offload(BlockSequence& model, const OffloadSetup& setup, cons
     eo.max_gpu_blocks = std::min<int64_t>(eo.max_gpu_blocks, static_cast<int64_t>(movable.size()) - n_movable);
     eo.min_gpu_blocks = std::min(eo.min_gpu_blocks, eo.max_gpu_blocks);
   }
-  log::info(strprintf("offload: model built in %.1f s, parameter store (%s host buffers) in %.1f s", build_s,
-                      so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain",
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count()));
+  const double store_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count();
+  log::info(strprintf("offload: start-up %.1f s: model built in %.1f s, parameter store (%s host buffers) in %.1f s, "
+                      "%.1f s of it pinning",
+                      build_s + store_s, build_s, so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain", store_s,
+                      parts.store->pin_seconds()));
   parts.engine = std::make_unique<OffloadEngine>(model, *parts.store, eo);
   if (cfg.placement.policy != PlacementPolicyKind::kOff)
     parts.placement = std::make_unique<PlacementDriver>(cfg.placement, model, *parts.engine,
