@@ -195,8 +195,8 @@ TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
   const std::string args = "--set train.micro_batch=4 --set train.checkpoint_every=10 " + std::string(kZero);
   const Result clean = launch(2, port(0), tmp.file("clean"), 30, args);
   ASSERT_EQ(clean.code, 0) << clean.out;
-  const Result killed =
-      launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1", "TANDEM_FAULTS=kill_after_step=1:15");
+  const Result killed = launch(2, port(1), tmp.file("killed"), 30, args + " --resume auto", "--max-restarts 1",
+                               "TANDEM_FAULTS=kill_after_step=1:15");
   ASSERT_EQ(killed.code, 0) << killed.out;
   EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
   EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;

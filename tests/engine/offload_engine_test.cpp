@@ -16,8 +16,8 @@
 
 #include "../test_util.h"
 #include "engine_fixtures.h"
-#include "tandem/engine/param_store.h"
 #include "tandem/core/fs.h"
+#include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 #include "tandem/optim/cpu_optimizer.h"
@@ -374,8 +374,7 @@ TEST(OffloadEngine, ADelayedUpdateThroughAHostRingGivesTheSameBitsAsPerBlockBuff
   ParamStore store(*model, so, 0);
   EngineOptions eo;
   eo.delayed = true;
-  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.host_ring=4"),
-            std::string::npos);
+  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.host_ring=4"), std::string::npos);
   // Accumulation would wait on slots only the last micro-batch frees: refused at the first one.
   ParamStoreOptions so3 = so;
   so3.ring_slots = 3;

@@ -116,8 +116,9 @@ void validate_placement(const PlacementConfig& pl) {
 // Values each valid alone that no run can use together.
 void validate_combinations(const Config& c) {
   TANDEM_CHECK(c.offload.host_ring <= 0 || !c.offload.delayed_update || c.train.grad_accum == 1,
-               "offload.host_ring=", c.offload.host_ring, " with offload.delayed_update=true and train.grad_accum=",
-               c.train.grad_accum, ": a delayed ring takes one micro-batch per step; set train.grad_accum=1 (a larger "
+               "offload.host_ring=", c.offload.host_ring,
+               " with offload.delayed_update=true and train.grad_accum=", c.train.grad_accum,
+               ": a delayed ring takes one micro-batch per step; set train.grad_accum=1 (a larger "
                "train.micro_batch instead) or offload.host_ring=0");
   const auto& pl = c.placement;
   TANDEM_CHECK(pl.policy == PlacementPolicyKind::kOff || c.offload.optimizer == OffloadTarget::kCpu,

@@ -179,15 +179,13 @@ void CpuUpdater::upload_pending(size_t i) {
 // of pinned memory (about 48 GB at 13B) for buffers that are busy a fraction of the step. With
 // offload.host_ring = N the CPU-updated Blocks share N slots instead, each the size of the largest
 // Block. The updates then start once the norm is known (no speculation), in forward order (a
-// delayed update: Note [Delayed host ring]), and the gradient stays in the device's gradient buffer until the updater takes a
-// slot for it, queues the D2H behind that Block's backward (G_i), zeroes the device gradient on
-// the same stream and records D_i after the zeroing, and queues the D2H of the next Block before
-// running this one's update, so copies down overlap updates; the update waits for the upload of
-// the slot's previous Block (its staging half) only when it is about to write it. The next
-// backward writes Block i's gradient only after the forward waited for U_i, which follows D_i
-// (the host waited for it), so the zeroing. The cost is the overlap with backward that speculation
-// would give; the CPU update is the same kernel on the same data, so the result is identical to the
-// per-Block buffers.
+// delayed update: Note [Delayed host ring]), and the gradient stays in the device's gradient buffer until the updater
+// takes a slot for it, queues the D2H behind that Block's backward (G_i), zeroes the device gradient on the same stream
+// and records D_i after the zeroing, and queues the D2H of the next Block before running this one's update, so copies
+// down overlap updates; the update waits for the upload of the slot's previous Block (its staging half) only when it is
+// about to write it. The next backward writes Block i's gradient only after the forward waited for U_i, which follows
+// D_i (the host waited for it), so the zeroing. The cost is the overlap with backward that speculation would give; the
+// CPU update is the same kernel on the same data, so the result is identical to the per-Block buffers.
 int64_t CpuUpdater::free_slot(bool wait) {
   const auto n = static_cast<int64_t>(slot_free_.size());
   std::unique_lock<std::mutex> lock(mu_);

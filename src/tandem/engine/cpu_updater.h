@@ -110,18 +110,18 @@ class CpuUpdater {
   const CpuUpdaterOptions options_;
   TransferStreams* const streams_;  // null: the CPU device
   StepStamps& stamps_;
-  const bool ring_;                   // Note [Host ring]
+  const bool ring_;                  // Note [Host ring]
   int64_t next_slot_ = 0;            // updater thread only
   std::vector<int64_t> slot_owner_;  // per ring slot: the Block whose upload last read it, or -1; updater thread only
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::deque<CpuUpdateJob> queue_;
-  std::vector<int> done_;  // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
-  std::vector<char> pending_upload_;  // delayed mode, per Block: updated on the host, not yet uploaded
+  std::vector<int> done_;              // per Block: 1 once its latest update is uploaded (or enqueued on H2D)
+  std::vector<char> pending_upload_;   // delayed mode, per Block: updated on the host, not yet uploaded
   std::vector<int64_t> pending_slot_;  // delayed mode with a ring, per Block: the slot its new weights wait in
-  std::vector<char> gradient_taken_;  // ring, per Block: the copy down of its queued update's gradient is issued
-  std::vector<char> slot_free_;       // ring, per slot: no update's weights wait in its staging half
+  std::vector<char> gradient_taken_;   // ring, per Block: the copy down of its queued update's gradient is issued
+  std::vector<char> slot_free_;        // ring, per slot: no update's weights wait in its staging half
   int64_t in_flight_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;  // the updater thread's first failure, rethrown by the waits

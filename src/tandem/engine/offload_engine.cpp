@@ -126,8 +126,8 @@ OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOpti
     await_gradient_taken_.assign(n, 0);
     for (size_t i = 0; i < n; ++i)
       for (auto& f : store_.blocks()[i].params)
-        gradient_prehooks_.emplace_back(f.param,
-                                        f.param.register_hook([this, i](const torch::Tensor&) { on_gradient_arriving(i); }));
+        gradient_prehooks_.emplace_back(
+            f.param, f.param.register_hook([this, i](const torch::Tensor&) { on_gradient_arriving(i); }));
   }
   model_.set_before_block([this](size_t i) { before_block(i); });
   updater_ = std::make_unique<CpuUpdater>(store_, CpuUpdaterOptions{hyper, options_.pool, options_.delayed},

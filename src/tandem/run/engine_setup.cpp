@@ -189,10 +189,11 @@ OffloadParts build_offload(BlockSequence& model, const OffloadSetup& setup, cons
     eo.min_gpu_blocks = std::min(eo.min_gpu_blocks, eo.max_gpu_blocks);
   }
   const double store_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_store).count();
-  log::info(strprintf("offload: start-up %.1f s: model built in %.1f s, parameter store (%s host buffers) in %.1f s, "
-                      "%.1f s of it pinning",
-                      build_s + store_s, build_s, so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain", store_s,
-                      parts.store->pin_seconds()));
+  log::info(
+      strprintf("offload: start-up %.1f s: model built in %.1f s, parameter store (%s host buffers) in %.1f s, "
+                "%.1f s of it pinning",
+                build_s + store_s, build_s, so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain", store_s,
+                parts.store->pin_seconds()));
   parts.engine = std::make_unique<OffloadEngine>(model, *parts.store, eo);
   if (cfg.placement.policy != PlacementPolicyKind::kOff)
     parts.placement = std::make_unique<PlacementDriver>(cfg.placement, model, *parts.engine,
