@@ -109,3 +109,18 @@ def test_config_from_a_deepspeed_json_and_a_yaml_file(tmp_path):
         ours, _ = engine_losses(model, engine, 5)
     ref, _ = reference_losses(tiny_llama(), 5)
     assert_close(ours, ref, 1e-5)
+
+
+def test_recipe_follows_the_module_size():
+    """With no optim keys the engine takes the recipe row of the module's size (docs/recipes.md);
+    a key the config sets wins over it."""
+    import yaml
+
+    def resolved_lr(config):
+        with tandem.Engine(tiny_llama(), config, run_dir=None) as engine:
+            return yaml.safe_load(engine.config_yaml())["optim"]["lr"]
+
+    config = {"train.device": "cpu", "train.precision": "fp32", "offload.optimizer": "cpu"}
+    # The tiny Llama is far below 95M parameters: Pythia-70M's row, lr 1e-3 (the generic row is 3e-4).
+    assert resolved_lr(config) == pytest.approx(1e-3)
+    assert resolved_lr(dict(config, **{"optim.lr": 5e-4})) == pytest.approx(5e-4)

@@ -27,9 +27,10 @@ class AcceleratorBackend {
   /// The device's default generator state as bytes (for checkpoints), and its restore.
   virtual std::string rng_state(int index) const = 0;
   virtual void set_rng_state(int index, const std::string& state) = 0;
-  /// Page-locked host memory of exactly `bytes` (no rounding), or nullptr when the driver refuses.
-  virtual void* host_alloc_pinned(size_t bytes) = 0;
-  virtual void host_free_pinned(void* ptr) = 0;
+  /// Page-locks the host range [ptr, ptr + bytes) for asynchronous copies; false when the driver
+  /// refuses (Note [Pinned host buffers]). host_unregister undoes it before the range is unmapped.
+  virtual bool host_register(void* ptr, size_t bytes) = 0;
+  virtual void host_unregister(void* ptr) = 0;
   /// "0000:3B:00.0", for matching the device in NVML; "" when unknown.
   virtual std::string pci_bus_id(int index) const = 0;
 };

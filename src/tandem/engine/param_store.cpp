@@ -17,36 +17,22 @@ torch::Tensor view_of(const torch::Tensor& flat, const FlatParam& p) {
   return flat.narrow(0, p.offset, p.numel).view(p.shape);
 }
 
-// dst = src (or 0) over 1-D host tensors, in chunks on tandem's CPU pool (Note [Parallel pinning]).
-void host_fill(torch::Tensor dst, const torch::Tensor& src = torch::Tensor()) {
+// dst = src over 1-D host tensors, in chunks on tandem's CPU pool.
+void host_copy(torch::Tensor dst, const torch::Tensor& src) {
   constexpr int64_t kChunk = int64_t(1) << 22;
   const int64_t n = dst.numel(), chunks = (n + kChunk - 1) / kChunk;
   CpuThreadPool::global().run(chunks, [&](int64_t c) {
-    auto d = dst.narrow(0, c * kChunk, std::min(kChunk, n - c * kChunk));
-    if (src.defined())
-      d.copy_(src.narrow(0, c * kChunk, d.numel()));
-    else
-      d.zero_();
+    const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
+    dst.narrow(0, lo, len).copy_(src.narrow(0, lo, len));
   });
 }
 
 }  // namespace
 
+// Zero-filled (Note [Pinned host buffers]): the states and the masters' padding need no clearing.
 torch::Tensor ParamStore::host_buffer(int64_t n, torch::ScalarType t) const {
-  return host_tensor(n, t, options_.pin_memory && options_.device.is_cuda());  // Note [Exact pinned buffers]
-}
-
-// Note [Parallel pinning]
-// Pinning is the driver locking each page of a buffer, about as slow per byte as a copy on one
-// core, and the masters and states of a large model are tens of GB: a Block's master, m and v are
-// pinned at once on three threads (each on the run's device, so no thread creates a context on
-// another GPU). The fills that follow (zeroing, the masters' copies) are LibTorch's parallel CPU
-// kernels. pin_seconds() reports the wall time spent pinning.
-std::future<torch::Tensor> ParamStore::host_buffer_async(int64_t n, torch::ScalarType t) const {
-  return std::async(std::launch::async, [this, n, t] {
-    const c10::DeviceGuard guard(options_.device);
-    return host_buffer(n, t);
-  });
+  const bool pin = options_.pin_memory && options_.device.is_cuda();
+  return host_tensor(n, t, pin ? HostMemory::kPinned : HostMemory::kPageable);
 }
 
 torch::Tensor ParamStore::landing(size_t i, int64_t slot) const {
@@ -72,78 +58,17 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
   TANDEM_ASSERT(options_.shard_count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < options_.shard_count,
                 "shard ", options_.shard_rank, " of ", options_.shard_count);
   TANDEM_ASSERT(options_.shard_count == 1 || options_.comm != nullptr, "a sharded store needs the groups");
-  const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
-  const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
   int64_t base = 0;
   // Block by Block, each buffer allocated once on its final side, and each Block's parameters
   // rebound (their initial fp32 storage freed) before the next Block: the host never holds the
   // whole initial model and all the masters at once.
   for (size_t bi = 0; bi < count; ++bi) {
-    BlockStore b;
-    b.name = model.block_name(bi);
-    b.index_base = base;
-    b.side = static_cast<int64_t>(bi) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu;
-    for (auto& [name, p] : model.block_parameters(bi)) {
-      TANDEM_ASSERT(p.scalar_type() == torch::kFloat32, "parameter ", name, " is ", p.scalar_type(),
-                    ", the store takes fp32 masters");
-      FlatParam f{name, p, b.numel, p.numel(), p.sizes().vec(), p.dim() >= 2 ? 1.0f : 0.0f};
-      b.numel += p.numel();
-      b.params.push_back(std::move(f));
-    }
+    const auto side = static_cast<int64_t>(bi) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu;
+    BlockStore b = describe_block(model, bi, base, side);
     base += b.numel;
-    // This rank's slice of the padded range, and the parameters' pieces in it (Note [Sharded store]).
-    const int64_t w = options_.shard_count;
-    b.padded_numel = (b.numel + w - 1) / w * w;
-    b.shard_numel = b.padded_numel / w;
-    b.shard_offset = b.shard_numel * options_.shard_rank;
-    for (const auto& f : b.params) {
-      const int64_t lo = std::max(f.offset, b.shard_offset),
-                    hi = std::min(f.offset + f.numel, b.shard_offset + b.shard_numel);
-      if (lo < hi)
-        b.shard_params.push_back({f.name, f.param, lo - b.shard_offset, hi - lo, {hi - lo}, f.weight_decay_scale});
-    }
-    const bool gpu = b.side == UpdateSide::kGpu;
-    const int64_t sn = b.shard_numel;
-    const auto st = options_.host_state_dtype;
-    const auto t_pin = std::chrono::steady_clock::now();
-    if (gpu) {
-      b.master = torch::empty({sn}, fdev);
-      b.m = torch::zeros({sn}, fdev);
-      b.v = torch::zeros({sn}, fdev);
-    } else {  // Note [Parallel pinning]
-      auto m = host_buffer_async(sn, st), v = host_buffer_async(sn, st);
-      b.master = host_buffer(sn, torch::kFloat32);
-      b.m = m.get();
-      b.v = v.get();
-      pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
-      host_fill(b.m);
-      host_fill(b.v);
-    }
-    const auto fill = [&](torch::Tensor dst, const torch::Tensor& src) {
-      if (gpu) return src.defined() ? void(dst.copy_(src)) : void(dst.zero_());
-      host_fill(dst, src);
-    };
-    fill(b.master, torch::Tensor());
-    for (const auto& f : b.params) {
-      const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + sn);
-      if (lo < hi)
-        fill(b.master.narrow(0, lo - b.shard_offset, hi - lo),
-             f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo));
-    }
-    b.working = torch::zeros({b.padded_numel}, dopts);
-    b.grad = torch::zeros({b.padded_numel}, dopts);
-    if (sharded()) {
-      // Every rank built the same initial model (one seed): its own copy is the gathered weights.
-      for (const auto& f : b.params) view_of(b.working, f).copy_(f.param.detach());
-      b.grad_shard = torch::zeros({sn}, dopts);
-    } else {
-      b.working.copy_(b.master);
-    }
-    for (auto& f : b.params) {
-      f.param.set_data(view_of(b.working, f));
-      f.param.mutable_grad() = view_of(b.grad, f);
-    }
-    if (!gpu) allocate_host_side(b);
+    allocate_masters(b);
+    bind_to_working(b);
+    if (side == UpdateSide::kCpu) allocate_host_side(b);
     blocks_.push_back(std::move(b));
   }
   if (options_.ring_slots > 0) {
@@ -151,6 +76,76 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
     for (const auto& b : blocks_) largest = std::max(largest, b.shard_numel);
     for (int64_t s = 0; s < options_.ring_slots; ++s)
       ring_.push_back({host_buffer(largest, landing_dtype()), host_buffer(largest, options_.compute_dtype)});
+  }
+}
+
+BlockStore ParamStore::describe_block(BlockSequence& model, size_t bi, int64_t base, UpdateSide side) const {
+  BlockStore b;
+  b.name = model.block_name(bi);
+  b.index_base = base;
+  b.side = side;
+  for (auto& [name, p] : model.block_parameters(bi)) {
+    TANDEM_ASSERT(p.scalar_type() == torch::kFloat32, "parameter ", name, " is ", p.scalar_type(),
+                  ", the store takes fp32 masters");
+    FlatParam f{name, p, b.numel, p.numel(), p.sizes().vec(), p.dim() >= 2 ? 1.0f : 0.0f};
+    b.numel += p.numel();
+    b.params.push_back(std::move(f));
+  }
+  // This rank's slice of the padded range, and the parameters' pieces in it (Note [Sharded store]).
+  const int64_t w = options_.shard_count;
+  b.padded_numel = (b.numel + w - 1) / w * w;
+  b.shard_numel = b.padded_numel / w;
+  b.shard_offset = b.shard_numel * options_.shard_rank;
+  for (const auto& f : b.params) {
+    const int64_t lo = std::max(f.offset, b.shard_offset),
+                  hi = std::min(f.offset + f.numel, b.shard_offset + b.shard_numel);
+    if (lo < hi)
+      b.shard_params.push_back({f.name, f.param, lo - b.shard_offset, hi - lo, {hi - lo}, f.weight_decay_scale});
+  }
+  return b;
+}
+
+void ParamStore::allocate_masters(BlockStore& b) {
+  const int64_t sn = b.shard_numel;
+  const bool gpu = b.side == UpdateSide::kGpu;
+  const auto t_pin = std::chrono::steady_clock::now();
+  if (gpu) {
+    const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
+    b.master = torch::zeros({sn}, fdev);
+    b.m = torch::zeros({sn}, fdev);
+    b.v = torch::zeros({sn}, fdev);
+  } else {  // zero-filled and pinned (Note [Pinned host buffers])
+    b.master = host_buffer(sn, torch::kFloat32);
+    b.m = host_buffer(sn, options_.host_state_dtype);
+    b.v = host_buffer(sn, options_.host_state_dtype);
+    pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
+  }
+  for (const auto& f : b.params) {
+    const int64_t lo = std::max(f.offset, b.shard_offset), hi = std::min(f.offset + f.numel, b.shard_offset + sn);
+    if (lo >= hi) continue;
+    auto dst = b.master.narrow(0, lo - b.shard_offset, hi - lo);
+    const auto src = f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo);
+    if (gpu)
+      dst.copy_(src);
+    else
+      host_copy(dst, src);
+  }
+}
+
+void ParamStore::bind_to_working(BlockStore& b) {
+  const auto dopts = torch::TensorOptions().dtype(options_.compute_dtype).device(options_.device);
+  b.working = torch::zeros({b.padded_numel}, dopts);
+  b.grad = torch::zeros({b.padded_numel}, dopts);
+  if (sharded()) {
+    // Every rank built the same initial model (one seed): its own copy is the gathered weights.
+    for (const auto& f : b.params) view_of(b.working, f).copy_(f.param.detach());
+    b.grad_shard = torch::zeros({b.shard_numel}, dopts);
+  } else {
+    b.working.copy_(b.master);
+  }
+  for (auto& f : b.params) {
+    f.param.set_data(view_of(b.working, f));
+    f.param.mutable_grad() = view_of(b.grad, f);
   }
 }
 

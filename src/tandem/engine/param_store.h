@@ -31,7 +31,6 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -154,7 +153,8 @@ class ParamStore {
   /// them back to the working copies and refreshes those from the masters.
   void with_masters_bound(const std::function<void()>& fn);
 
-  /// Wall seconds the constructor spent pinning the masters and states (Note [Parallel pinning]).
+  /// Wall seconds the constructor spent allocating and pinning the host masters and states (Note
+  /// [Pinned host buffers]).
   double pin_seconds() const { return pin_seconds_; }
 
   /// Optimizer state under FusedAdamW's names ("<param>.exp_avg", "<param>.exp_avg_sq",
@@ -165,7 +165,12 @@ class ParamStore {
   void bind_working();
   void allocate_host_side(BlockStore& b);  // landing, staging and undo of a CPU-updated Block
   torch::Tensor host_buffer(int64_t n, torch::ScalarType t) const;
-  std::future<torch::Tensor> host_buffer_async(int64_t n, torch::ScalarType t) const;  // Note [Parallel pinning]
+  /// Block `bi`'s parameters, offsets and this rank's slice; no buffers yet.
+  BlockStore describe_block(BlockSequence& model, size_t bi, int64_t base, UpdateSide side) const;
+  /// master, m and v on the Block's update side, the master filled from the parameters.
+  void allocate_masters(BlockStore& b);
+  /// working and grad on the device, filled from the master, and the parameters rebound to them.
+  void bind_to_working(BlockStore& b);
   torch::ScalarType landing_dtype() const;
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;

@@ -62,16 +62,15 @@ class CudaBackend : public AcceleratorBackend {
     std::memcpy(t.data_ptr(), state.data(), state.size());
     gen.set_state(t);
   }
-  void* host_alloc_pinned(size_t bytes) override {
+  bool host_register(void* ptr, size_t bytes) override {
     at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the sticky-free error state
-      return nullptr;
+    if (cudaHostRegister(ptr, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the non-sticky error state
+      return false;
     }
-    return p;
+    return true;
   }
-  void host_free_pinned(void* ptr) override { (void)cudaFreeHost(ptr); }
+  void host_unregister(void* ptr) override { (void)cudaHostUnregister(ptr); }
   std::string pci_bus_id(int index) const override {
     char buf[32] = {0};
     return cudaDeviceGetPCIBusId(buf, sizeof buf, index) == cudaSuccess ? std::string(buf) : std::string();

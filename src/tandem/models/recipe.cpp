@@ -40,55 +40,51 @@ constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 // generated corpus only; larger models on it, and every model on real data, take the published
 // rows.
 //
-// A model of unknown size (the Python package with a user's nn.Module, a Config built by hand)
-// gets the generic row, the built-in defaults: 3e-4, the rate LLaMA used at 7B and 13B and GPT-3
-// and Pythia at 350M-1B. It is within a factor of 2 of the published rate for every size from
-// 125M (6e-4) to 2.7B (1.6e-4), and at most 3.3x off from 70M to 13B, where 3e-3 was 5-30x too
-// high; a model of a known size should have its own row (resolve_config's module_params).
+// The Python package chooses by the nn.Module's own parameter count (resolve_config's
+// module_params). A model of unknown size (a Config built by hand) gets the generic row, the built-in defaults: 3e-4,
+// the rate LLaMA used at 7B and 13B and GPT-3 and Pythia at 350M-1B. It is within a factor of 2 of the published rate
+// for every size from 125M (6e-4) to 2.7B (1.6e-4), and at most 3.3x off from 70M to 13B, where 3e-3 was 5-30x too
+// high.
+//
+// One AdamW run of the table: every source shares cosine decay to 10%, betas 0.9/0.95, eps 1e-8 and
+// weight decay 0.1 (above).
+RecipeRow adamw_row(const char* name, DataKind data, int64_t params, int64_t max_params, double lr,
+                    int64_t published_warmup, const char* source) {
+  return {name, data, params, max_params, lr, published_warmup, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1, source};
+}
+
 const std::vector<RecipeRow>& rows() {
   static const std::vector<RecipeRow> kRows = {
       // The generated corpus, small models: tandem's default job, measured (above).
-      {"tandem default job", DataKind::kSynthetic, 820'352, 10 * kM, 3e-3, 20, LrSchedule::kCosine, 0.1, 0.9, 0.95,
-       1e-8, 0.1, "measured: tiny on the generated corpus, 300 steps, loss 5.5 -> 0.3"},
+      adamw_row("tandem default job", DataKind::kSynthetic, 820'352, 10 * kM, 3e-3, 20,
+                "measured: tiny on the generated corpus, 300 steps, loss 5.5 -> 0.3"),
       // Real data, smallest first. published_warmup: Pythia 1% of 143,000 steps; GPT-3 375M tokens
       // over the row's batch (0.5M: 750 steps, 1M: 375, 2M: 188, 3.2M: 117).
-      {"Pythia-70M", DataKind::kReal, 70 * kM, 95 * kM, 1e-3, 1430, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "Pythia (Biderman et al. 2023), pythia-70m.yml"},
-      {"GPT-3 Small", DataKind::kReal, 125 * kM, 210 * kM, 6e-4, 750, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-160M 6e-4"},
-      {"GPT-3 Medium", DataKind::kReal, 350 * kM, 520 * kM, 3e-4, 750, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-410M 3e-4"},
-      {"GPT-3 Large", DataKind::kReal, 760 * kM, 1 * kB, 2.5e-4, 750, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1"},
-      {"GPT-3 XL", DataKind::kReal, 1300 * kM, 1900 * kM, 2e-4, 375, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-1.4B 2e-4"},
-      {"GPT-3 2.7B", DataKind::kReal, 2700 * kM, 4300 * kM, 1.6e-4, 375, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-2.8B 1.6e-4"},
-      {"GPT-3 6.7B", DataKind::kReal, 6700 * kM, 9300 * kM, 1.2e-4, 188, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-6.9B 1.2e-4; LLaMA-7B 3e-4 at 4M-token batches"},
-      {"GPT-3 13B", DataKind::kReal, 13 * kB, 48 * kB, 1e-4, 188, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-12B 1.2e-4; LLaMA-13B 3e-4 at 4M-token batches"},
-      {"GPT-3 175B", DataKind::kReal, 175 * kB, kNoLimit, 6e-5, 117, LrSchedule::kCosine, 0.1, 0.9, 0.95, 1e-8, 0.1,
-       "GPT-3 (Brown et al. 2020) Table 2.1; LLaMA-33B/65B 1.5e-4 at 4M-token batches"},
+      adamw_row("Pythia-70M", DataKind::kReal, 70 * kM, 95 * kM, 1e-3, 1430,
+                "Pythia (Biderman et al. 2023), pythia-70m.yml"),
+      adamw_row("GPT-3 Small", DataKind::kReal, 125 * kM, 210 * kM, 6e-4, 750,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-160M 6e-4"),
+      adamw_row("GPT-3 Medium", DataKind::kReal, 350 * kM, 520 * kM, 3e-4, 750,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-410M 3e-4"),
+      adamw_row("GPT-3 Large", DataKind::kReal, 760 * kM, 1 * kB, 2.5e-4, 750, "GPT-3 (Brown et al. 2020) Table 2.1"),
+      adamw_row("GPT-3 XL", DataKind::kReal, 1300 * kM, 1900 * kM, 2e-4, 375,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-1.4B 2e-4"),
+      adamw_row("GPT-3 2.7B", DataKind::kReal, 2700 * kM, 4300 * kM, 1.6e-4, 375,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-2.8B 1.6e-4"),
+      adamw_row("GPT-3 6.7B", DataKind::kReal, 6700 * kM, 9300 * kM, 1.2e-4, 188,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-6.9B 1.2e-4; LLaMA-7B 3e-4 at 4M-token batches"),
+      adamw_row("GPT-3 13B", DataKind::kReal, 13 * kB, 48 * kB, 1e-4, 188,
+                "GPT-3 (Brown et al. 2020) Table 2.1; Pythia-12B 1.2e-4; LLaMA-13B 3e-4 at 4M-token batches"),
+      adamw_row("GPT-3 175B", DataKind::kReal, 175 * kB, kNoLimit, 6e-5, 117,
+                "GPT-3 (Brown et al. 2020) Table 2.1; LLaMA-33B/65B 1.5e-4 at 4M-token batches"),
   };
   return kRows;
 }
 
 const RecipeRow& generic_row() {
-  static const RecipeRow kRow = {
-      "generic",
-      DataKind::kReal,
-      0,
-      kNoLimit,
-      3e-4,
-      2000,
-      LrSchedule::kCosine,
-      0.1,
-      0.9,
-      0.95,
-      1e-8,
-      0.1,
-      "LLaMA 7B/13B (Touvron et al. 2023) Table 2, warmup 2000; GPT-3 Medium, Pythia-410M/1B 3e-4"};
+  static const RecipeRow kRow =
+      adamw_row("generic", DataKind::kReal, 0, kNoLimit, 3e-4, 2000,
+                "LLaMA 7B/13B (Touvron et al. 2023) Table 2, warmup 2000; GPT-3 Medium, Pythia-410M/1B 3e-4");
   return kRow;
 }
 

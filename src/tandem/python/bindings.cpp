@@ -13,7 +13,7 @@
 #include "tandem/core/config.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/config_file.h"
+#include "tandem/io/config_layers.h"
 #include "tandem/models/model.h"
 #include "tandem/python/engine_core.h"
 #include "tandem/python/module_blocks.h"
@@ -50,14 +50,18 @@ std::shared_ptr<ModuleBlocks> make_blocks(const std::vector<std::tuple<std::stri
   return std::make_shared<ModuleBlocks>(std::move(out));
 }
 
-// The defaults, then each file (YAML: tandem's keys; .json: a DeepSpeed config), then each key.
-Config make_config(const std::vector<std::string>& files,
-                   const std::vector<std::pair<std::string, std::string>>& keys) {
-  Config cfg;
-  for (const auto& f : files) load_config_file(cfg, f);
-  for (const auto& [k, v] : keys) set_config_key(cfg, k, v, "tandem.Engine(config=...)");
-  validate_config(cfg);
-  return cfg;
+// The layers as `tandem train` has them (Note [Config layers]): the defaults, the recipe for a model
+// of `module_params` parameters (0: the generic row), each file (YAML: tandem's keys; .json: a
+// DeepSpeed config), then each key.
+Config make_config(const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys,
+                   int64_t module_params = 0) {
+  std::vector<ConfigLayer> layers;
+  for (const auto& f : files) layers.push_back(config_file_layer(f));
+  layers.push_back(key_layer("tandem.Engine(config=...)", keys));
+  RecipeOptions recipe;
+  recipe.model = module_params > 0 ? RecipeModel::kModule : RecipeModel::kUnknown;
+  recipe.module_params = module_params;
+  return resolve_config(layers, recipe).config;
 }
 
 }  // namespace
@@ -124,7 +128,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<EngineCore>(m, "EngineCore")
       .def(py::init([](std::shared_ptr<ModuleBlocks> blocks, const std::vector<std::string>& files,
                        const std::vector<std::pair<std::string, std::string>>& keys, const std::string& run_dir) {
-             Config cfg = make_config(files, keys);
+             Config cfg = make_config(files, keys, blocks->numel());
              py::gil_scoped_release release;  // the rendezvous may wait for the other ranks
              return std::make_unique<EngineCore>(std::move(blocks), std::move(cfg), run_dir);
            }),
