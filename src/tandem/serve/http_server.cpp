@@ -1,0 +1,289 @@
+#include "tandem/serve/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "tandem/core/error.h"
+
+#ifdef TANDEM_WITH_HTTP
+#include <httplib.h>
+#endif
+
+namespace tandem {
+
+#ifdef TANDEM_WITH_HTTP
+
+namespace {
+
+// One request's output, handed from the backend's thread to the connection's thread.
+struct RequestStream {
+  std::mutex mutex;
+  std::condition_variable ready;
+  std::string pending;  // text generated and not yet sent
+  std::optional<FinishReason> finish;
+  Usage usage;
+  std::optional<std::string> error;
+  bool ended() const { return finish.has_value() || error.has_value(); }
+};
+
+CompletionBackend::Sink sink_into(const std::shared_ptr<RequestStream>& s) {
+  CompletionBackend::Sink sink;
+  sink.on_text = [s](const std::string& text) {
+    const std::lock_guard<std::mutex> lock(s->mutex);
+    s->pending += text;
+    s->ready.notify_all();
+  };
+  sink.on_finish = [s](FinishReason reason, const Usage& usage) {
+    const std::lock_guard<std::mutex> lock(s->mutex);
+    s->finish = reason;
+    s->usage = usage;
+    s->ready.notify_all();
+  };
+  sink.on_error = [s](const std::string& message) {
+    const std::lock_guard<std::mutex> lock(s->mutex);
+    s->error = message;
+    s->ready.notify_all();
+  };
+  return sink;
+}
+
+// What a streamed response has sent so far.
+struct StreamState {
+  std::shared_ptr<RequestStream> stream;
+  CompletionRequest request;
+  ResponseHeader header;
+  uint64_t id = 0;
+  bool first = true;
+  bool ended = false;
+};
+
+bool same_key(const std::string& a, const std::string& b) {  // constant time in the key's length
+  unsigned diff = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i]) ^ (i < b.size() ? b[i] : 0);
+  return diff == 0;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+  CompletionBackend& backend;
+  HttpServerOptions options;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+  int64_t started = unix_now();
+  std::mutex counts_mutex;
+  std::map<std::pair<std::string, int>, int64_t> responses;  // (route, status) -> count
+
+  Impl(CompletionBackend& b, HttpServerOptions o) : backend(b), options(std::move(o)) {}
+
+  void count(const std::string& route, int status) {
+    const std::lock_guard<std::mutex> lock(counts_mutex);
+    ++responses[{route, status}];
+  }
+  void send_error(const std::string& route, httplib::Response& res, const ApiError& e) {
+    res.status = e.status();
+    if (e.status() == 429) res.set_header("Retry-After", "1");
+    res.set_content(error_json(e), "application/json");
+    count(route, e.status());
+  }
+  void check_key(const httplib::Request& req) const {
+    if (options.api_key.empty()) return;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (auth.compare(0, bearer.size(), bearer) != 0 || !same_key(auth.substr(bearer.size()), options.api_key))
+      throw ApiError(401, "invalid_request_error", "incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                     "", "invalid_api_key");
+  }
+  void generation(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void whole(const StreamState& st, httplib::Response& res);
+  void streamed(std::shared_ptr<StreamState> st, httplib::Response& res);
+  bool send_chunk(StreamState& st, httplib::DataSink& sink);
+  std::string metrics();
+};
+
+void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  const std::string route = endpoint == ApiEndpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+  try {
+    check_key(req);
+    auto st = std::make_shared<StreamState>();
+    st->request = parse_completion_request(endpoint, req.body);
+    const std::string model = backend.model_id();
+    if (!st->request.model.empty() && st->request.model != model)
+      throw ApiError(404, "invalid_request_error",
+                     "the model '" + st->request.model + "' does not exist; this server serves '" + model + "'",
+                     "model", "model_not_found");
+    st->stream = std::make_shared<RequestStream>();
+    st->id = backend.submit(st->request, sink_into(st->stream));
+    st->header = {(endpoint == ApiEndpoint::kCompletions ? "cmpl-" : "chatcmpl-") + std::to_string(st->id), unix_now(),
+                  model};
+    if (st->request.stream)
+      streamed(st, res);
+    else
+      whole(*st, res);
+    count(route, res.status);
+  } catch (const ApiError& e) {
+    send_error(route, res, e);
+  } catch (const UserError& e) {
+    send_error(route, res, ApiError(400, "invalid_request_error", e.what()));
+  }
+}
+
+// Waits for the whole answer on this connection's thread.
+void HttpServer::Impl::whole(const StreamState& st, httplib::Response& res) {
+  auto& s = *st.stream;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.ready.wait(lock, [&] { return s.ended(); });
+  if (s.error) throw ApiError(500, "server_error", "generation failed: " + *s.error);
+  res.set_content(completion_response_json(st.request.endpoint, st.header, s.pending, *s.finish, s.usage),
+                  "application/json");
+}
+
+// Server-sent events: one chunk per batch of new text; a comment line every second while none
+// comes, so that a client that went away is noticed (the write fails) and its request cancelled.
+void HttpServer::Impl::streamed(std::shared_ptr<StreamState> st, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream", [this, st](size_t, httplib::DataSink& sink) { return send_chunk(*st, sink); },
+      [this, st](bool) {
+        if (!st->ended) backend.cancel(st->id);  // the client went away mid-stream
+      });
+}
+
+bool HttpServer::Impl::send_chunk(StreamState& st, httplib::DataSink& sink) {
+  auto& s = *st.stream;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  const bool woke = s.ready.wait_for(lock, std::chrono::seconds(1), [&] { return !s.pending.empty() || s.ended(); });
+  const std::string text = std::move(s.pending);
+  s.pending.clear();
+  const auto finish = s.finish;
+  const auto error = s.error;
+  const Usage usage = s.usage;
+  lock.unlock();
+  const auto endpoint = st.request.endpoint;
+  std::string out;
+  if (!woke) out = ": waiting\n\n";
+  if (st.first && endpoint == ApiEndpoint::kChatCompletions) {
+    out += sse_event(completion_chunk_json(endpoint, st.header, "", true, std::nullopt));
+    st.first = false;
+  }
+  if (!text.empty()) {
+    out += sse_event(completion_chunk_json(endpoint, st.header, text, st.first, std::nullopt));
+    st.first = false;
+  }
+  if (error) out += sse_event(error_json(ApiError(500, "server_error", "generation failed: " + *error)));
+  if (finish) {
+    out += sse_event(completion_chunk_json(endpoint, st.header, "", false, finish));
+    if (st.request.include_usage) out += sse_event(usage_chunk_json(endpoint, st.header, usage));
+  }
+  if (error || finish) {
+    out += sse_done();
+    st.ended = true;
+  }
+  if (!sink.write(out.data(), out.size())) return false;  // the releaser cancels
+  if (st.ended) sink.done();
+  return true;
+}
+
+std::string HttpServer::Impl::metrics() {
+  std::string out = backend.metrics_text();
+  out += "# HELP tandem_serve_http_responses_total HTTP responses by route and status.\n";
+  out += "# TYPE tandem_serve_http_responses_total counter\n";
+  const std::lock_guard<std::mutex> lock(counts_mutex);
+  for (const auto& [key, n] : responses)
+    out += "tandem_serve_http_responses_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n) + "\n";
+  return out;
+}
+
+HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(backend, std::move(options))) {
+  auto& im = *impl_;
+  const int threads = std::max(4, im.options.threads);
+  im.server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  im.server.Post("/v1/completions", [&im](const httplib::Request& req, httplib::Response& res) {
+    im.generation(ApiEndpoint::kCompletions, req, res);
+  });
+  im.server.Post("/v1/chat/completions", [&im](const httplib::Request& req, httplib::Response& res) {
+    im.generation(ApiEndpoint::kChatCompletions, req, res);
+  });
+  im.server.Get("/v1/models", [&im](const httplib::Request& req, httplib::Response& res) {
+    try {
+      im.check_key(req);
+      res.set_content(models_json(im.backend.model_id(), im.started), "application/json");
+      im.count("/v1/models", 200);
+    } catch (const ApiError& e) {
+      im.send_error("/v1/models", res, e);
+    }
+  });
+  im.server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  im.server.Get("/metrics", [&im](const httplib::Request&, httplib::Response& res) {
+    res.set_content(im.metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  im.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string what = res.status == 404 ? "no route " + req.method + " " + req.path +
+                                                     "; this server has /v1/completions, /v1/chat/completions, "
+                                                     "/v1/models, /health and /metrics"
+                                               : "HTTP " + std::to_string(res.status);
+    res.set_content(error_json(ApiError(res.status, "invalid_request_error", what)), "application/json");
+  });
+  im.server.set_socket_options([](socket_t sock) {  // SO_REUSEADDR only: a taken port is an error
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+  });
+  if (im.options.port == 0) {
+    im.port = im.server.bind_to_any_port(im.options.host);
+    TANDEM_CHECK(im.port > 0, "cannot listen on ", im.options.host, ": no free port (check --host)");
+  } else {
+    TANDEM_CHECK(im.options.port > 0 && im.options.port < 65536, "port ", im.options.port,
+                 " is not a TCP port; give one in 1..65535");
+    TANDEM_CHECK(im.server.bind_to_port(im.options.host, im.options.port), "cannot listen on ", im.options.host, ":",
+                 im.options.port, " (in use, or not an address of this machine); pick another --port or --host");
+    im.port = im.options.port;
+  }
+  im.thread = std::thread([&im] { im.server.listen_after_bind(); });
+  for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+HttpServer::~HttpServer() {
+  stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int HttpServer::port() const { return impl_->port; }
+
+void HttpServer::wait() {
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void HttpServer::stop() { impl_->server.stop(); }
+
+#else  // no cpp-httplib at build time
+
+struct HttpServer::Impl {};
+
+HttpServer::HttpServer(CompletionBackend&, HttpServerOptions) {
+  TANDEM_CHECK(false,
+               "this tandem was built without cpp-httplib, so it cannot serve; install Debian's libcpp-httplib-dev "
+               "and rebuild (scripts/setup.sh)");
+}
+HttpServer::~HttpServer() = default;
+int HttpServer::port() const { return 0; }
+void HttpServer::wait() {}
+void HttpServer::stop() {}
+
+#endif
+
+}  // namespace tandem
