@@ -14,7 +14,7 @@ BUILD_DIR=${TANDEM_BUILD_DIR:-build}
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip python3-dev
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
-              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev
+              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev libicu-dev libsentencepiece-dev
               prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -47,10 +47,12 @@ else
     say "installing torch==$TORCH_VERSION into .venv (the LibTorch distribution; a few GB)"
     .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
   fi
-  # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself.
-  if ! .venv/bin/python -c "import transformers, safetensors, pytest, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
-    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest)"
-    .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" safetensors pytest
+  # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself;
+  # tests/python/test_tokenizers_parity.py compares its tokenizers with `tokenizers` and `sentencepiece`.
+  if ! .venv/bin/python -c "import transformers, safetensors, pytest, tokenizers, sentencepiece, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest, tokenizers, sentencepiece)"
+    .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" safetensors pytest tokenizers \
+      sentencepiece
   fi
   prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi

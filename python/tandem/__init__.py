@@ -7,12 +7,14 @@
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _C
+from ._C import Tokenizer
 from .blocks import BlockSpec, find_blocks, find_layers
 from .engine import Engine, StepInfo
 from . import data, optim
 
 __version__ = _C.__version__
-__all__ = ["Engine", "StepInfo", "BlockSpec", "find_blocks", "find_layers", "data", "optim", "config_keys"]
+__all__ = ["Engine", "StepInfo", "BlockSpec", "find_blocks", "find_layers", "data", "optim", "config_keys",
+           "Tokenizer"]
 
 
 def config_keys() -> list:

@@ -13,6 +13,9 @@
 #include "tandem/bench/bk_core_bench.h"
 #include "tandem/bench/optim_bench.h"
 #include "tandem/bench/step_bench.h"
+#include "tandem/cli/generate_command.h"
+#include "tandem/cli/serve_command.h"
+#include "tandem/cli/tokenize_command.h"
 #include "tandem/core/config.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -288,7 +291,10 @@ int main(int argc, char** argv) {
       "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
       "  tandem config --keys              every configuration key with its meaning\n"
       "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
-      "  tandem bench step -p 7B          forward+backward alone: the GPU-only bound of a step",
+      "  tandem bench step -p 7B          forward+backward alone: the GPU-only bound of a step\n"
+      "  tandem tokenize --tokenizer MODEL_DIR --out data/train.bin corpus/   text into token files\n"
+      "  tandem generate --checkpoint runs/<run> --prompt \"Once upon\"   text from a trained model\n"
+      "  tandem serve --checkpoint runs/<run> --port 8000   an OpenAI-compatible API on loopback",
       "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);
@@ -358,6 +364,10 @@ int main(int argc, char** argv) {
   dashboard_cmd->add_option("--port", view_port, "port (default 8080)")->check(CLI::Range(1, 65535));
   dashboard_cmd->add_option("--bind", view_bind, "address to listen on (default 127.0.0.1: this machine only)");
   dashboard_cmd->add_option("--chartjs", view_chartjs, "Chart.js file to serve (default Debian's libjs-chart.js)");
+
+  TokenizeCommand tokenize_cmd(app);
+  GenerateCommand generate_cmd(app);
+  ServeCommand serve_cmd(app);
 
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
@@ -463,6 +473,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*dashboard_cmd) return run_dashboard(view_dir, view_port, view_bind, view_chartjs);
+    if (tokenize_cmd.chosen()) return tokenize_cmd.run();
+    if (generate_cmd.chosen()) return generate_cmd.run();
+    if (serve_cmd.chosen()) return serve_cmd.run();
     if (*bench_bk) return run_bk_core_bench(bk_opts);
     if (*bench_step) return run_step_bench(step_args.resolve(""), step_json, step_model_json);
     if (*bench_optim) {

@@ -22,6 +22,10 @@
 namespace py = pybind11;
 using namespace tandem;
 
+namespace tandem {
+void bind_tokenizer(py::module_& m);  // tokenizer_bindings.cpp
+}
+
 namespace {
 
 // Note [Python errors]
@@ -154,4 +158,6 @@ PYBIND11_MODULE(_C, m) {
       .def("offload", &EngineCore::offload)
       .def("config_yaml", [](const EngineCore& e) { return config_to_yaml(e.config()); })
       .def("stats_json", &EngineCore::stats_json);
+
+  bind_tokenizer(m);
 }

@@ -1,0 +1,179 @@
+#include "tandem/cli/generate_command.h"
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+
+#include "tandem/core/device.h"
+#include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+#include "tandem/serve/batch_scheduler.h"
+
+namespace tandem {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Completions as they arrive: one prompt streams to stdout piece by piece; a batch prints each
+// completion whole, in prompt order, as soon as it and every earlier one are done.
+class CompletionPrinter {
+ public:
+  CompletionPrinter(std::vector<std::string> prompts) : prompts_(std::move(prompts)) {
+    text_.resize(prompts_.size());
+    end_.resize(prompts_.size());
+  }
+
+  void on_event(size_t i, const GenerationEvent& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prompts_.size() == 1) {
+      std::fputs(e.text.c_str(), stdout);
+      std::fflush(stdout);
+    } else {
+      text_[i] += e.text;
+    }
+    if (!e.end) return;
+    end_[i] = e.end;
+    if (*e.end == GenerationEnd::kFailed) error_ = e.error;
+    if (prompts_.size() == 1) std::fputc('\n', stdout);
+    while (printed_ < prompts_.size() && end_[printed_] && prompts_.size() > 1) {
+      std::printf("[%zu] %s\n%s\n\n", printed_ + 1, prompts_[printed_].c_str(), text_[printed_].c_str());
+      ++printed_;
+    }
+    std::fflush(stdout);
+  }
+
+  /// The end of prompt i (set once it ended).
+  std::optional<GenerationEnd> end(size_t i) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return end_[i];
+  }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> prompts_, text_;
+  std::vector<std::optional<GenerationEnd>> end_;
+  size_t printed_ = 0;
+  std::string error_;
+};
+
+std::string peak_memory(const c10::Device& device) {
+  std::string out;
+  if (device.is_cuda() && accelerator() != nullptr)
+    out = format_bytes(double(accelerator()->memory_stats(device.index()).peak_allocated)) + " GPU, ";
+  return out + format_bytes(double(host_peak_rss_bytes())) + " host (peak RSS)";
+}
+
+}  // namespace
+
+GenerateCommand::GenerateCommand(CLI::App& app) {
+  sampling_.temperature = 0;  // greedy unless asked
+  command_ = app.add_subcommand("generate", "generate text from a checkpoint or an HF Llama folder");
+  auto* c = command_;
+  c->add_option("--checkpoint", model_.checkpoint, "a tandem checkpoint (or run) directory, or an HF Llama folder")
+      ->required();
+  c->add_option("--prompt", prompt_, "the prompt");
+  c->add_option("--prompts", prompts_file_, "a file of prompts, one per line, generated together as one batch");
+  c->add_option("--max-tokens", max_tokens_, "tokens to generate at most (default 128)");
+  c->add_option("--temperature", sampling_.temperature, "0 = greedy (the default); higher = more random");
+  c->add_option("--top-k", sampling_.top_k, "sample among the k most likely tokens (0 = all)");
+  c->add_option("--top-p", sampling_.top_p, "sample among the most likely tokens holding this much mass (1 = all)");
+  c->add_option("--repetition-penalty", sampling_.repetition_penalty, "penalise tokens already seen (1 = none)");
+  c->add_option("--seed", sampling_.seed, "random seed of the sampling (prompt i uses seed + i)");
+  c->add_option("--stop", stop_, "stop at this text, not printed (repeatable)");
+  c->add_flag("--ignore-eos", ignore_eos_, "keep generating after the end-of-sequence token");
+  c->add_option("--tokenizer", model_.tokenizer,
+                "tokenizer.json, tokenizer.model, a folder or 'byte' (default: beside the weights)");
+  c->add_option("--device", model_.device, "auto | cpu | cuda | cuda:N (auto: the GPU with the most free memory)");
+  c->add_option("--dtype", model_.dtype, "auto (bf16 on a GPU, fp32 on the CPU) | fp32 | bf16 | fp16");
+  c->add_option("--gpu-memory-gib", model_.gpu_memory_gib,
+                "device memory for weights and KV cache; layers beyond it stream from pinned host memory "
+                "(default: --memory-fraction of the free memory)");
+  c->add_option("--memory-fraction", model_.memory_fraction, "share of the GPU's free memory to use (default 0.9)");
+  c->add_option("--kv-cache-gib", model_.kv_cache_gib, "KV cache size (default: what the batch needs, within budget)");
+  c->add_option("--page-tokens", model_.page_tokens, "tokens per KV cache page (default 16)");
+  c->add_option("--prefetch-layers", model_.prefetch_layers,
+                "streamed layers uploaded ahead of the one computing (default 2)");
+  c->add_option("--max-batch", model_.max_batch, "sequences decoded together at most (default 32)");
+}
+
+bool GenerateCommand::chosen() const { return command_->parsed(); }
+
+std::vector<std::string> GenerateCommand::prompts() const {
+  TANDEM_CHECK(prompt_.empty() != prompts_file_.empty(), "give --prompt TEXT or --prompts FILE (one of them)");
+  if (!prompt_.empty()) return {prompt_};
+  std::ifstream in(prompts_file_);
+  TANDEM_CHECK(in.good(), "--prompts: cannot open '", prompts_file_, "'; give a text file with one prompt per line");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) out.push_back(line);
+  }
+  TANDEM_CHECK(!out.empty(), "--prompts: '", prompts_file_, "' holds no prompt; write one prompt per line");
+  return out;
+}
+
+int GenerateCommand::run() {
+  const auto texts = prompts();
+  TANDEM_CHECK(max_tokens_ >= 0, "--max-tokens must be >= 0; got ", max_tokens_);
+  check_sampling_params(sampling_);
+  model_.max_batch = std::min<int64_t>(model_.max_batch, static_cast<int64_t>(texts.size()));
+  GenerationModel model = load_generation_model(model_);
+
+  SchedulerOptions options;
+  options.max_batch = model_.max_batch;
+  options.max_queue = static_cast<int64_t>(texts.size());
+  if (!ignore_eos_) options.eos_ids = model.eos_ids;
+  BatchScheduler scheduler(*model.decoder, *model.cache, model.tokenizer.get(), options);
+  std::vector<GenerationRequest> requests;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    GenerationRequest r;
+    r.prompt = model.tokenizer->encode(texts[i], SpecialTokens::kInclude);
+    const std::string which = texts.size() == 1 ? "the prompt" : strprintf("prompt %zu", i + 1);
+    TANDEM_CHECK(!r.prompt.empty(), which, " encodes to no tokens; give some text");
+    TANDEM_CHECK(static_cast<int64_t>(r.prompt.size()) < scheduler.context_tokens(), which, " is ", r.prompt.size(),
+                 " tokens but the context holds ", scheduler.context_tokens(),
+                 " (prompt and output together); shorten it");
+    r.sampling = sampling_;
+    r.sampling.seed = sampling_.seed + i;
+    r.max_tokens = max_tokens_;
+    r.stop = stop_;
+    requests.push_back(std::move(r));
+  }
+  std::fprintf(stderr, "%sloaded in %.2f s\n", model.description().c_str(), model.load_seconds);
+  CompletionPrinter printer(texts);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].on_event = [&printer, i](const GenerationEvent& e) { printer.on_event(i, e); };
+    const auto s = scheduler.submit(std::move(requests[i]));
+    TANDEM_ASSERT(s.admission == Admission::kAccepted, "the scheduler refused a prompt of the batch");
+  }
+  scheduler.wait_idle();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto st = scheduler.stats();
+  scheduler.stop();
+
+  std::string ends;
+  if (texts.size() == 1 && printer.end(0)) ends = std::string(" (ended: ") + generation_end_name(*printer.end(0)) + ")";
+  std::fprintf(stderr,
+               "%zu prompt%s, %lld prompt tokens, %lld generated in %.2f s: %.1f tokens/s%s; time to first token "
+               "%.1f ms%s; peak memory %s\n",
+               texts.size(), texts.size() == 1 ? "" : "s", static_cast<long long>(st.prompt_tokens),
+               static_cast<long long>(st.generated_tokens), seconds,
+               seconds > 0 ? double(st.generated_tokens) / seconds : 0.0, ends.c_str(),
+               st.mean_time_to_first_token_s * 1e3, texts.size() == 1 ? "" : " (mean)",
+               peak_memory(model.device).c_str());
+  if (!printer.error().empty()) {
+    std::fprintf(stderr, "tandem: error: generation failed: %s\n", one_line(printer.error()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,379 @@
+#include "tandem/serve/batch_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "tandem/core/error.h"
+#include "tandem/core/log.h"
+#include "tandem/serve/text_stream.h"
+
+namespace tandem {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One prefill, one decode step and a sampled token, on the thread that will run the steps: the
+// first request then does not pay for lazy initialisation (kernels loaded, the thread's cuBLAS
+// handle and workspace). Best effort: a failure here shows again, with its cause, in a real step.
+void warm_up(LlamaDecoder& decoder, KvCache& cache) {
+  PageTable a, b;
+  if (cache.reserve(a, 3) && cache.reserve(b, 5)) {
+    try {  // every attention path of Note [Generation forward]: prefills together, a decode, a continuation
+      const std::vector<TokenId> none;
+      SamplingParams sampled;
+      sampled.top_k = 8, sampled.top_p = 0.9, sampled.repetition_penalty = 1.1;
+      decoder.forward({{&a, 0, {0, 0}}, {&b, 0, {0, 0, 0}}}, cache);
+      const auto logits = decoder.forward({{&a, 2, {0}}, {&b, 3, {0, 0}}}, cache);
+      sample_tokens(logits, {{&sampled, &none, 0.5}, {&sampled, &none, 0.5}});
+    } catch (const std::exception& e) {
+      log::warn(std::string("generation warm-up failed: ") + e.what());
+    }
+  }
+  cache.release(a);
+  cache.release(b);
+}
+
+}  // namespace
+
+const char* generation_end_name(GenerationEnd end) {
+  switch (end) {
+    case GenerationEnd::kEos:
+      return "eos";
+    case GenerationEnd::kStopString:
+      return "stop";
+    case GenerationEnd::kMaxTokens:
+      return "length";
+    case GenerationEnd::kContextFull:
+      return "context";
+    case GenerationEnd::kCancelled:
+      return "cancelled";
+    case GenerationEnd::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+/// A request's whole state; its fields beyond `cancelled` and `callback_mutex` belong to the
+/// scheduler thread once submitted.
+struct BatchScheduler::Request {
+  uint64_t id = 0;
+  GenerationRequest request;
+  std::vector<TokenId> tokens;  // prompt, then generated
+  int64_t prompt_tokens = 0, generated = 0;
+  int64_t cached = 0;  // tokens whose keys and values are in the cache
+  PageTable pages;
+  SamplingRng rng;
+  std::unique_ptr<TextStream> text;
+  Clock::time_point submitted = Clock::now();
+  double time_to_first_token_s = 0;
+  bool done = false;
+  std::atomic<bool> cancelled{false};
+  std::recursive_mutex callback_mutex;  // held while its callback runs; cancel() takes it
+
+  explicit Request(uint64_t seed) : rng(seed) {}
+};
+
+BatchScheduler::BatchScheduler(LlamaDecoder& decoder, KvCache& cache, const Tokenizer* tokenizer,
+                               SchedulerOptions options)
+    : decoder_(decoder), cache_(cache), tokenizer_(tokenizer), options_(std::move(options)) {
+  TANDEM_CHECK(options_.max_batch >= 1, "--max-batch must be at least 1; got ", options_.max_batch);
+  TANDEM_CHECK(options_.max_queue >= 0, "--max-queue must be >= 0; got ", options_.max_queue);
+  TANDEM_CHECK(options_.max_step_tokens >= 1, "max_step_tokens must be at least 1; got ", options_.max_step_tokens);
+  context_tokens_ = std::min(decoder_.spec().max_seq_len, cache_.tokens_total());
+  counters_.max_queue = options_.max_queue;
+  counters_.max_batch = options_.max_batch;
+  std::promise<void> warm;
+  auto warmed = warm.get_future();
+  thread_ = std::thread([this, &warm] {
+    warm_up(decoder_, cache_);
+    warm.set_value();
+    loop();
+  });
+  warmed.wait();
+}
+
+BatchScheduler::~BatchScheduler() { stop(); }
+
+Submission BatchScheduler::submit(GenerationRequest request) {
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  TANDEM_CHECK(n > 0, "the prompt is empty; give at least one token");
+  for (const TokenId t : request.prompt)
+    TANDEM_CHECK(t >= 0 && t < decoder_.spec().vocab_size, "token id ", t, " is outside the model's vocabulary of ",
+                 decoder_.spec().vocab_size, "; the tokenizer does not belong to this model (give --tokenizer)");
+  TANDEM_CHECK(n < context_tokens_, "the prompt is ", n, " tokens but the context holds ", context_tokens_,
+               " (prompt and output together",
+               context_tokens_ < decoder_.spec().max_seq_len ? ", limited by the KV cache" : "",
+               "); shorten the prompt");
+  TANDEM_CHECK(request.max_tokens >= 0, "max_tokens must be >= 0; got ", request.max_tokens);
+  check_sampling_params(request.sampling);
+  const bool stops = std::any_of(request.stop.begin(), request.stop.end(), [](const auto& s) { return !s.empty(); });
+  TANDEM_CHECK(!stops || tokenizer_ != nullptr, "stop strings need a tokenizer to decode the output");
+
+  auto r = std::make_shared<Request>(request.sampling.seed);
+  r->tokens = request.prompt;
+  r->prompt_tokens = n;
+  if (tokenizer_ != nullptr) r->text = std::make_unique<TextStream>(*tokenizer_, request.stop);
+  r->request = std::move(request);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return {Admission::kStopped, 0};
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue) {
+      ++counters_.refused;
+      return {Admission::kQueueFull, 0};
+    }
+    r->id = ++next_id_;
+    waiting_.push_back(r);
+    live_[r->id] = r;
+    ++counters_.submitted;
+  }
+  wake_.notify_all();
+  return {Admission::kAccepted, r->id};
+}
+
+void BatchScheduler::cancel(uint64_t id) {
+  RequestPtr r;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(id);
+    if (it == live_.end()) return;
+    r = it->second;
+  }
+  {
+    std::lock_guard<std::recursive_mutex> callback(r->callback_mutex);  // waits for a running callback
+    r->cancelled = true;
+  }
+  wake_.notify_all();
+}
+
+SchedulerStats BatchScheduler::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SchedulerStats s = counters_;
+  s.queued = static_cast<int64_t>(waiting_.size());
+  s.running = static_cast<int64_t>(live_.size() - waiting_.size());  // admitted, not yet ended
+  s.pages_total = cache_.pages_total();
+  s.pages_used = cache_.pages_used();
+  s.tokens_per_second = s.busy_seconds > 0 ? double(s.generated_tokens) / s.busy_seconds : 0;
+  s.mean_time_to_first_token_s = ttft_count_ > 0 ? ttft_sum_s_ / double(ttft_count_) : 0;
+  return s;
+}
+
+void BatchScheduler::wait_idle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [&] { return live_.empty(); });
+}
+
+void BatchScheduler::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (std::this_thread::get_id() == thread_.get_id()) return;  // from a callback: the loop ends after the step
+  std::lock_guard<std::mutex> lock(join_mutex_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void BatchScheduler::loop() {
+  std::vector<RequestPtr> running;  // in admission order
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running.empty(); });
+      if (stopping_) break;
+    }
+    step(running);
+  }
+  // Shutting down: every outstanding request ends as cancelled.
+  std::deque<RequestPtr> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting.swap(waiting_);
+  }
+  for (auto& r : running) finish(*r, GenerationEnd::kCancelled);
+  for (auto& r : waiting) finish(*r, GenerationEnd::kCancelled);
+}
+
+void BatchScheduler::step(std::vector<RequestPtr>& running) {
+  drop_cancelled(running);
+  grow_running(running);
+  admit(running);
+  if (!running.empty()) run_step(running);
+  running.erase(std::remove_if(running.begin(), running.end(), [](const RequestPtr& r) { return r->done; }),
+                running.end());
+}
+
+void BatchScheduler::drop_cancelled(std::vector<RequestPtr>& running) {
+  for (auto& r : running)
+    if (r->cancelled) finish(*r, GenerationEnd::kCancelled);
+  running.erase(std::remove_if(running.begin(), running.end(), [](const RequestPtr& r) { return r->done; }),
+                running.end());
+  std::vector<RequestPtr> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if ((*it)->cancelled) {
+        dropped.push_back(*it);
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& r : dropped) finish(*r, GenerationEnd::kCancelled);
+}
+
+void BatchScheduler::preempt(RequestPtr r) {
+  cache_.release(r->pages);
+  r->cached = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  waiting_.push_front(std::move(r));
+  ++counters_.preempted;
+}
+
+void BatchScheduler::grow_running(std::vector<RequestPtr>& running) {
+  for (size_t i = 0; i < running.size(); ++i) {
+    auto r = running[i];
+    const auto need = static_cast<int64_t>(r->tokens.size());
+    while (!cache_.reserve(r->pages, need)) {
+      auto victim = running.back();  // the most recently admitted
+      running.pop_back();
+      preempt(victim);
+      if (victim == r) break;
+    }
+  }
+}
+
+void BatchScheduler::admit(std::vector<RequestPtr>& running) {
+  std::vector<RequestPtr> empty;  // max_tokens 0: nothing to compute
+  int64_t budget = options_.max_step_tokens;
+  bool first = true;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!waiting_.empty() && static_cast<int64_t>(running.size()) < options_.max_batch) {
+      auto r = waiting_.front();
+      if (r->request.max_tokens == 0) {
+        empty.push_back(r);
+        waiting_.pop_front();
+        continue;
+      }
+      const auto n = static_cast<int64_t>(r->tokens.size()) - r->cached;
+      if (!first && n > budget) break;
+      if (!cache_.reserve(r->pages, static_cast<int64_t>(r->tokens.size()))) break;
+      waiting_.pop_front();
+      running.push_back(r);
+      budget -= n;
+      first = false;
+    }
+  }
+  for (auto& r : empty) finish(*r, GenerationEnd::kMaxTokens);
+}
+
+void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
+  const auto t0 = Clock::now();
+  std::vector<SequenceChunk> batch;
+  int64_t prefilled = 0;
+  for (const auto& r : running) {
+    SequenceChunk c;
+    c.pages = &r->pages;
+    c.start = r->cached;
+    c.tokens.assign(r->tokens.begin() + r->cached, r->tokens.end());
+    if (c.tokens.size() > 1 || r->generated == 0) prefilled += static_cast<int64_t>(c.tokens.size());
+    batch.push_back(std::move(c));
+  }
+  std::vector<TokenId> next;
+  try {
+    const auto logits = decoder_.forward(batch, cache_);  // (B, V) fp32
+    std::vector<SamplingRow> rows;
+    for (const auto& r : running) rows.push_back({&r->request.sampling, &r->tokens, r->rng.uniform()});
+    next = sample_tokens(logits, rows);
+  } catch (const std::exception& e) {
+    log::error(std::string("generation step failed: ") + e.what());
+    for (auto& r : running) finish(*r, GenerationEnd::kFailed, e.what());
+    return;
+  }
+  {  // counted before delivery: a waiter woken by the last request's end sees this step
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.steps;
+    counters_.busy_seconds += seconds_since(t0);
+    counters_.prompt_tokens += prefilled;
+    counters_.generated_tokens += static_cast<int64_t>(running.size());
+  }
+  for (size_t i = 0; i < running.size(); ++i) {
+    running[i]->cached = static_cast<int64_t>(running[i]->tokens.size());
+    if (!running[i]->cancelled) deliver(*running[i], next[i]);
+  }
+}
+
+void BatchScheduler::deliver(Request& r, TokenId token) {
+  r.tokens.push_back(token);
+  ++r.generated;
+  if (r.generated == 1) {
+    r.time_to_first_token_s = seconds_since(r.submitted);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ttft_sum_s_ += r.time_to_first_token_s;
+    ++ttft_count_;
+    counters_.last_time_to_first_token_s = r.time_to_first_token_s;
+  }
+  GenerationEvent e;
+  e.token = token;
+  const auto& eos = options_.eos_ids;
+  if (r.request.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+    e.end = GenerationEnd::kEos;
+  } else if (r.text) {
+    e.text = r.text->push(token);
+    if (r.text->stopped()) e.end = GenerationEnd::kStopString;
+  }
+  if (!e.end && r.generated >= r.request.max_tokens) e.end = GenerationEnd::kMaxTokens;
+  if (!e.end && static_cast<int64_t>(r.tokens.size()) >= context_tokens_) e.end = GenerationEnd::kContextFull;
+  if (e.end) {
+    if (r.text) e.text += r.text->flush();
+    finish(r, *e.end, "", &e);
+    return;
+  }
+  e.prompt_tokens = r.prompt_tokens;
+  e.generated_tokens = r.generated;
+  e.time_to_first_token_s = r.time_to_first_token_s;
+  emit(r, e);
+}
+
+void BatchScheduler::finish(Request& r, GenerationEnd end, const std::string& error, GenerationEvent* last) {
+  if (r.done) return;
+  r.done = true;
+  cache_.release(r.pages);
+  GenerationEvent e = last != nullptr ? *last : GenerationEvent{};
+  e.end = end;
+  e.error = error;
+  e.prompt_tokens = r.prompt_tokens;
+  e.generated_tokens = r.generated;
+  e.time_to_first_token_s = r.time_to_first_token_s;
+  if (last == nullptr && r.text && end != GenerationEnd::kFailed) e.text = r.text->flush();
+  emit(r, e);  // a cancelled request's callback is skipped
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.erase(r.id);
+    if (end == GenerationEnd::kCancelled)
+      ++counters_.cancelled;
+    else if (end == GenerationEnd::kFailed)
+      ++counters_.failed;
+    else
+      ++counters_.finished;
+    if (live_.empty()) idle_.notify_all();
+  }
+}
+
+void BatchScheduler::emit(Request& r, const GenerationEvent& event) {
+  std::lock_guard<std::recursive_mutex> callback(r.callback_mutex);
+  if (r.cancelled || !r.request.on_event) return;
+  try {
+    r.request.on_event(event);
+  } catch (const std::exception& e) {
+    log::warn(std::string("a generation callback failed (the request is cancelled): ") + e.what());
+    r.cancelled = true;
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,276 @@
+#include "tandem/serve/llama_decoder.h"
+
+#include <c10/core/DeviceGuard.h>
+
+#include <algorithm>
+
+#include "tandem/core/error.h"
+
+namespace tandem {
+
+using torch::indexing::Slice;
+
+/// Where each new token of a step goes, built on the host and moved to the device once per step.
+/// Rows are in "step order": the one-token chunks first, then the others, each chunk's tokens
+/// consecutive.
+struct LlamaDecoder::StepLayout {
+  int64_t rows = 0;
+  torch::Tensor tokens;                  // (N) int64
+  torch::Tensor cos, sin;                // (N, 1, hd) compute dtype
+  torch::Tensor write_page, write_slot;  // (N) int64: where each token's keys and values go
+  int64_t decodes = 0;                   // rows [0, decodes) are one-token chunks
+  torch::Tensor decode_pages;            // (B_d, P) int64, padded with page 0
+  torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens) bool: key within the sequence
+  struct Prefill {
+    int64_t row = 0, count = 0, start = 0;
+    bool grouped = false;  // attends in `fresh` with the other new sequences
+    torch::Tensor pages;   // (1, P) int64 (start > 0 only)
+    torch::Tensor mask;    // (1, 1, count, start + count) bool (start > 0 only)
+  };
+  std::vector<Prefill> prefills;
+  /// Several sequences starting at 0 attend together, padded to the longest (B, T).
+  struct FreshGroup {
+    int64_t count = 0, width = 0;  // B, T
+    torch::Tensor gather;          // (B * T) int64: the step row of each padded place (padding: the first)
+    torch::Tensor mask;            // (B, 1, T, T) bool: key s <= min(t, length - 1)
+    torch::Tensor places, rows;    // (M) int64: the padded places of real tokens and their step rows
+  } fresh;
+  torch::Tensor logit_rows;  // (B) or (N) int64: the rows whose logits are returned, in batch order
+};
+
+namespace {
+
+torch::Tensor int64_tensor(const std::vector<int64_t>& v, const c10::Device& device) {
+  return torch::tensor(v, torch::kInt64).to(device);
+}
+
+// keys or values of the pages (B, P) gathered per sequence: (B, KV, P * page_tokens, hd).
+torch::Tensor gather_pages(const torch::Tensor& cache, const torch::Tensor& pages) {
+  const int64_t B = pages.size(0), P = pages.size(1);
+  auto g = cache.index_select(0, pages.reshape({-1}));  // (B * P, KV, pt, hd)
+  g = g.view({B, P, cache.size(1), cache.size(2), cache.size(3)}).permute({0, 2, 1, 3, 4});
+  return g.reshape({B, cache.size(1), P * cache.size(2), cache.size(3)});
+}
+
+// RMSNorm in fp32 (Note [Generation forward]), cast to the compute dtype.
+torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType dtype) {
+  return at::rms_norm(x, {x.size(-1)}, weight.to(torch::kFloat32), eps).to(dtype);
+}
+
+}  // namespace
+
+LlamaDecoder::LlamaDecoder(std::shared_ptr<DecoderWeights> weights)
+    : weights_(std::move(weights)), rope_(weights_->spec()) {
+  TANDEM_CHECK(spec().arch == Arch::kLlama, "generation needs a Llama model; this checkpoint is ",
+               to_string(spec().arch));
+}
+
+KvCacheShape LlamaDecoder::cache_shape(int64_t page_tokens) const {
+  KvCacheShape s;
+  s.n_layer = spec().n_layer;
+  s.n_kv_head = spec().n_kv_head;
+  s.head_dim = spec().head_dim();
+  s.page_tokens = page_tokens;
+  s.dtype = dtype();
+  s.device = device();
+  return s;
+}
+
+LlamaDecoder::StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const KvCache& cache,
+                                              LogitRows rows) {
+  const int64_t pt = cache.page_tokens();
+  std::vector<size_t> order;  // step order: the one-token chunks, then the others
+  for (size_t b = 0; b < batch.size(); ++b)
+    if (batch[b].tokens.size() == 1) order.push_back(b);
+  StepLayout s;
+  s.decodes = static_cast<int64_t>(order.size());
+  for (size_t b = 0; b < batch.size(); ++b)
+    if (batch[b].tokens.size() != 1) order.push_back(b);
+
+  std::vector<int64_t> tokens, positions, page, slot, first_row(batch.size());
+  for (const size_t b : order) {
+    const auto& c = batch[b];
+    const auto T = static_cast<int64_t>(c.tokens.size()), end = c.start + T;
+    TANDEM_ASSERT(T > 0 && c.pages != nullptr && c.start >= 0, "empty chunk or no page table");
+    TANDEM_ASSERT(c.pages->capacity(pt) >= end, "page table holds ", c.pages->capacity(pt), " tokens, step needs ",
+                  end);
+    TANDEM_ASSERT(end <= spec().max_seq_len, "sequence of ", end, " tokens beyond the context of ", spec().max_seq_len);
+    first_row[b] = static_cast<int64_t>(tokens.size());
+    if (T > 1) s.prefills.push_back({first_row[b], T, c.start, {}, {}});
+    for (int64_t t = 0; t < T; ++t) {
+      const TokenId id = c.tokens[static_cast<size_t>(t)];
+      TANDEM_ASSERT(id >= 0 && id < spec().vocab_size, "token id ", id, " outside the vocabulary");
+      tokens.push_back(id);
+      positions.push_back(c.start + t);
+      page.push_back(c.pages->pages[static_cast<size_t>((c.start + t) / pt)]);
+      slot.push_back((c.start + t) % pt);
+    }
+  }
+  s.rows = static_cast<int64_t>(tokens.size());
+  const auto device = this->device();
+  s.tokens = int64_tensor(tokens, device);
+  const auto pos = int64_tensor(positions, device);
+  auto [cos, sin] = rope_.get(spec().max_seq_len, device, dtype());
+  s.cos = cos.index_select(0, pos).unsqueeze(1);
+  s.sin = sin.index_select(0, pos).unsqueeze(1);
+  s.write_page = int64_tensor(page, device);
+  s.write_slot = int64_tensor(slot, device);
+  layout_decodes(batch, order, cache, s);
+  layout_prefills(batch, order, cache, s);
+
+  std::vector<int64_t> logit_rows;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const auto T = static_cast<int64_t>(batch[b].tokens.size());
+    for (int64_t t = rows == LogitRows::kAll ? 0 : T - 1; t < T; ++t) logit_rows.push_back(first_row[b] + t);
+  }
+  s.logit_rows = int64_tensor(logit_rows, device);
+  return s;
+}
+
+void LlamaDecoder::layout_decodes(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
+                                  const KvCache& cache, StepLayout& s) const {
+  if (s.decodes == 0) return;
+  int64_t widest = 0;  // pages of the longest one-token chunk
+  for (int64_t i = 0; i < s.decodes; ++i) {
+    const auto& c = batch[order[static_cast<size_t>(i)]];
+    widest = std::max(widest, cache.pages_for(c.start + 1));
+  }
+  std::vector<int64_t> pages, lengths;
+  for (int64_t i = 0; i < s.decodes; ++i) {
+    const auto& c = batch[order[static_cast<size_t>(i)]];
+    for (int64_t p = 0; p < widest; ++p)
+      pages.push_back(p < cache.pages_for(c.start + 1) ? c.pages->pages[static_cast<size_t>(p)] : 0);
+    lengths.push_back(c.start + 1);
+  }
+  const auto device = this->device();
+  const int64_t keys = widest * cache.page_tokens();
+  s.decode_pages = int64_tensor(pages, device).view({s.decodes, widest});
+  const auto key = torch::arange(keys, torch::TensorOptions().dtype(torch::kInt64).device(device));
+  s.decode_mask = (key.unsqueeze(0) < int64_tensor(lengths, device).unsqueeze(1)).view({s.decodes, 1, 1, keys});
+}
+
+void LlamaDecoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
+                                   const KvCache& cache, StepLayout& s) const {
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device());
+  for (size_t j = 0; j < s.prefills.size(); ++j) {
+    auto& p = s.prefills[j];
+    if (p.start == 0) continue;  // attends over its fresh keys, causally
+    const auto& c = batch[order[static_cast<size_t>(s.decodes) + j]];
+    const int64_t n = cache.pages_for(p.start + p.count);
+    p.pages =
+        int64_tensor(std::vector<int64_t>(c.pages->pages.begin(), c.pages->pages.begin() + n), device()).view({1, n});
+    const auto q_pos = torch::arange(p.start, p.start + p.count, opts).unsqueeze(1);  // (T, 1)
+    p.mask = (torch::arange(p.start + p.count, opts).unsqueeze(0) <= q_pos).view({1, 1, p.count, p.start + p.count});
+  }
+  layout_fresh(s);
+}
+
+// Note [Fresh prefills together]
+// Sequences that join in the same step (their chunk starts at 0) attend in one call, padded to the
+// longest: a padded query row attends to its sequence's keys (never to none, which would give NaN)
+// and is dropped after. One alone attends causally without a mask, as Model::forward does.
+void LlamaDecoder::layout_fresh(StepLayout& s) const {
+  std::vector<StepLayout::Prefill*> fresh;
+  for (auto& p : s.prefills)
+    if (p.start == 0) fresh.push_back(&p);
+  if (fresh.size() < 2) return;
+  auto& g = s.fresh;
+  g.count = static_cast<int64_t>(fresh.size());
+  for (const auto* p : fresh) g.width = std::max(g.width, p->count);
+  std::vector<int64_t> gather, last, places, rows;
+  for (int64_t b = 0; b < g.count; ++b) {
+    auto& p = *fresh[static_cast<size_t>(b)];
+    p.grouped = true;
+    last.push_back(p.count - 1);
+    for (int64_t t = 0; t < g.width; ++t) {
+      gather.push_back(p.row + (t < p.count ? t : 0));
+      if (t >= p.count) continue;
+      places.push_back(b * g.width + t);
+      rows.push_back(p.row + t);
+    }
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device());
+  const auto t = torch::arange(g.width, opts);
+  const auto query_end = torch::minimum(t.view({1, g.width}), int64_tensor(last, device()).view({g.count, 1}));
+  g.mask = (t.view({1, 1, g.width}) <= query_end.unsqueeze(2)).unsqueeze(1);  // (B, 1, T, T)
+  g.gather = int64_tensor(gather, device());
+  g.places = int64_tensor(places, device());
+  g.rows = int64_tensor(rows, device());
+}
+
+torch::Tensor LlamaDecoder::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      int64_t index, const StepLayout& step, KvCache& cache) {
+  const bool gqa = spec().n_kv_head != spec().n_head;
+  auto kc = cache.keys(index);  // (P, KV, page_tokens, hd), shared with the cache
+  auto vc = cache.values(index);
+  kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
+  vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
+  auto y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());  // (N, H, hd), contiguous
+  if (step.decodes > 0) {
+    const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
+    const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
+    const auto vd = gather_pages(vc, step.decode_pages);
+    const auto a =
+        at::scaled_dot_product_attention(qd, kd, vd, step.decode_mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+    y.narrow(0, 0, step.decodes).copy_(a.squeeze(2));
+  }
+  if (step.fresh.count > 0) {
+    const auto& g = step.fresh;
+    const auto pad = [&](const torch::Tensor& t) {  // (N, heads, hd) -> (B, heads, T, hd)
+      return t.index_select(0, g.gather).view({g.count, g.width, t.size(1), t.size(2)}).transpose(1, 2);
+    };
+    const auto a = at::scaled_dot_product_attention(pad(q), pad(k), pad(v), g.mask, 0.0, false, std::nullopt, gqa);
+    y.index_copy_(0, g.rows, a.transpose(1, 2).reshape({-1, q.size(1), q.size(2)}).index_select(0, g.places));
+  }
+  for (const auto& p : step.prefills) {
+    if (p.grouped) continue;
+    const auto qp = q.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);  // (1, H, T, hd)
+    torch::Tensor a;
+    if (p.start == 0) {
+      const auto kp = k.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);  // (1, KV, T, hd)
+      const auto vp = v.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);
+      a = at::scaled_dot_product_attention(qp, kp, vp, {}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
+    } else {
+      const int64_t L = p.start + p.count;
+      const auto kp = gather_pages(kc, p.pages).narrow(2, 0, L);  // (1, KV, L, hd)
+      const auto vp = gather_pages(vc, p.pages).narrow(2, 0, L);
+      a = at::scaled_dot_product_attention(qp, kp, vp, p.mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+    }
+    y.narrow(0, p.row, p.count).copy_(a.squeeze(0).transpose(0, 1));
+  }
+  return y;
+}
+
+torch::Tensor LlamaDecoder::layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache) {
+  const auto& s = spec();
+  const int64_t N = step.rows, C = s.d_model, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), F = s.d_ff;
+  const LayerWeights w = weights_->acquire(index);
+  // Attention. x: (N, C) fp32 residual stream.
+  const auto qkv = torch::nn::functional::linear(norm(x, w.input_norm, s.norm_eps, dtype()), w.qkv);    // (N, C+2KVhd)
+  const auto qk = apply_rope(qkv.narrow(1, 0, C + KV * hd).view({N, H + KV, hd}), step.cos, step.sin);  // q and k
+  const auto q = qk.narrow(1, 0, H), k = qk.narrow(1, H, KV);
+  const auto v = qkv.narrow(1, C + KV * hd, KV * hd).view({N, KV, hd});
+  const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
+  const auto r = x + torch::nn::functional::linear(y.view({N, C}), w.o).to(torch::kFloat32);
+  // SwiGLU feed-forward.
+  const auto gu = torch::nn::functional::linear(norm(r, w.post_norm, s.norm_eps, dtype()), w.gate_up);  // (N, 2F)
+  const auto f = torch::nn::functional::linear(torch::silu(gu.narrow(1, 0, F)) * gu.narrow(1, F, F), w.down);
+  auto out = r + f.to(torch::kFloat32);
+  weights_->release(index);
+  return out;
+}
+
+torch::Tensor LlamaDecoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {
+  TANDEM_ASSERT(!batch.empty(), "a step without sequences");
+  TANDEM_ASSERT(cache.shape().n_layer == spec().n_layer && cache.shape().dtype == dtype(),
+                "KV cache of another shape or dtype");
+  const c10::InferenceMode inference;
+  const c10::DeviceGuard device_guard(device());
+  const StepLayout step = layout(batch, cache, rows);
+  auto x = torch::embedding(weights_->embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32
+  for (int64_t i = 0; i < spec().n_layer; ++i) x = layer(x, i, step, cache);
+  const auto h = norm(x.index_select(0, step.logit_rows), weights_->final_norm(), spec().norm_eps, dtype());
+  return torch::nn::functional::linear(h, weights_->lm_head()).to(torch::kFloat32);  // (B or N, V) fp32
+}
+
+}  // namespace tandem

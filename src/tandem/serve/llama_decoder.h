@@ -1,0 +1,78 @@
+#pragma once
+// A LLaMA forward for generation over DecoderWeights and a paged KV cache: the prompts of sequences
+// that join (prefill) and one new token of each running sequence (decode) in one pass over the
+// weights, so a streamed layer crosses the bus once per step whatever the batch.
+//
+// Note [Generation forward]
+// The numerics are those of models/llama.cpp's LlamaLayer under autocast, as tandem trains: an fp32
+// residual stream; RMSNorm in fp32 (the scale converted to fp32) and its output cast to the compute
+// dtype; matrix products in the compute dtype; RoPE from the same RopeTable, applied in the compute
+// dtype; attention through scaled_dot_product_attention. Projections and the feed-forward see every
+// new token of the step as one (N, C) matrix. Attention is grouped: sequences adding one token
+// attend together over their gathered pages, padded to the longest and masked by length; a
+// sequence adding several tokens attends causally: those starting at 0 together, over their fresh
+// keys (Note [Fresh prefills together]), the others alone, over their pages. With fp32 weights this
+// equals Model::forward to rounding.
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "tandem/data/tokenizer.h"
+#include "tandem/models/llama.h"
+#include "tandem/serve/decoder_weights.h"
+#include "tandem/serve/kv_cache.h"
+
+namespace tandem {
+
+/// One sequence's part of a step: `tokens` appended at positions start, start + 1, ...
+struct SequenceChunk {
+  const PageTable* pages = nullptr;  ///< holds at least start + tokens.size() tokens
+  int64_t start = 0;                 ///< tokens of the sequence already in the cache
+  std::vector<TokenId> tokens;       ///< the new tokens, at least one
+};
+
+/// Which logits a step returns.
+enum class LogitRows {
+  kLast,  ///< (B, V): each chunk's last token (what generation samples from)
+  kAll,   ///< (N, V): every new token, chunk after chunk (tests)
+};
+
+/// The decoder (Note [Generation forward]); one thread calls forward() at a time.
+class LlamaDecoder {
+ public:
+  explicit LlamaDecoder(std::shared_ptr<DecoderWeights> weights);
+
+  /// The model's shapes (from its config.json).
+  const ModelSpec& spec() const { return weights_->spec(); }
+  /// Where it computes, and in which dtype (the KV cache's too).
+  c10::Device device() const { return weights_->placement().device; }
+  torch::ScalarType dtype() const { return weights_->placement().dtype; }
+  /// The weights and their residency plan.
+  DecoderWeights& weights() { return *weights_; }
+  /// The shape of a KV cache for this decoder.
+  KvCacheShape cache_shape(int64_t page_tokens) const;
+
+  /// Runs each chunk's new tokens through the model, writes their keys and values into `cache` (at
+  /// the chunk's pages) and attends over the sequence's cached tokens. Returns fp32 logits on the
+  /// device, (B, vocab) or (N, vocab) per `rows`, in the order of `batch`.
+  torch::Tensor forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows = LogitRows::kLast);
+
+ private:
+  struct StepLayout;
+  StepLayout layout(const std::vector<SequenceChunk>& batch, const KvCache& cache, LogitRows rows);
+  void layout_decodes(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
+                      StepLayout& step) const;
+  void layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
+                       StepLayout& step) const;
+  void layout_fresh(StepLayout& step) const;
+  torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
+  torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
+                          const StepLayout& step, KvCache& cache);
+
+  std::shared_ptr<DecoderWeights> weights_;
+  RopeTable rope_;
+};
+
+}  // namespace tandem
