@@ -32,6 +32,8 @@
 #          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
 #          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
 #          PL_STEPS_<model> steps each (default 60 for amx-moe, 30 for 1B); table via bench/placement_table.py.
+#   serve  generation: tandem generate (resident, and streaming all but 4 layers) against transformers'
+#          generate on one random-weight 1B folder; the server's tests with the openai client on the GPU.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -464,6 +466,28 @@ for part in ${PY_PARTS-resident offload}; do  # PY_PARTS="" runs none
   fi
   tail -4 "$OUT/py-$part.log"
 done
+fi
+
+if has serve; then
+# Generation and serving on the GPU: a random-weight Llama folder (SERVE_LAYERS, default 16, width 2048:
+# about 1 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
+# with all but 4 layers streamed from pinned host memory, transformers' greedy generate on the same
+# folder as the peer, then the server's tests with the openai client on this GPU.
+echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
+install_wheels || true
+gdir="$OUT/gen-model"; mkdir -p "$gdir"
+python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-16}" 2>&1 | tail -1
+python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
+  "${SERVE_BATCH:-32}" >"$OUT/gen-prompts.txt"
+gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 --ignore-eos
+     --max-batch "${SERVE_BATCH:-32}" --kv-cache-gib 1)
+"${gen[@]}" >"$OUT/gen-resident.log" 2>&1; tail -3 "$OUT/gen-resident.log"
+
+"${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
+python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
+(cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py) >"$OUT/pytest-serve.log" 2>&1
+tail -2 "$OUT/pytest-serve.log"
 fi
 
 if has placement; then

@@ -48,11 +48,12 @@ else
     .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION"
   fi
   # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself;
-  # tests/python/test_tokenizers_parity.py compares its tokenizers with `tokenizers` and `sentencepiece`.
-  if ! .venv/bin/python -c "import transformers, safetensors, pytest, tokenizers, sentencepiece, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
-    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest, tokenizers, sentencepiece)"
+  # tests/python/test_tokenizers_parity.py compares its tokenizers with `tokenizers` and `sentencepiece`;
+  # tests/python/test_serve.py drives `tandem serve` with the official `openai` client.
+  if ! .venv/bin/python -c "import transformers, safetensors, pytest, tokenizers, sentencepiece, openai, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest, tokenizers, sentencepiece, openai)"
     .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" safetensors pytest tokenizers \
-      sentencepiece
+      sentencepiece openai
   fi
   prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi

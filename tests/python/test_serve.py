@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 import torch
 
-openai = pytest.importorskip("openai")
-tokenizers = pytest.importorskip("tokenizers")
-transformers = pytest.importorskip("transformers")
+import openai  # test-only packages, installed into .venv by scripts/setup.sh
+import tokenizers
+import transformers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLI = os.environ.get("TANDEM_CLI", os.path.join(ROOT, "build", "tandem"))

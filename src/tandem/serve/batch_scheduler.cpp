@@ -89,6 +89,7 @@ BatchScheduler::BatchScheduler(LlamaDecoder& decoder, KvCache& cache, const Toke
   std::promise<void> warm;
   auto warmed = warm.get_future();
   thread_ = std::thread([this, &warm] {
+    thread_id_ = std::this_thread::get_id();
     warm_up(decoder_, cache_);
     warm.set_value();
     loop();
@@ -172,7 +173,7 @@ void BatchScheduler::stop() {
     stopping_ = true;
   }
   wake_.notify_all();
-  if (std::this_thread::get_id() == thread_.get_id()) return;  // from a callback: the loop ends after the step
+  if (std::this_thread::get_id() == thread_id_) return;  // from a callback: the loop ends after the step
   std::lock_guard<std::mutex> lock(join_mutex_);
   if (thread_.joinable()) thread_.join();
 }

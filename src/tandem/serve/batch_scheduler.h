@@ -170,7 +170,8 @@ class BatchScheduler {
   double ttft_sum_s_ = 0;
   int64_t ttft_count_ = 0;
 
-  std::mutex join_mutex_;  // one stop() joins
+  std::mutex join_mutex_;      // one stop() joins
+  std::thread::id thread_id_;  // the scheduler thread's, set before the constructor returns
   std::thread thread_;
 };
 
