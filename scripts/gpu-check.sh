@@ -33,7 +33,9 @@
 #          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
 #          PL_STEPS_<model> steps each (default 60 for amx-moe, 30 for 1B); table via bench/placement_table.py.
 #   serve  generation: tandem generate (resident, and streaming all but 4 layers) against transformers'
-#          generate on one random-weight 1B folder; the server's tests with the openai client on the GPU.
+#          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
+#          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
+#          60); the server's tests with the openai client on the GPU.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -472,7 +474,9 @@ if has serve; then
 # Generation and serving on the GPU: a random-weight Llama folder (SERVE_LAYERS, default 16, width 2048:
 # about 1 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
 # with all but 4 layers streamed from pinned host memory, transformers' greedy generate on the same
-# folder as the peer, then the server's tests with the openai client on this GPU.
+# folder as the peer, `tandem serve` on the same folder under SERVE_CLIENTS closed-loop clients (default
+# 64, as many as --max-batch) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default
+# 60), then the server's tests with the openai client on this GPU.
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
 install_wheels || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
@@ -485,6 +489,16 @@ gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.t
 
 "${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
+echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
+rm -f "$OUT/serve-load.json"
+if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-load-server.log" \
+     --serve-args "--max-batch ${SERVE_CLIENTS:-64} --kv-cache-gib 2" --clients "${SERVE_CLIENTS:-64}" \
+     --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 --json "$OUT/serve-load.json" \
+     >"$OUT/serve-load.log" 2>&1; then
+  head -1 "$OUT/serve-load.log"
+else
+  tail -5 "$OUT/serve-load.log"
+fi
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
   TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
@@ -530,6 +544,7 @@ has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" 
 has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(for c in ${CURVE_RUNS:-gpu exact delayed}; do echo "$OUT/curve-$c"; done)
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
+has serve && python3 bench/serve_load.py --table "$OUT/serve-load.json"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"
 has dist && python3 bench/dist_scaling_table.py table "$OUT/dist-runs.jsonl" --json "$OUT/dist-scaling.json" \
   --gpu-txt "$OUT/gpu.txt"

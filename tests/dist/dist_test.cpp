@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "../test_util.h"
+#include "dist_runs.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/safetensors.h"
@@ -20,59 +21,6 @@ namespace tandem::test {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string out;
-};
-
-Result sh(const std::string& cmd, const std::string& log) {
-  const int status = std::system((cmd + " >" + log + " 2>&1").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(log)};
-}
-
-// A port per test and process, so tests running side by side do not meet.
-int port(int k) { return 20000 + (getpid() % 1500) * 20 + k; }
-
-std::string train_args(const std::string& dir, int steps, const std::string& extra) {
-  return "--preset tiny --device cpu --steps " + std::to_string(steps) +
-         " --set train.seq_len=64 --set train.eval_every=0 --set train.progress=off --set data.synthetic_bytes=200000"
-         " --set monitor.enabled=false --set optim.warmup_steps=5 --set optim.lr=1e-3 --run-dir " +
-         dir + " " + extra;
-}
-
-Result train_one(const std::string& dir, int steps, const std::string& extra) {
-  return sh("OMP_NUM_THREADS=1 " + cli_path() + " train " + train_args(dir, steps, extra), dir + ".log");
-}
-
-Result launch(int n, int p, const std::string& dir, int steps, const std::string& extra,
-              const std::string& launcher = "", const std::string& env = "") {
-  return sh("env OMP_NUM_THREADS=1 " + env + " " + cli_path() + " launch --nproc-per-node " + std::to_string(n) +
-                " --master-port " + std::to_string(p) + " " + launcher + " -- " + cli_path() + " train " +
-                train_args(dir, steps, extra),
-            dir + ".log");
-}
-
-// The loss of every step row, in file order (a restarted run repeats steps: the later row wins).
-std::map<int64_t, double> losses(const std::string& dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return out;
-}
-
-void expect_same_losses(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b, double rtol) {
-  ASSERT_EQ(a.size(), b.size());
-  ASSERT_FALSE(a.empty());
-  for (const auto& [step, loss] : a) {
-    ASSERT_TRUE(b.count(step)) << "step " << step;
-    EXPECT_NEAR(loss, b.at(step), rtol * std::abs(loss)) << "step " << step;
-  }
-}
 
 const char* kOffload = "--set offload.optimizer=cpu";
 const char* kZero = "--set offload.optimizer=cpu --set dist.zero_stage=2";

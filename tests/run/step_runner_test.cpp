@@ -33,9 +33,11 @@ struct Rig {
     torch::manual_seed(c.train.seed);
     model = build_model(plan.spec, false);
     optimizer = make_optimizer(plan.cfg.optim, model->hf_parameters(), ctx.device);
+    std::vector<torch::Tensor> params;
+    for (auto& [name, p] : model->hf_parameters()) params.push_back(p);
     runner = std::make_unique<StepRunner>(
-        plan, ctx, *model, *optimizer, nullptr, nullptr, timer, [this](const nlohmann::json& r) { rows.push_back(r); },
-        TrainerState{});
+        plan, ctx, *model, params, *optimizer, nullptr, nullptr, nullptr, timer,
+        [this](const nlohmann::json& r) { rows.push_back(r); }, TrainerState{});
     loader = std::make_unique<BatchLoader>(open_data(plan.cfg.data).train, plan.cfg.train.micro_batch, plan.seq_len,
                                            plan.cfg.train.seed, ctx.device, 1, plan.spec.vocab_size, "training");
   }

@@ -13,7 +13,9 @@
 #include "tandem/bench/bk_core_bench.h"
 #include "tandem/bench/optim_bench.h"
 #include "tandem/bench/step_bench.h"
+#include "tandem/cli/chat_command.h"
 #include "tandem/cli/generate_command.h"
+#include "tandem/cli/partition_command.h"
 #include "tandem/cli/serve_command.h"
 #include "tandem/cli/tokenize_command.h"
 #include "tandem/core/config.h"
@@ -109,6 +111,8 @@ struct InspectOptions {
   double gpu_memory_gib = 80.0;  ///< GPU to plan for when none is visible, or when given explicitly
   bool gpu_memory_given = false;
   double host_memory_gib = 0.0;  ///< 0 = MemAvailable from /proc/meminfo
+  bool partition = false;        ///< profile the Blocks and print the pipeline partitioner's plan
+  PartitionInspectOptions partition_opts;
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -226,6 +230,7 @@ int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
     for (const auto& m : bad16) std::printf("  not a multiple of 16 (fp8): %s\n", m.c_str());
   std::printf("\n%s", format_recipe(resolved).c_str());
   if (opts.plan) return print_offload_plan(cfg, s, T, opts);
+  if (opts.partition || opts.partition_opts.with_cpu) return run_partition_inspect(cfg, s, T, opts.partition_opts);
   const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
   const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
   std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",
@@ -337,6 +342,16 @@ int main(int argc, char** argv) {
   inspect_cmd->add_flag("--plan", inspect_opts.plan,
                         "the offload engine's memory plan (GPU, pinned and pageable host) instead of the estimate; "
                         "refuses a plan that does not fit");
+  inspect_cmd->add_flag("--partition", inspect_opts.partition,
+                        "profile each Block here and print the pipeline partitioner's plan for dist.pipeline_stages "
+                        "(auto: the best stage count): stages, Blocks, devices, predicted time and memory");
+  inspect_cmd->add_flag("--partition-cpu", inspect_opts.partition_opts.with_cpu,
+                        "--partition, and the host CPU weighed as one more stage beside the GPUs");
+  inspect_cmd
+      ->add_option("--partition-ranks", inspect_opts.partition_opts.ranks,
+                   "with --partition: ranks to plan for (default one per visible GPU, 1 on the CPU); ranks beyond "
+                   "the visible devices are copies of the first")
+      ->check(CLI::PositiveNumber);
   auto* gpu_memory_opt = inspect_cmd
                              ->add_option("--gpu-memory", inspect_opts.gpu_memory_gib,
                                           "GiB of GPU memory to plan for (default: the first visible GPU's, else 80)")
@@ -368,6 +383,7 @@ int main(int argc, char** argv) {
   TokenizeCommand tokenize_cmd(app);
   GenerateCommand generate_cmd(app);
   ServeCommand serve_cmd(app);
+  ChatCommand chat_cmd(app);
 
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
   bench_cmd->require_subcommand(1);
@@ -476,6 +492,7 @@ int main(int argc, char** argv) {
     if (tokenize_cmd.chosen()) return tokenize_cmd.run();
     if (generate_cmd.chosen()) return generate_cmd.run();
     if (serve_cmd.chosen()) return serve_cmd.run();
+    if (chat_cmd.chosen()) return chat_cmd.run();
     if (*bench_bk) return run_bk_core_bench(bk_opts);
     if (*bench_step) return run_step_bench(step_args.resolve(""), step_json, step_model_json);
     if (*bench_optim) {

@@ -40,4 +40,13 @@ std::optional<double> parse_update_split(const std::string& s) {
   return k;
 }
 
+int64_t pipeline_stage_count(const DistConfig& d) {
+  if (d.pipeline_stages == "auto") return 0;
+  char* end = nullptr;
+  const long long p = std::strtoll(d.pipeline_stages.c_str(), &end, 10);
+  TANDEM_CHECK(!d.pipeline_stages.empty() && end && *end == '\0' && p >= 1,
+               "dist.pipeline_stages must be auto or a stage count >= 1; got '", d.pipeline_stages, "'");
+  return p;
+}
+
 }  // namespace tandem

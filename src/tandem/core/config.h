@@ -38,6 +38,11 @@ enum class CpuIsaChoice { kAuto, kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 enum class Speculation { kAuto, kAlways, kNever };
 /// dist.backend: the device collectives (auto: NCCL for GPUs, Gloo for the CPU).
 enum class DistBackend { kAuto, kNccl, kGloo };
+/// dist.pipeline_schedule: the order in which a pipeline stage runs its micro-batches (Note [Pipeline schedules]).
+enum class PipelineSchedule {
+  kGPipe,  ///< every forward, then every backward: a stage holds all m micro-batches' activations
+  k1F1B,   ///< one forward, one backward in the steady state: stage s holds at most p - s of them
+};
 /// placement.policy: where Blocks run per step (Note [Placement policies]).
 enum class PlacementPolicyKind { kOff, kStatic, kThreshold, kCost };
 /// placement.objective: what the cost model optimises.
@@ -59,6 +64,7 @@ const char* to_string(StateRounding v);
 const char* to_string(CpuIsaChoice v);
 const char* to_string(Speculation v);
 const char* to_string(DistBackend v);
+const char* to_string(PipelineSchedule v);
 const char* to_string(PlacementPolicyKind v);
 const char* to_string(PlacementObjective v);
 const char* to_string(DataKind v);
@@ -189,7 +195,19 @@ struct DistConfig {
   /// balance_after steps) | a comma list, one count per rank summing to micro_batch x world.
   std::string balance = "equal";
   int64_t balance_after = 5;
+  /// Pipeline parallel (Note [Pipeline parallel]): "1" (none), a stage count dividing the world, or
+  /// "auto" (the partitioner's choice, Note [Pipeline partition]); read with pipeline_stage_count().
+  std::string pipeline_stages = "1";
+  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
+  /// Where stage s's Blocks end, a comma list of p - 1 Block indices; "" = the partitioner's cut.
+  std::string pipeline_cut;
+  /// The device of each stage, a comma list (cuda, cuda:N, cpu); "" = every stage on train.device.
+  /// A cpu stage computes its Blocks on the host's cores beside the GPU stages (seed 000's hybrid).
+  std::string pipeline_devices;
 };
+
+/// dist.pipeline_stages as a count; 0 = auto. UserError for anything else.
+int64_t pipeline_stage_count(const DistConfig& d);
 
 /// Where each Block runs per step, CPU or GPU (sched/placement.h, Note [Block placement]).
 struct PlacementConfig {

@@ -56,6 +56,7 @@ TANDEM_ENUM_TABLE(CpuIsaChoice, {"auto", CpuIsaChoice::kAuto}, {"scalar", CpuIsa
 TANDEM_ENUM_TABLE(Speculation, {"auto", Speculation::kAuto}, {"always", Speculation::kAlways},
                   {"never", Speculation::kNever})
 TANDEM_ENUM_TABLE(DistBackend, {"auto", DistBackend::kAuto}, {"nccl", DistBackend::kNccl}, {"gloo", DistBackend::kGloo})
+TANDEM_ENUM_TABLE(PipelineSchedule, {"1f1b", PipelineSchedule::k1F1B}, {"gpipe", PipelineSchedule::kGPipe})
 TANDEM_ENUM_TABLE(PlacementPolicyKind, {"off", PlacementPolicyKind::kOff}, {"static", PlacementPolicyKind::kStatic},
                   {"threshold", PlacementPolicyKind::kThreshold}, {"cost", PlacementPolicyKind::kCost})
 TANDEM_ENUM_TABLE(PlacementObjective, {"throughput", PlacementObjective::kThroughput},

@@ -43,6 +43,8 @@ const EnumTable<Speculation>& enum_table<Speculation>();
 template <>
 const EnumTable<DistBackend>& enum_table<DistBackend>();
 template <>
+const EnumTable<PipelineSchedule>& enum_table<PipelineSchedule>();
+template <>
 const EnumTable<PlacementPolicyKind>& enum_table<PlacementPolicyKind>();
 template <>
 const EnumTable<PlacementObjective>& enum_table<PlacementObjective>();

@@ -300,6 +300,19 @@ const std::vector<Field>& fields() {
                    F(dist.balance)),
       int_field("dist.balance_after", "dist.balance=auto: steps measured before the rows are rebalanced",
                 F(dist.balance_after)),
+      string_field("dist.pipeline_stages",
+                   "pipeline stages: 1 (none) | N, contiguous Block ranges on N ranks, the rest of the world data "
+                   "parallel | auto (the partitioner chooses the count and the cut)",
+                   F(dist.pipeline_stages)),
+      enum_field<PipelineSchedule>("dist.pipeline_schedule",
+                                   "1f1b | gpipe: micro-batches (train.grad_accum) through the stages",
+                                   F(dist.pipeline_schedule)),
+      string_field("dist.pipeline_devices",
+                   "each stage's device, a comma list (cuda | cuda:N | cpu); \"\" = every stage on train.device",
+                   F(dist.pipeline_devices)),
+      string_field("dist.pipeline_cut",
+                   "the last Block + 1 of each stage but the last, a comma list (\"\" = the partitioner's cut)",
+                   F(dist.pipeline_cut)),
       enum_field<PlacementPolicyKind>(
           "placement.policy",
           "where each block runs per step: off | static | threshold (GPU power and CPU load, seed 000's rule) "

@@ -100,6 +100,7 @@ void validate_dist(const DistConfig& d) {
   TANDEM_CHECK(d.timeout_s > 0 && d.heartbeat_s >= 0 && d.heartbeat_timeout_s > d.heartbeat_s,
                "dist.timeout_s must be > 0, dist.heartbeat_s >= 0 and dist.heartbeat_timeout_s above the period");
   TANDEM_CHECK(d.balance_after >= 1, "dist.balance_after must be >= 1, got ", d.balance_after);
+  pipeline_stage_count(d);  // throws for a malformed count
 }
 
 void validate_placement(const PlacementConfig& pl) {

@@ -25,7 +25,9 @@ namespace tandem {
 // gathers updated weights, and the two threads interleave differently on each rank, so each thread
 // has its own group (lane 0: the step loop; lane 1: the updater), each under its own store prefix.
 // Gloo binds to GLOO_SOCKET_IFNAME when set, to loopback when MASTER_ADDR is local, otherwise to
-// the address the host name resolves to (c10d's default).
+// the address the host name resolves to (c10d's default). A pipeline-parallel run (Note [Pipeline
+// parallel]) adds, per stage, the two lanes over that stage's replicas (the data-parallel reductions)
+// and one world group for the stages' point-to-point traffic, each under its own prefix.
 //
 // Note [Heartbeat]
 // Collectives with a dead peer fail fast on Gloo (the connection closes) and NCCL's watchdog
@@ -86,6 +88,7 @@ Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(st
         options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
                       : make_gloo_group(prefixed, info_, options_.timeout));
   }
+  replica_ = device_;
   if (options_.heartbeat_s > 0) {
     hb_store_ = store_->clone();
     hb_store_->add("hb/" + std::to_string(info_.rank), 1);
@@ -102,8 +105,38 @@ void Comm::stop_heartbeat() {
 }
 
 c10d::Backend& Comm::device_group(int lane) {
-  TANDEM_ASSERT(lane >= 0 && lane < static_cast<int>(device_.size()), "lane ", lane);
-  return *device_[static_cast<size_t>(lane)];
+  TANDEM_ASSERT(lane >= 0 && lane < static_cast<int>(replica_.size()), "lane ", lane);
+  return *replica_[static_cast<size_t>(lane)];
+}
+
+c10d::Backend& Comm::world_device_group() { return *device_.at(0); }
+
+c10d::Backend& Comm::stage_link() {
+  TANDEM_ASSERT(link_, "no pipeline: dist.pipeline_stages=1");
+  return *link_;
+}
+
+void Comm::split_pipeline(int stages) {
+#ifdef TANDEM_WITH_GLOO
+  TANDEM_ASSERT(stages_ == 1 && stages >= 1 && info_.world_size % stages == 0, "pipeline split ", stages, " of ",
+                info_.world_size);
+  if (stages == 1) return;
+  stages_ = stages;
+  const int stage = info_.rank / replicas();
+  RankInfo sub = info_;
+  sub.rank = replica();
+  sub.world_size = replicas();
+  for (int lane = 0; lane < 2; ++lane) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+        "stage" + std::to_string(stage) + "/device" + std::to_string(lane), store_);
+    replica_[static_cast<size_t>(lane)] =
+        options_.nccl ? make_nccl_group(prefixed, sub.rank, sub.world_size, options_.cuda_device, options_.timeout)
+                      : make_gloo_group(prefixed, sub, options_.timeout);
+  }
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("link", store_);
+  link_ = options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
+                        : make_gloo_group(prefixed, info_, options_.timeout);
+#endif
 }
 
 void Comm::heartbeat_loop() {
@@ -223,6 +256,16 @@ std::vector<double> Comm::sum(const std::vector<double>& values) {
   std::vector<at::Tensor> t{torch::tensor(values, torch::kFloat64)};
   host_->allreduce(t)->wait();
   return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
+}
+
+void Comm::send_host(const torch::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  host_->send(v, peer, tag)->wait();
+}
+
+void Comm::recv_host(torch::Tensor& t, int peer, int tag) {
+  std::vector<at::Tensor> v{t};
+  host_->recv(v, peer, tag)->wait();
 }
 
 void Comm::barrier() {

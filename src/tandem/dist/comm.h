@@ -57,10 +57,23 @@ class Comm {
   bool nccl() const { return options_.nccl; }
   c10d::Store& store() { return *store_; }
 
-  /// Collectives over the training device's tensors (NCCL for CUDA, Gloo for CPU). Lane 0 is the
-  /// step loop's, lane 1 the CPU updater thread's: each group sees its collectives in one order on
-  /// every rank, whichever thread runs first (Note [Process groups]).
+  /// Collectives over the training device's tensors (NCCL for CUDA, Gloo for CPU) among the
+  /// data-parallel replicas of this rank's pipeline stage (the whole world without a pipeline).
+  /// Lane 0 is the step loop's, lane 1 the CPU updater thread's: each group sees its collectives in
+  /// one order on every rank, whichever thread runs first (Note [Process groups]).
   c10d::Backend& device_group(int lane);
+  /// The same over the whole world (lane 0's thread): the pipeline's global norm.
+  c10d::Backend& world_device_group();
+  /// Point-to-point between pipeline stages (activations and their gradients; Note [Pipeline
+  /// parallel]): the device's transport, world ranks. Only with pipeline_stages > 1.
+  c10d::Backend& stage_link();
+  /// Ranks in device_group(): the world without a pipeline, else the stage's replicas.
+  int stages() const { return stages_; }
+  int replicas() const { return info_.world_size / stages_; }
+  int replica() const { return info_.rank % replicas(); }
+  /// Every rank at once: splits the world into `stages` pipeline stages of world / stages replicas
+  /// (Note [Pipeline parallel]): device_group() becomes the stage's replicas' and stage_link() exists.
+  void split_pipeline(int stages);
 
   /// Every rank publishes `value`; when the ranks disagree each throws UserError naming `what`, the
   /// values per rank and `fix`.
@@ -75,6 +88,9 @@ class Comm {
   double sum(double value);
   std::vector<double> sum(const std::vector<double>& values);
   void barrier();
+  /// Host tensors point to point (Gloo, blocking): `t` (contiguous, CPU) to or from world rank `peer`.
+  void send_host(const torch::Tensor& t, int peer, int tag);
+  void recv_host(torch::Tensor& t, int peer, int tag);
   /// Ends this rank's heartbeat (the end of a run: rank 0, which serves the store, may leave first).
   void stop_heartbeat();
   /// After a failed collective: the rank whose heartbeat stopped over about two heartbeat periods,
@@ -84,11 +100,15 @@ class Comm {
 
  private:
   void heartbeat_loop();
+
   RankInfo info_;
   CommOptions options_;
   c10::intrusive_ptr<c10d::Store> store_, hb_store_;
   c10::intrusive_ptr<c10d::Backend> host_;
-  std::vector<c10::intrusive_ptr<c10d::Backend>> device_;  // lanes 0 and 1
+  std::vector<c10::intrusive_ptr<c10d::Backend>> device_;   // lanes 0 and 1, the whole world
+  std::vector<c10::intrusive_ptr<c10d::Backend>> replica_;  // lanes 0 and 1, the stage's replicas (= device_ without a pipeline)
+  int stages_ = 1;
+  c10::intrusive_ptr<c10d::Backend> link_;                  // pipeline stages' point to point
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };

@@ -472,11 +472,12 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
 double OffloadEngine::clip_coefficient(StepOutcome& out) {
   if (cuda_ && options_.comm)  // the reductions and norms ran on the D2H stream (Note [Data-parallel engine])
     for (size_t i = 0; i < sqnorm_.size(); ++i) streams_->compute().wait(*streams_->grad_ready[i]);
-  double norm_scaled;
-  if (store_.sharded())  // every rank holds the norms of its slices
-    norm_scaled = std::sqrt(options_.comm->sum(torch::stack(sqnorm_).sum().item<double>()));
-  else
-    norm_scaled = torch::stack(sqnorm_).sum().sqrt().item<double>();  // one host sync
+  double square = torch::stack(sqnorm_).sum().item<double>();  // one host sync
+  // Every rank holds the norms of its slices (sharded), or of its pipeline stage's Blocks, summed
+  // once per replica (Note [Pipeline parallel]).
+  if (options_.comm && (store_.sharded() || options_.comm->stages() > 1))
+    square = options_.comm->sum(square) / (store_.sharded() ? 1.0 : double(options_.comm->replicas()));
+  const double norm_scaled = std::sqrt(square);
   out.grad_norm = norm_scaled / loss_scale_;
   double coef = 1.0;
   if (!std::isfinite(out.grad_norm)) {

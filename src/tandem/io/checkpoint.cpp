@@ -290,7 +290,13 @@ std::string resolve_checkpoint_dir(const std::string& path, const std::string& w
 
 void load_checkpoint_config(Config& cfg, const std::string& dir) {
   const std::string p = (fs::path(dir) / "tandem.yaml").string();
+  // The pipeline layout is the launch's, not the checkpoint's: whole checkpoints resume at any stage
+  // count (Note [Pipeline checkpoints]).
+  const DistConfig layout = cfg.dist;
   load_yaml_config_text(cfg, read_file(p, "checkpoint config"), p);
+  cfg.dist.pipeline_stages = layout.pipeline_stages;
+  cfg.dist.pipeline_schedule = layout.pipeline_schedule;
+  cfg.dist.pipeline_cut = layout.pipeline_cut;
 }
 
 namespace {

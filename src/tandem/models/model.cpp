@@ -96,10 +96,13 @@ torch::Tensor cross_device(const torch::Tensor& x, c10::Device device) {
   return CrossDevice::apply(x, device);
 }
 
-torch::Tensor Model::forward(const torch::Tensor& tokens) {
+torch::Tensor Model::forward(const torch::Tensor& tokens) { return forward_blocks(tokens, 0, blocks_.size()); }
+
+torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, size_t end) {
+  TANDEM_ASSERT(first < end && end <= blocks_.size(), "Blocks [", first, ", ", end, ") of ", blocks_.size());
   const bool recompute = checkpointing_ && is_training() && torch::GradMode::is_enabled();
-  torch::Tensor x = tokens;
-  for (size_t i = 0; i < blocks_.size(); ++i) {
+  torch::Tensor x = input;
+  for (size_t i = first; i < end; ++i) {
     auto& block = blocks_[i];
     if (before_block_) before_block_(i);
     const bool host = i < host_blocks_.size() && host_blocks_[i];

@@ -24,6 +24,9 @@ class Model : public torch::nn::Module, public BlockSequence {
   /// (B, T) int64 tokens -> (B, T, V_pad) logits. Decoder layers are recomputed in backward when
   /// activation checkpointing is on and gradients are being recorded.
   torch::Tensor forward(const torch::Tensor& tokens);
+  /// Blocks [first, end) on `input` (tokens when first = 0, else the activation Block first - 1
+  /// made): a pipeline stage's forward (Note [Pipeline parallel]).
+  torch::Tensor forward_blocks(const torch::Tensor& input, size_t first, size_t end);
 
   /// Mean cross-entropy of logits (B, T, V_pad) against targets (B, T), over the real vocabulary
   /// only (padding columns never enter the softmax), computed in fp32.

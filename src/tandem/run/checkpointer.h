@@ -59,6 +59,9 @@ class Checkpointer {
   TrainerState resume(const std::string& dir);
   /// Runs fn with the fp32 masters bound to the model when the engine holds them.
   void with_weights(const std::function<void()>& fn);
+  /// Called on every rank before each checkpoint, with the weights bound (a pipeline's gather,
+  /// Note [Pipeline checkpoints]).
+  void set_before_write(std::function<void()> fn) { before_write_ = std::move(fn); }
 
   /// A checkpoint of `state` (between steps); in the background when `allow_async` and
   /// train.async_checkpoint and the host holds a snapshot. A failure is reported, not thrown.
@@ -94,6 +97,7 @@ class Checkpointer {
   };
   std::optional<PendingWrite> pending_;
   bool said_sync_ = false;
+  std::function<void()> before_write_;
   std::string last_, error_;
   bool unsaved_ = false;
 };

@@ -41,13 +41,32 @@ c10::Device resolve_device(const std::string& s) {
   TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
 }
 
+namespace {
+
+// This rank's device setting: its pipeline stage's from dist.pipeline_devices (Note [Pipeline
+// parallel]; each name is taken as written), else train.device.
+std::string device_setting(const Config& cfg, const RankInfo& ranks) {
+  if (cfg.dist.pipeline_devices.empty()) return cfg.train.device;
+  const std::vector<std::string> devices = split(cfg.dist.pipeline_devices, ',');
+  const int64_t stages = pipeline_stage_count(cfg.dist);
+  TANDEM_CHECK(stages >= 1 && static_cast<int64_t>(devices.size()) == stages, "dist.pipeline_devices='",
+               cfg.dist.pipeline_devices, "' names ", devices.size(), " devices for dist.pipeline_stages=",
+               cfg.dist.pipeline_stages, "; give one device per stage and a stage count");
+  TANDEM_CHECK(ranks.world_size % stages == 0, "dist.pipeline_stages=", stages, " does not divide the world of ",
+               ranks.world_size, " ranks; start a multiple of ", stages, " ranks");
+  return devices[static_cast<size_t>(ranks.rank / (ranks.world_size / stages))];
+}
+
+}  // namespace
+
 RunContext open_run_context(const Config& cfg) {
   RunContext ctx;
   ctx.ranks = discover_rank();
   const RankInfo& ranks = ctx.ranks;
-  ctx.device = resolve_device(cfg.train.device);
+  ctx.device = resolve_device(device_setting(cfg, ranks));
+  const bool stage_devices = !cfg.dist.pipeline_devices.empty();
   // A launcher's device slot counts even for one process (a run gone on with fewer workers).
-  if ((ranks.distributed() || ranks.device_index >= 0) && ctx.device.is_cuda()) {
+  if ((ranks.distributed() || ranks.device_index >= 0) && ctx.device.is_cuda() && !stage_devices) {
     const int n = static_cast<int>(torch::cuda::device_count());
     TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
                  " are visible; start at most ", n, " processes per node");
@@ -69,7 +88,9 @@ RunContext open_run_context(const Config& cfg) {
   if (!ranks.distributed()) return ctx;
   CommOptions co;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
-  co.nccl = ctx.device.is_cuda() && cfg.dist.backend != DistBackend::kGloo;
+  // Stages on the host and on GPUs meet through Gloo (host memory).
+  const bool host_stage = stage_devices && cfg.dist.pipeline_devices.find("cpu") != std::string::npos;
+  co.nccl = ctx.device.is_cuda() && cfg.dist.backend != DistBackend::kGloo && !host_stage;
   TANDEM_CHECK(!(cfg.dist.backend == DistBackend::kNccl && !ctx.device.is_cuda()),
                "dist.backend=nccl needs GPUs; this run is on ", ctx.device.str(), ": set dist.backend=auto or gloo");
   co.cuda_device = ctx.device_index;

@@ -9,8 +9,10 @@
 #include "tandem/dist/grad_reducer.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/models/model.h"
+#include "tandem/dist/comm.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/autocast.h"
+#include "tandem/run/pipeline_step.h"
 #include "tandem/run/resident_update.h"
 #include "tandem/run/run_plan.h"
 #include "tandem/run/run_setup.h"
@@ -18,23 +20,26 @@
 
 namespace tandem {
 
-StepRunner::StepRunner(const RunPlan& plan, const RunContext& ctx, Model& model, Optimizer& optimizer,
-                       OffloadEngine* engine, GradReducer* reducer, StepTimer& timer,
-                       std::function<void(const nlohmann::json&)> publish, const TrainerState& state)
+StepRunner::StepRunner(const RunPlan& plan, const RunContext& ctx, Model& model, std::vector<torch::Tensor> params,
+                       Optimizer& optimizer, OffloadEngine* engine, GradReducer* reducer, PipelineStep* pipeline,
+                       StepTimer& timer, std::function<void(const nlohmann::json&)> publish,
+                       const TrainerState& state)
     : plan_(plan),
       ctx_(ctx),
       model_(model),
       optimizer_(optimizer),
       engine_(engine),
       reducer_(reducer),
+      pipeline_(pipeline),
       timer_(timer),
       publish_(std::move(publish)),
       fp16_(plan.cfg.train.precision == Precision::kFp16),
-      fopts_(torch::TensorOptions().dtype(torch::kFloat32).device(ctx.device)) {
+      fopts_(torch::TensorOptions().dtype(torch::kFloat32).device(ctx.device)),
+      params_(std::move(params)),
+      replicas_(ctx.comm ? ctx.comm->replicas() : 1) {
   scale_ = torch::full({1}, state.loss_scale, fopts_);
   growth_tracker_ =
       torch::full({1}, state.growth_tracker, torch::TensorOptions().dtype(torch::kInt32).device(ctx.device));
-  for (auto& [name, p] : model.hf_parameters()) params_.push_back(p);
 }
 
 // Note [Adaptive micro-batch]
@@ -52,6 +57,10 @@ StepResult StepRunner::run(int64_t step, double lr, BatchLoader& loader, double 
     timer_.begin();
     loss_sum = torch::zeros({}, fopts_);
     if (engine_) engine_->begin_step(lr, fp16_ ? scale_.item<double>() : 1.0);
+    if (pipeline_) {
+      accumulate_pipeline(step, loader, rank_share, loss_sum);
+      break;
+    }
     try {
       accumulate(step, loader, rank_share, loss_sum);
       break;
@@ -76,7 +85,7 @@ StepResult StepRunner::run(int64_t step, double lr, BatchLoader& loader, double 
 
 void StepRunner::accumulate(int64_t step, BatchLoader& loader, double rank_share, torch::Tensor& loss_sum) {
   const TrainConfig& train = plan_.cfg.train;
-  const int world = ctx_.world();
+  const int world = replicas_;
   for (int64_t micro = 0; micro < train.grad_accum; ++micro) {
     Batch b = loader.next();
     const int64_t rows = b.inputs.size(0), parts = std::min(oom_parts_, rows);
@@ -110,6 +119,31 @@ void StepRunner::accumulate(int64_t step, BatchLoader& loader, double rank_share
   }
 }
 
+// Note [Pipeline parallel]: the step's micro-batches through this stage in the schedule's order;
+// each loss weighted as accumulate() weights it. An out-of-memory error ends the run: the stages
+// cannot retry one step together, so the fix is a smaller micro-batch or more stages.
+void StepRunner::accumulate_pipeline(int64_t step, BatchLoader& loader, double rank_share, torch::Tensor& loss_sum) {
+  const TrainConfig& train = plan_.cfg.train;
+  std::vector<Batch> batches;
+  for (int64_t micro = 0; micro < train.grad_accum; ++micro) batches.push_back(loader.next());
+  const double weight = (replicas_ == 1 ? 1.0 : rank_share) / double(train.grad_accum);
+  const auto scaled = [&](const torch::Tensor& loss, int64_t) {
+    return fp16_ ? loss * weight * scale_ : loss * weight;
+  };
+  const auto before_backward = [&](bool last) {
+    if (engine_) engine_->begin_micro(last);
+    if (reducer_) reducer_->begin_micro(last);
+  };
+  try {
+    loss_sum += pipeline_->run(batches, scaled, before_backward);
+  } catch (const c10::OutOfMemoryError& e) {
+    TANDEM_FAIL("out of memory at step ", step + 1, " in pipeline stage ", pipeline_->grid().stage(), " (",
+                one_line(e.what_without_backtrace()),
+                "); lower train.micro_batch, set model.checkpointing=true or use more dist.pipeline_stages");
+  }
+  timer_.mark(StepTimer::Phase::kBackward);
+}
+
 void StepRunner::retry_after_oom(int64_t step, const std::string& what, BatchLoader& loader, int64_t data_pos0) {
   const TrainConfig& train = plan_.cfg.train;
   TANDEM_CHECK(train.oom_retry, "out of memory at step ", step + 1, " (", what,
@@ -125,7 +159,7 @@ void StepRunner::retry_after_oom(int64_t step, const std::string& what, BatchLoa
   oom_clean_steps_ = 0;
   ++oom_retries_;
   const int64_t mb = (train.micro_batch + oom_parts_ - 1) / oom_parts_;
-  const int64_t tokens = train.micro_batch * ctx_.world() * plan_.seq_len * train.grad_accum;
+  const int64_t tokens = train.micro_batch * replicas_ * plan_.seq_len * train.grad_accum;
   log::warn(
       strprintf("out of memory at step %lld: retrying it with micro-batch %lld x %lld accumulation "
                 "(same %lld tokens per step)",
@@ -146,8 +180,10 @@ void StepRunner::update(double lr, torch::Tensor& norm, torch::Tensor& found_inf
     return;
   }
   if (reducer_) reducer_->finish();  // every Block's gradient summed over the ranks
+  std::function<torch::Tensor(const torch::Tensor&)> global_norm;
+  if (pipeline_) global_norm = [this](const torch::Tensor& n) { return pipeline_global_norm(*ctx_.comm, n); };
   norm = resident_update(params_, optimizer_, lr, plan_.cfg.train.grad_clip,
-                         fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf);
+                         fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf, global_norm);
 }
 
 void StepRunner::save_scaler(TrainerState& state) const {
@@ -172,7 +208,12 @@ double StepRunner::evaluate(BatchLoader& loader, int64_t batches) {
   model_.eval();
   loader.seek(0);
   torch::Tensor sum = torch::zeros({}, fopts_);
-  for (int64_t i = 0; i < batches; ++i) {
+  if (pipeline_) {  // every stage evaluates; the last one's sum is the result (Note [Pipeline parallel])
+    std::vector<Batch> all;
+    for (int64_t i = 0; i < batches; ++i) all.push_back(loader.next());
+    sum = pipeline_->evaluate(all);
+  }
+  for (int64_t i = 0; i < batches && !pipeline_; ++i) {
     Batch b = loader.next();
     AutocastGuard ac(ctx_.device.type(), plan_.cfg.train.precision);
     sum += model_.loss(model_.forward(b.inputs), b.targets).detach();

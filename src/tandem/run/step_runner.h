@@ -20,6 +20,7 @@ class GradReducer;
 class Model;
 class OffloadEngine;
 class Optimizer;
+class PipelineStep;
 class StepTimer;
 struct RunContext;
 struct RunPlan;
@@ -34,11 +35,13 @@ struct StepResult {
 
 class StepRunner {
  public:
-  /// `engine` and `reducer` may be null (no offload engine; one process). The loss scale starts
-  /// from `state`'s (a resumed run's).
-  StepRunner(const RunPlan& plan, const RunContext& ctx, Model& model, Optimizer& optimizer, OffloadEngine* engine,
-             GradReducer* reducer, StepTimer& timer, std::function<void(const nlohmann::json&)> publish,
-             const TrainerState& state);
+  /// `engine`, `reducer` and `pipeline` may be null (no offload engine; one replica; no pipeline,
+  /// Note [Pipeline parallel]). `params`: the tensors this process updates without the engine
+  /// (every trainable one, or its pipeline stage's). The loss scale starts from `state`'s (a
+  /// resumed run's).
+  StepRunner(const RunPlan& plan, const RunContext& ctx, Model& model, std::vector<torch::Tensor> params,
+             Optimizer& optimizer, OffloadEngine* engine, GradReducer* reducer, PipelineStep* pipeline,
+             StepTimer& timer, std::function<void(const nlohmann::json&)> publish, const TrainerState& state);
 
   /// Runs step `step` + 1 at learning rate `lr` on `loader`'s next micro-batches, each rank's loss
   /// weighted by `rank_share` of the global batch (Note [Data parallel]).
@@ -54,6 +57,7 @@ class StepRunner {
 
  private:
   void accumulate(int64_t step, BatchLoader& loader, double rank_share, torch::Tensor& loss_sum);
+  void accumulate_pipeline(int64_t step, BatchLoader& loader, double rank_share, torch::Tensor& loss_sum);
   void retry_after_oom(int64_t step, const std::string& what, BatchLoader& loader, int64_t data_pos0);
   void update(double lr, torch::Tensor& norm, torch::Tensor& found_inf);
 
@@ -63,12 +67,14 @@ class StepRunner {
   Optimizer& optimizer_;
   OffloadEngine* engine_;
   GradReducer* reducer_;
+  PipelineStep* pipeline_;
   StepTimer& timer_;
   std::function<void(const nlohmann::json&)> publish_;
   const bool fp16_;
   torch::TensorOptions fopts_;
   torch::Tensor scale_, growth_tracker_;  // (1) fp32, (1) int32 on the device
-  std::vector<torch::Tensor> params_;     // device-resident runs: every trainable tensor once
+  std::vector<torch::Tensor> params_;     // device-resident runs: every trainable tensor (of the stage) once
+  int replicas_ = 1;                      // the data-parallel width (Note [Data parallel])
   int64_t oom_parts_ = 1, oom_clean_steps_ = 0, oom_retries_ = 0;
 };
 

@@ -28,11 +28,16 @@
 #include "tandem/run/data_parallel.h"
 #include "tandem/run/engine_setup.h"
 #include "tandem/run/lr_schedule.h"
+#include "tandem/run/pipeline_checkpoint.h"
+#include "tandem/run/pipeline_report.h"
+#include "tandem/run/pipeline_setup.h"
+#include "tandem/run/pipeline_step.h"
 #include "tandem/run/placement_driver.h"
 #include "tandem/run/progress.h"
 #include "tandem/run/run_metrics.h"
 #include "tandem/run/step_runner.h"
 #include "tandem/run/step_timer.h"
+#include "tandem/run/trainable.h"
 
 namespace fs = std::filesystem;
 
@@ -73,15 +78,35 @@ std::unique_ptr<BatchLoader> training_loader(const DataSplits& data, const RunPl
                                        plan.cfg.data.prefetch, plan.spec.vocab_size, "training", rows.first_row());
 }
 
-std::unique_ptr<BatchLoader> held_out_loader(const DataSplits& data, const RunPlan& plan, const RunContext& ctx) {
+// This rank's place among the data-parallel replicas (of its pipeline stage, Note [Pipeline parallel]).
+RankInfo replica_view(const RunContext& ctx) {
+  RankInfo r = ctx.ranks;
+  if (ctx.comm) r.rank = ctx.comm->replica(), r.world_size = ctx.comm->replicas();
+  return r;
+}
+
+// Rank 0 evaluates; with a pipeline, the first replica of every stage (Note [Pipeline parallel]).
+std::unique_ptr<BatchLoader> held_out_loader(const DataSplits& data, const RunPlan& plan, const RunContext& ctx,
+                                             bool pipelined) {
   const Config& cfg = plan.cfg;
-  if (cfg.train.eval_every == 0 || !ctx.main_rank()) return nullptr;  // rank 0 evaluates
+  const bool evaluates = pipelined ? ctx.comm->replica() == 0 : ctx.main_rank();
+  if (cfg.train.eval_every == 0 || !evaluates) return nullptr;
   if (data.val.size() >= plan.seq_len + 1)
     return std::make_unique<BatchLoader>(data.val, cfg.train.micro_batch, plan.seq_len, cfg.train.seed ^ 0x5eedull,
                                          ctx.device, cfg.data.prefetch, plan.spec.vocab_size, "held-out");
   log::warn(strprintf("no held-out data (data.val_fraction=%g leaves %lld tokens); evaluation is off",
                       cfg.data.val_fraction, static_cast<long long>(data.val.size())));
   return nullptr;
+}
+
+// The held-out loss: this rank's evaluation; with a pipeline every rank takes part and the last
+// stage's first replica has it (Note [Pipeline parallel]).
+double held_out_loss(StepRunner& runner, BatchLoader* val_loader, const Config& cfg, const RunContext& ctx,
+                     const PipelineParts& pipeline) {
+  const double loss = val_loader ? runner.evaluate(*val_loader, cfg.train.eval_batches) : 0.0;
+  if (!pipeline.on()) return loss;
+  const bool mine = pipeline.grid.last_stage() && pipeline.grid.replica() == 0;
+  return ctx.comm->sum(mine ? loss : 0.0);
 }
 
 // The model, device, data and batch lines at the start of a run.
@@ -177,24 +202,22 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     log::info("initialised from " + cfg.model.init_from);
   }
   model->train();
+  PipelineParts pipeline = open_pipeline(*model, plan, ctx);  // Note [Pipeline parallel]
   RunMetrics metrics(plan, ctx, plan.offload ? "offload engine" : "GPU-resident");
-  OffloadParts offload;
-  std::unique_ptr<Optimizer> optimizer;
-  if (plan.offload) {
-    offload = build_offload(*model, plan, ctx, metrics.trace_counters(), build_s);
-    optimizer = std::make_unique<EngineOptimizer>(*offload.engine, cfg.dist.zero_stage == 2);
-  } else {
-    model->to(ctx.device);
-    optimizer = make_optimizer(cfg.optim, model->hf_parameters(), ctx.device);
-  }
-  OffloadEngine* engine = offload.engine.get();
-  std::unique_ptr<GradReducer> reducer;  // Note [Gradient reducer]
-  if (ctx.comm && !engine) reducer = std::make_unique<GradReducer>(*model, *ctx.comm);
+  Trainable trainable = build_trainable(*model, pipeline, plan, ctx, metrics, build_s);
+  OffloadParts& offload = trainable.offload;
+  OffloadEngine* engine = trainable.engine();
 
   Progress progress(cfg.train.progress, cfg.train.log_every);
-  Checkpointer checkpointer(cfg, plan.run_dir, ctx, checkpoint_model(*model), *optimizer, offload.store.get(), engine,
+  Checkpointer checkpointer(cfg, plan.run_dir, ctx, checkpoint_model(*model), trainable.optimizer(),
+                            offload.store.get(), engine,
                             {[&](const nlohmann::json& row) { metrics.publish(row); },
                              [&](const std::string& line) { progress.message(line); }});
+  int64_t gathers = 0;  // Note [Pipeline checkpoints]
+  if (pipeline.on())
+    checkpointer.set_before_write([&] {
+      gather_pipeline_state(*ctx.comm, pipeline.grid, *pipeline.blocks, *trainable.gathered, *model, gathers++);
+    });
   TrainerState state = checkpointer.resume(plan.resume_dir);
   // Written only once the model, weights and checkpoint are known to be good, so a failed
   // resume leaves the run directory's files as they were.
@@ -204,17 +227,20 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
   }
 
   // Data: this rank's rows of each global micro-batch (Note [Data parallel]); rank 0 evaluates.
-  DataParallelRows rows(cfg, ctx.ranks);
+  DataParallelRows rows(cfg, replica_view(ctx));
   std::unique_ptr<BatchLoader> train_loader = training_loader(data, plan, ctx, rows);
   train_loader->seek(state.data_position);
-  std::unique_ptr<BatchLoader> val_loader = held_out_loader(data, plan, ctx);
+  std::unique_ptr<BatchLoader> val_loader = held_out_loader(data, plan, ctx, pipeline.on());
+  // With a pipeline every rank takes part in an evaluation that any does.
+  const bool evaluates = pipeline.on() ? ctx.comm->sum(val_loader ? 1.0 : 0.0) > 0 : val_loader != nullptr;
   const int64_t tokens_per_step = rows.global_rows() * plan.seq_len * cfg.train.grad_accum;  // every rank's
   log_run_header(plan, ctx, rows, data, tokens_per_step);
 
   StepTimer timer(ctx.device);
   StepRunner runner(
-      plan, ctx, *model, *optimizer, engine, reducer.get(), timer,
-      [&](const nlohmann::json& row) { metrics.publish(row); }, state);
+      plan, ctx, *model, trainable.params, trainable.optimizer(), engine, trainable.reducer.get(),
+      pipeline.step.get(), timer, [&](const nlohmann::json& row) { metrics.publish(row); }, state);
+  PipelineReport pipeline_report(pipeline, cfg.train.grad_accum);
   TrainSummary summary;
   summary.run_dir = plan.run_dir;
   summary.first_step = state.step;
@@ -261,6 +287,7 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
     const auto [step_gpu_j, step_cpu_j] = metrics.add_telemetry(m, tokens_per_step);
     if (engine) add_engine_row(m, *engine, *offload.store, stats0);
     if (ctx.comm) m["dist_rows"] = rows.all();
+    if (pipeline.on()) pipeline_report.add_step(*ctx.comm, state.step - summary.first_step, dt, m);
     if (offload.placement) offload.placement->after_step(dt, step_gpu_j, step_cpu_j, m);
     metrics.publish(m);
     fault_after_step(ctx.ranks.rank, state.step, ctx.ranks.restart_count);  // Note [Test faults]
@@ -280,8 +307,8 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
 
     progress.update(progress_sample(cfg, state.step, loss, lr, r, dt, step_times, tokens_per_step));
 
-    if (val_loader && state.step % cfg.train.eval_every == 0) {
-      summary.last_eval_loss = runner.evaluate(*val_loader, cfg.train.eval_batches);
+    if (evaluates && state.step % cfg.train.eval_every == 0) {
+      summary.last_eval_loss = held_out_loss(runner, val_loader.get(), cfg, ctx, pipeline);
       metrics.publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
       progress.message(
           strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
@@ -309,9 +336,8 @@ TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& opti
   const double wall = metrics.since_start_s();
 
   // The end: a last evaluation, the final checkpoint, summary.json.
-  if (val_loader && !summary.interrupted && state.step > summary.first_step &&
-      (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0)) {
-    summary.last_eval_loss = runner.evaluate(*val_loader, cfg.train.eval_batches);
+  if (evaluates && !summary.interrupted && state.step > summary.first_step && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0)) {
+    summary.last_eval_loss = held_out_loss(runner, val_loader.get(), cfg, ctx, pipeline);
     metrics.publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
   }
   state.data_position = train_loader->position();

@@ -1,0 +1,116 @@
+#include "tandem/run/pipeline_step.h"
+
+#include <chrono>
+
+#include "tandem/core/error.h"
+#include "tandem/dist/comm.h"
+#include "tandem/dist/stage_link.h"
+#include "tandem/models/model.h"
+#include "tandem/run/autocast.h"
+
+namespace tandem {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+PipelineStep::PipelineStep(Model& model, const PipelineGrid& grid, StageLink& link, size_t first, size_t end,
+                           PipelineSchedule schedule, Precision precision, c10::Device device)
+    : model_(model),
+      grid_(grid),
+      link_(link),
+      first_(first),
+      end_(end),
+      schedule_(schedule),
+      precision_(precision),
+      device_(device) {}
+
+torch::Tensor PipelineStep::run(const std::vector<Batch>& batches,
+                                const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled,
+                                const std::function<void(bool)>& before_backward) {
+  const auto t0 = std::chrono::steady_clock::now();
+  link_.take_wait_s();
+  const auto m = static_cast<int64_t>(batches.size());
+  std::vector<InFlight> flight(batches.size());
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  for (const PipelinePass& pass : pipeline_passes(schedule_, grid_.stage(), grid_.stages(), m)) {
+    InFlight& f = flight[static_cast<size_t>(pass.micro)];
+    if (pass.kind == PipelinePass::Kind::kForward) {
+      forward(batches[static_cast<size_t>(pass.micro)], pass.micro, f, scaled);
+      continue;
+    }
+    before_backward(pass.micro + 1 == m);
+    if (f.loss.defined()) loss_sum += f.loss.detach();
+    backward(pass.micro, f);
+    f = InFlight{};  // the micro-batch's activations are released
+  }
+  link_.wait_sends();
+  times_.wait_s = link_.take_wait_s();
+  times_.section_s = seconds_since(t0);
+  return loss_sum;
+}
+
+// A forward of micro-batch `micro`: the first stage embeds its inputs, the others take the previous
+// stage's activation as a leaf whose gradient goes back; the last stage keeps the loss and the
+// tensor its backward starts from, the others send their output on.
+void PipelineStep::forward(const Batch& b, int64_t micro, InFlight& f,
+                           const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled) {
+  torch::Tensor x = b.inputs;
+  if (!grid_.first_stage()) {
+    x = link_.recv(grid_.previous_rank(), activation_tag(micro));
+    if (x.is_floating_point()) x.requires_grad_(true);
+  }
+  f.input = x;
+  AutocastGuard ac(device_.type(), precision_);
+  torch::Tensor y = model_.forward_blocks(x, first_, end_);
+  if (grid_.last_stage()) {
+    f.loss = model_.loss(y, b.targets);
+    f.output = scaled(f.loss, micro);
+    return;
+  }
+  link_.send(y, grid_.next_rank(), activation_tag(micro));
+  f.output = y;
+}
+
+// The backward of micro-batch `micro`: from the scaled loss on the last stage, else from the next
+// stage's gradient of this stage's output; the gradient of this stage's input goes back.
+void PipelineStep::backward(int64_t micro, InFlight& f) {
+  if (grid_.last_stage()) {
+    f.output.backward();
+  } else {
+    const torch::Tensor g = link_.recv(grid_.next_rank(), gradient_tag(micro));
+    torch::autograd::backward({f.output}, {g.to(f.output.scalar_type())});
+  }
+  if (grid_.first_stage()) return;
+  TANDEM_ASSERT(f.input.grad().defined(), "stage ", grid_.stage(), ": no gradient reached its input");
+  link_.send(f.input.grad(), grid_.previous_rank(), gradient_tag(micro));
+}
+
+torch::Tensor pipeline_global_norm(Comm& comm, const torch::Tensor& stage_norm) {
+  std::vector<at::Tensor> sq{stage_norm.to(torch::kFloat32).square().reshape({1})};
+  comm.world_device_group().allreduce(sq)->wait();
+  return (sq[0] / double(comm.replicas())).sqrt().squeeze();
+}
+
+torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const auto micro = static_cast<int64_t>(i);
+    torch::Tensor x = grid_.first_stage() ? batches[i].inputs : link_.recv(grid_.previous_rank(), activation_tag(micro));
+    AutocastGuard ac(device_.type(), precision_);
+    torch::Tensor y = model_.forward_blocks(x, first_, end_);
+    if (grid_.last_stage())
+      loss_sum += model_.loss(y, batches[i].targets).detach();
+    else
+      link_.send(y, grid_.next_rank(), activation_tag(micro));
+  }
+  link_.wait_sends();
+  link_.take_wait_s();
+  return loss_sum;
+}
+
+}  // namespace tandem

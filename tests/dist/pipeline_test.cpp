@@ -1,0 +1,162 @@
+// Pipeline parallel (Note [Pipeline parallel], Note [Pipeline schedules], Note [Pipeline
+// checkpoints]): stages in several processes on loopback with Gloo, started by `tandem launch`,
+// against one process with the same global batch.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+
+#include "../test_util.h"
+#include "dist_runs.h"
+#include "tandem/sched/pipeline_schedule.h"
+
+namespace tandem::test {
+namespace {
+
+// The tiny preset with its own head (a tied embedding cannot be split over stages), 4 micro-batches.
+const std::string kBase = "--set model.tie_embeddings=false --set train.grad_accum=4 ";
+
+// 20 steps, fp32: every layout's losses equal one process's within 1e-6 relative.
+TEST(Pipeline, StagesEqualOneProcessForEverySchedule) {
+  TempDir tmp;
+  for (const std::string offload : {"", "--set offload.optimizer=cpu"}) {
+    const std::string one = tmp.file("one" + std::to_string(offload.size()));
+    const Result r1 = train_one(one, 20, kBase + "--set train.micro_batch=4 " + offload);
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    struct Layout {
+      int procs;
+      std::string args;
+    };
+    std::vector<Layout> layouts = {{2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=1f1b"},
+                                   {4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=gpipe"}};
+    if (offload.empty()) {
+      layouts.push_back({2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=gpipe"});
+      layouts.push_back({4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set dist.pipeline_cut=1,2,5"});
+    }
+    int k = 0;
+    for (const auto& l : layouts) {
+      SCOPED_TRACE(l.args + " " + offload);
+      const std::string dir = tmp.file("pp" + std::to_string(k) + "_" + std::to_string(offload.size()));
+      const Result r = launch(l.procs, port(k++), dir, 20, kBase + "--set train.micro_batch=4 " + l.args + " " + offload);
+      ASSERT_EQ(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("stage 1 of"), std::string::npos) << r.out;
+      expect_same_losses(losses(one), losses(dir), 1e-6);
+    }
+  }
+}
+
+// 2 stages x 2 replicas (2 rows each) against one process with 4 rows.
+TEST(Pipeline, StagesTimesReplicasEqualOneProcess) {
+  TempDir tmp;
+  const Result r1 = train_one(tmp.file("one"), 20, kBase + "--set train.micro_batch=4");
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  const Result r = launch(4, port(0), tmp.file("grid"), 20, kBase + "--set train.micro_batch=2 --set dist.pipeline_stages=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("replica 1 of 2"), std::string::npos) << r.out;
+  expect_same_losses(losses(tmp.file("one")), losses(tmp.file("grid")), 1e-6);
+}
+
+// A checkpoint of 2 stages resumes in one process, in 2 replicas without stages, and in 4 stages,
+// each equal to the uninterrupted run.
+TEST(Pipeline, ACheckpointOfTwoStagesResumesInAnyLayout) {
+  TempDir tmp;
+  const Result r2 = launch(2, port(0), tmp.file("two"), 12,
+                           kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set train.checkpoint_every=6");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  const std::string ckpt = " --resume " + tmp.file("two/checkpoints/step_00000006");
+  auto want = losses(tmp.file("two"));
+  for (int64_t s = 1; s <= 6; ++s) want.erase(s);
+  const Result one = train_one(tmp.file("one"), 12, kBase + "--set train.micro_batch=4" + ckpt);
+  ASSERT_EQ(one.code, 0) << one.out;
+  expect_same_losses(want, losses(tmp.file("one")), 1e-6);
+  const Result dp = launch(2, port(1), tmp.file("dp"), 12, kBase + "--set train.micro_batch=2" + ckpt);
+  ASSERT_EQ(dp.code, 0) << dp.out;
+  expect_same_losses(want, losses(tmp.file("dp")), 1e-6);
+  const Result four = launch(4, port(2), tmp.file("four"), 12,
+                             kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=4" + ckpt);
+  ASSERT_EQ(four.code, 0) << four.out;
+  expect_same_losses(want, losses(tmp.file("four")), 1e-6);
+}
+
+// The median measured bubble of equal stages against 1F1B's (p - 1) / (m + p - 1), at m = 2 and 8.
+double median_bubble(const std::string& dir) {
+  std::vector<double> v;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("pipeline_bubble") && j["step"].get<int64_t>() > 2) v.push_back(j["pipeline_bubble"].get<double>());
+  }
+  if (v.empty()) return -1;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
+  TempDir tmp;
+  // The mlp preset: equal MLP layers; 6 Blocks cut 3 | 3 (embedding + 2 layers, 2 layers + head).
+  const std::string args =
+      "--set model.preset=mlp --set model.tie_embeddings=false --set train.seq_len=128 --set train.micro_batch=4 "
+      "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=1f1b";
+  double measured[2];
+  int k = 0;
+  for (const int64_t m : {2, 8}) {
+    const std::string dir = tmp.file("m" + std::to_string(m));
+    const Result r = launch(2, port(k), dir, 12, args + " --set train.grad_accum=" + std::to_string(m));
+    ASSERT_EQ(r.code, 0) << r.out;
+    measured[k] = median_bubble(dir);
+    EXPECT_NEAR(measured[k], pipeline_bubble(2, m), 0.07) << "m = " << m;
+    ++k;
+  }
+  EXPECT_GT(measured[0], measured[1] + 0.1);
+}
+
+// A stage killed mid-run: the launcher restarts every rank from the newest checkpoint and the run
+// ends as the uninterrupted one.
+TEST(Pipeline, AKilledStageIsRestartedFromTheNewestCheckpoint) {
+  TempDir tmp;
+  const std::string args =
+      kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set train.checkpoint_every=5";
+  const Result clean = launch(2, port(0), tmp.file("clean"), 15, args);
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Result killed = launch(2, port(1), tmp.file("killed"), 15, args + " --resume auto", "--max-restarts 1",
+                               "TANDEM_FAULTS=kill_after_step=1:8");
+  ASSERT_EQ(killed.code, 0) << killed.out;
+  EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;
+  expect_same_losses(losses(tmp.file("clean")), losses(tmp.file("killed")), 0.0);
+}
+
+TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
+  TempDir tmp;
+  struct Case {
+    int procs;
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {1, "--set dist.pipeline_stages=2", "needs 2 processes or more"},
+      {3, "--set dist.pipeline_stages=2", "does not divide the world of 3"},
+      {2, "--set dist.pipeline_stages=2 --set dist.pipeline_cut=7", "must rise strictly"},
+      {2, "--set dist.pipeline_stages=2 --set model.tie_embeddings=true", "set model.tie_embeddings=false"},
+      {2, "--set dist.pipeline_stages=2 --set offload.optimizer=cpu --set dist.zero_stage=2", "dist.zero_stage=0"},
+      {2, "--set dist.pipeline_stages=x", "dist.pipeline_stages must be auto or a stage count"},
+  };
+  int k = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const std::string dir = tmp.file("bad" + std::to_string(k));
+    const std::string common = "--set model.tie_embeddings=false --set train.micro_batch=2 " + c.args;
+    const Result r = c.procs == 1 ? train_one(dir, 2, common) : launch(c.procs, port(k), dir, 2, common);
+    ++k;
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+  }
+  // More stages than Blocks (the tiny preset has 6).
+  const Result many = launch(8, port(k), tmp.file("many"), 2, "--set model.tie_embeddings=false --set train.micro_batch=2 "
+                                                              "--set dist.pipeline_stages=8");
+  EXPECT_EQ(many.code, 2) << many.out;
+  EXPECT_NE(many.out.find("more stages than the model's 6 Blocks"), std::string::npos) << many.out;
+}
+
+}  // namespace
+}  // namespace tandem::test
