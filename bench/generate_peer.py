@@ -4,7 +4,7 @@ generate on it, for `tandem generate` on the same folder in the same run (script
 `serve`).
 
   python3 bench/generate_peer.py make DIR --layers 16 --hidden 2048 ...
-  python3 bench/generate_peer.py time DIR --prompts FILE --max-tokens 128
+  python3 bench/generate_peer.py time DIR --prompts FILE --max-tokens 128 [--max-gpu-gib 1.8]
 """
 
 import argparse
@@ -46,7 +46,12 @@ def timed(args):
 
     tok = tokenizers.Tokenizer.from_file(f"{args.dir}/tokenizer.json")
     prompts = [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
-    model = transformers.LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=torch.bfloat16).cuda().eval()
+    if args.max_gpu_gib:  # accelerate's CPU offload: what does not fit max_memory on the GPU stays on the host
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            args.dir, torch_dtype=torch.bfloat16, device_map="auto",
+            max_memory={0: f"{args.max_gpu_gib}GiB", "cpu": "400GiB"}).eval()
+    else:
+        model = transformers.LlamaForCausalLM.from_pretrained(args.dir, torch_dtype=torch.bfloat16).cuda().eval()
     ids = [tok.encode(p).ids for p in prompts]
     width = max(len(i) for i in ids)
     pad = 0
@@ -62,7 +67,8 @@ def timed(args):
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     generated = (out.shape[1] - width) * out.shape[0]
-    print(f"transformers generate: {len(prompts)} prompts, {generated} generated in {dt:.2f} s: "
+    how = f" (accelerate, GPU share {args.max_gpu_gib} GiB)" if args.max_gpu_gib else ""
+    print(f"transformers generate{how}: {len(prompts)} prompts, {generated} generated in {dt:.2f} s: "
           f"{generated / dt:.1f} tokens/s, peak GPU {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 
 
@@ -78,6 +84,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-gpu-gib", type=float, default=0,
+                    help="time: load with device_map=auto and this GPU share, the rest offloaded to the host")
     args = ap.parse_args()
     make(args) if args.what == "make" else timed(args)
 

@@ -36,6 +36,8 @@
 #          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
 #          60); the server's tests with the openai client on the GPU.
+#   pipeline the partitioner's profile and plan (1B, the CPU weighed as a stage), and a 125M run in two
+#          stages over the CPU and the GPU with the predicted step against the measured one;
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py).
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -471,8 +473,8 @@ done
 fi
 
 if has serve; then
-# Generation and serving on the GPU: a random-weight Llama folder (SERVE_LAYERS, default 16, width 2048:
-# about 1 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
+# Generation and serving on the GPU: a random-weight Llama folder (SERVE_LAYERS, default 22, width 2048:
+# 1.0 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
 # with all but 4 layers streamed from pinned host memory, transformers' greedy generate on the same
 # folder as the peer, `tandem serve` on the same folder under SERVE_CLIENTS closed-loop clients (default
 # 64, as many as --max-batch) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default
@@ -480,7 +482,7 @@ if has serve; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
 install_wheels || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
-python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-16}" 2>&1 | tail -1
+python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-22}" 2>&1 | tail -1
 python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
   "${SERVE_BATCH:-32}" >"$OUT/gen-prompts.txt"
 gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 --ignore-eos
@@ -489,6 +491,12 @@ gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.t
 
 "${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
+python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 --max-gpu-gib 1.8 2>&1 | tail -1
+echo "== serve: batch 1, tandem generate and transformers generate"
+head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
+"$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
+  --max-batch 1 --kv-cache-gib 1 >"$OUT/gen-batch1.log" 2>&1; tail -3 "$OUT/gen-batch1.log"
+python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
 rm -f "$OUT/serve-load.json"
 if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-load-server.log" \
@@ -499,9 +507,29 @@ if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --serv
 else
   tail -5 "$OUT/serve-load.log"
 fi
+if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
   TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
+fi
+fi
+
+if has pipeline; then
+# Pipeline stages on one GPU and the host (Note [Pipeline partition], Note [CPU pipeline stage]): the
+# partitioner's profile and plan for PP_MODEL (default 1B) with the CPU weighed as a stage, then a run
+# of PP_RUN_MODEL (default 125M) in 2 stages, the CPU first (the embedding's side) and the GPU second,
+# cut by the partitioner, whose predicted step is set against the measured one in the log.
+pp=(--set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch=4 --set train.grad_accum=8)
+echo "== pipeline: the partitioner on ${PP_MODEL:-1B}, T=2048, micro-batch 4, 8 micro-batches"
+"$BUILD/tandem" inspect -p "${PP_MODEL:-1B}" --partition --partition-cpu "${pp[@]}" --set train.seq_len=2048 \
+  >"$OUT/partition.log" 2>&1 || true
+tail -25 "$OUT/partition.log" | cut -c1-200
+echo "== pipeline: ${PP_RUN_MODEL:-125M} over cpu and cuda:0, T=512, the partitioner's cut"
+"$BUILD/tandem" launch --nproc-per-node 2 --master-port 29611 -- "$BUILD/tandem" train -p "${PP_RUN_MODEL:-125M}" \
+  "${pp[@]}" --set train.seq_len=512 --set dist.pipeline_stages=2 --set dist.pipeline_devices=cpu,cuda:0 \
+  --steps "${PP_STEPS:-12}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
+  --set train.log_every=4 --run-dir "$OUT/pp-cpu-cuda" >"$OUT/pp-cpu-cuda.log" 2>&1 || true
+grep -E "stage [0-9] of|pipeline: step|error|step +[0-9]+" "$OUT/pp-cpu-cuda.log" | tail -12 | cut -c1-240
 fi
 
 if has placement; then

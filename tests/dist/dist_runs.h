@@ -49,17 +49,21 @@ inline Result launch(int n, int p, const std::string& dir, int steps, const std:
             dir + ".log");
 }
 
-// The loss of every step row, in file order (a restarted run repeats steps: the later row wins).
-inline std::map<int64_t, double> losses(const std::string& dir) {
+// `key`'s value in every metrics row that has it, by step, in file order (a restarted run repeats
+// steps: the later row wins).
+inline std::map<int64_t, double> metric(const std::string& dir, const std::string& key) {
   std::map<int64_t, double> out;
   std::ifstream in(dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    if (j.contains(key) && j[key].is_number()) out[j["step"].get<int64_t>()] = j[key].get<double>();
   }
   return out;
 }
+
+// The loss of every step row.
+inline std::map<int64_t, double> losses(const std::string& dir) { return metric(dir, "loss"); }
 
 inline void expect_same_losses(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b, double rtol) {
   ASSERT_EQ(a.size(), b.size());

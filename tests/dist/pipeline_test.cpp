@@ -2,10 +2,8 @@
 // checkpoints]): stages in several processes on loopback with Gloo, started by `tandem launch`,
 // against one process with the same global batch.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
 
 #include "../test_util.h"
 #include "dist_runs.h"
@@ -30,6 +28,8 @@ TEST(Pipeline, StagesEqualOneProcessForEverySchedule) {
     };
     std::vector<Layout> layouts = {{2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=1f1b"},
                                    {4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=gpipe"}};
+    if (!offload.empty())  // every decoder Block of each stage on the device side: stages of unequal sizes split apart
+      layouts.push_back({4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set offload.update_split=1"});
     if (offload.empty()) {
       layouts.push_back({2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=gpipe"});
       layouts.push_back({4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set dist.pipeline_cut=1,2,5"});
@@ -44,6 +44,21 @@ TEST(Pipeline, StagesEqualOneProcessForEverySchedule) {
       expect_same_losses(losses(one), losses(dir), 1e-6);
     }
   }
+}
+
+// MoE layers on both stages (amx-moe-tiny: embedding, 2 dense, 2 MoE layers, head; cut after the
+// first MoE layer): each stage's share of the balance loss trains its experts and joins the loss,
+// in training and in evaluation, as in one process.
+TEST(Pipeline, ExpertBalanceLossesSpanTheStages) {
+  TempDir tmp;
+  const std::string moe = "--set model.preset=amx-moe-tiny --set model.tie_embeddings=false --set train.grad_accum=2 "
+                          "--set train.micro_batch=4 --set train.eval_every=5 --set train.eval_batches=2 ";
+  const Result r1 = train_one(tmp.file("one"), 10, moe);
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  const Result r = launch(2, port(0), tmp.file("pp"), 10, moe + "--set dist.pipeline_stages=2 --set dist.pipeline_cut=4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_losses(losses(tmp.file("one")), losses(tmp.file("pp")), 1e-6);
+  expect_same_losses(metric(tmp.file("one"), "eval_loss"), metric(tmp.file("pp"), "eval_loss"), 1e-6);
 }
 
 // 2 stages x 2 replicas (2 rows each) against one process with 4 rows.
@@ -82,11 +97,8 @@ TEST(Pipeline, ACheckpointOfTwoStagesResumesInAnyLayout) {
 // The median measured bubble of equal stages against 1F1B's (p - 1) / (m + p - 1), at m = 2 and 8.
 double median_bubble(const std::string& dir) {
   std::vector<double> v;
-  std::ifstream in(dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("pipeline_bubble") && j["step"].get<int64_t>() > 2) v.push_back(j["pipeline_bubble"].get<double>());
-  }
+  for (const auto& [step, bubble] : metric(dir, "pipeline_bubble"))
+    if (step > 2) v.push_back(bubble);
   if (v.empty()) return -1;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -97,7 +109,7 @@ TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
   // The mlp preset: equal MLP layers; 6 Blocks cut 3 | 3 (embedding + 2 layers, 2 layers + head).
   const std::string args =
       "--set model.preset=mlp --set model.tie_embeddings=false --set train.seq_len=128 --set train.micro_batch=4 "
-      "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=1f1b";
+      "--set dist.pipeline_stages=2 --set dist.pipeline_cut=even --set dist.pipeline_schedule=1f1b";
   double measured[2];
   int k = 0;
   for (const int64_t m : {2, 8}) {
@@ -126,6 +138,34 @@ TEST(Pipeline, AKilledStageIsRestartedFromTheNewestCheckpoint) {
   expect_same_losses(losses(tmp.file("clean")), losses(tmp.file("killed")), 0.0);
 }
 
+// The partitioner in a run: rank 0 profiles the Blocks and plans over every rank's device, logs the
+// plan, and every rank takes its cut. With a stage count it cuts that many stages and the report
+// sets the predicted step against the measured one; with auto it may choose stages or replicas, and
+// either run equals one process with the same global batch. In one process auto is one stage.
+TEST(Pipeline, ThePartitionersCutRunsAndEqualsOneProcess) {
+  TempDir tmp;
+  const std::string args = kBase + "--set train.micro_batch=4 ";
+  const Result two = launch(2, port(0), tmp.file("two"), 10, args + "--set dist.pipeline_stages=2");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("pipeline partition (dist.pipeline_stages=2)"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("pipeline: step predicted"), std::string::npos) << two.out;
+  const Result one4 = train_one(tmp.file("one4"), 10, args);
+  ASSERT_EQ(one4.code, 0) << one4.out;
+  expect_same_losses(losses(tmp.file("one4")), losses(tmp.file("two")), 1e-6);
+
+  const Result any = launch(2, port(1), tmp.file("auto"), 10, args + "--set dist.pipeline_stages=auto");
+  ASSERT_EQ(any.code, 0) << any.out;
+  EXPECT_NE(any.out.find("pipeline partition (dist.pipeline_stages=auto)"), std::string::npos) << any.out;
+  const bool stages = any.out.find("stage 1 of 2") != std::string::npos;
+  const std::string same_batch = stages ? "one4" : "one8";  // 2 replicas of 4 rows each
+  if (!stages) ASSERT_EQ(train_one(tmp.file("one8"), 10, kBase + "--set train.micro_batch=8").code, 0);
+  expect_same_losses(losses(tmp.file(same_batch)), losses(tmp.file("auto")), 1e-6);
+
+  const Result single = train_one(tmp.file("single"), 2, args + "--set dist.pipeline_stages=auto");
+  ASSERT_EQ(single.code, 0) << single.out;
+  EXPECT_NE(single.out.find("dist.pipeline_stages=auto: one stage (one process)"), std::string::npos) << single.out;
+}
+
 TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
   TempDir tmp;
   struct Case {
@@ -139,6 +179,7 @@ TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
       {2, "--set dist.pipeline_stages=2 --set model.tie_embeddings=true", "set model.tie_embeddings=false"},
       {2, "--set dist.pipeline_stages=2 --set offload.optimizer=cpu --set dist.zero_stage=2", "dist.zero_stage=0"},
       {2, "--set dist.pipeline_stages=x", "dist.pipeline_stages must be auto or a stage count"},
+      {2, "--set dist.pipeline_stages=auto --set dist.pipeline_cut=even", "dist.pipeline_cut=even needs a stage count"},
   };
   int k = 0;
   for (const auto& c : cases) {

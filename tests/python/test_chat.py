@@ -69,7 +69,7 @@ def llama3(messages):
 
 class Reference:
     """transformers' greedy reply to a conversation, cut at <|eot_id|> and decoded as tandem shows text:
-    special tokens other than the end of the turn written out."""
+    special tokens left out (transformers' skip_special_tokens=True)."""
 
     def __init__(self, model_dir):
         self.tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -83,7 +83,7 @@ class Reference:
         new = out[0, len(ids):].tolist()
         if self.eot in new:
             new = new[:new.index(self.eot)]
-        return self.tok.decode(new, skip_special_tokens=False)
+        return self.tok.decode(new, skip_special_tokens=True)
 
 
 def chat(args, lines):

@@ -225,6 +225,25 @@ TEST(ServeBatchScheduler, ManyThreadsSubmitAndCancelAndNothingIsLost) {
   EXPECT_EQ(rig.cache->pages_free(), rig.cache->pages_total());
 }
 
+// max_queue 0: no waiting line, but every place in the running batch is taken.
+TEST(ServeBatchScheduler, NoWaitingLineStillFillsTheBatch) {
+  Rig rig(100);
+  SchedulerOptions o;
+  o.max_batch = 2, o.max_queue = 0;
+  BatchScheduler s(*rig.decoder, *rig.cache, nullptr, o);
+  const auto a = s.submit(request({1, 2}, 90, 0.0, 0)), b = s.submit(request({3}, 90, 0.0, 0));
+  EXPECT_EQ(a.admission, Admission::kAccepted);
+  EXPECT_EQ(b.admission, Admission::kAccepted);
+  EXPECT_EQ(s.submit(request({4}, 5, 0.0, 0)).admission, Admission::kQueueFull);
+  s.cancel(a.id);
+  s.cancel(b.id);
+  s.wait_idle();
+  EXPECT_EQ(s.submit(request({5}, 3, 0.0, 0)).admission, Admission::kAccepted);
+  s.wait_idle();
+  EXPECT_EQ(s.stats().refused, 1);
+  EXPECT_EQ(s.stats().finished, 1);
+}
+
 TEST(ServeBatchScheduler, AFullQueueIsADistinctRefusal) {
   Rig rig(100);
   SchedulerOptions o;

@@ -192,6 +192,10 @@ TEST(HttpServer, RefusalsAreOpenAiErrors) {
   EXPECT_NE(metrics.find("tandem_serve_http_responses_total{route=\"/v1/completions\",status=\"429\"} 1"),
             std::string::npos)
       << metrics;
+  EXPECT_NE(metrics.find("tandem_serve_http_responses_total{route=\"/v1/completions\",status=\"200\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find("status=\"-1\""), std::string::npos) << metrics;
 }
 
 TEST(HttpServer, AClientLeavingMidStreamCancelsItsRequest) {

@@ -296,10 +296,13 @@ int main(int argc, char** argv) {
       "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
       "  tandem config --keys              every configuration key with its meaning\n"
       "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
-      "  tandem bench step -p 7B          forward+backward alone: the GPU-only bound of a step\n"
+      "  tandem bench step -p 7B           forward+backward alone: the GPU-only bound of a step\n"
       "  tandem tokenize --tokenizer MODEL_DIR --out data/train.bin corpus/   text into token files\n"
       "  tandem generate --checkpoint runs/<run> --prompt \"Once upon\"   text from a trained model\n"
-      "  tandem serve --checkpoint runs/<run> --port 8000   an OpenAI-compatible API on loopback",
+      "  tandem serve --checkpoint runs/<run> --port 8000   an OpenAI-compatible API on loopback\n"
+      "  tandem chat --checkpoint runs/<run>   a conversation in the terminal\n"
+      "  tandem launch --nproc-per-node 2 -- tandem train --set dist.pipeline_stages=auto   stages or replicas\n"
+      "  tandem inspect -p 7B --partition  the pipeline partitioner's profile and plan on this machine",
       "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);

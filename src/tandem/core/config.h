@@ -199,7 +199,8 @@ struct DistConfig {
   /// "auto" (the partitioner's choice, Note [Pipeline partition]); read with pipeline_stage_count().
   std::string pipeline_stages = "1";
   PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
-  /// Where stage s's Blocks end, a comma list of p - 1 Block indices; "" = the partitioner's cut.
+  /// Where stage s's Blocks end, a comma list of p - 1 Block indices; "even" = equal Block counts;
+  /// "" = the partitioner's cut (Note [Pipeline partition]).
   std::string pipeline_cut;
   /// The device of each stage, a comma list (cuda, cuda:N, cpu); "" = every stage on train.device.
   /// A cpu stage computes its Blocks on the host's cores beside the GPU stages (seed 000's hybrid).

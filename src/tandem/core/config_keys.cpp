@@ -311,7 +311,8 @@ const std::vector<Field>& fields() {
                    "each stage's device, a comma list (cuda | cuda:N | cpu); \"\" = every stage on train.device",
                    F(dist.pipeline_devices)),
       string_field("dist.pipeline_cut",
-                   "the last Block + 1 of each stage but the last, a comma list (\"\" = the partitioner's cut)",
+                   "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
+                   "partitioner's cut from a profile of the Blocks and every rank's device)",
                    F(dist.pipeline_cut)),
       enum_field<PlacementPolicyKind>(
           "placement.policy",

@@ -239,6 +239,12 @@ std::vector<double> Comm::from_rank0(const std::vector<double>& values) {
   return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
 }
 
+double Comm::from_stage_first(double value) {
+  if (stages_ == 1) return from_rank0({value})[0];
+  const auto all = all_gather(value);  // stage-major ranks (Note [Pipeline parallel])
+  return all[static_cast<size_t>(info_.rank / replicas() * replicas())];
+}
+
 std::vector<double> Comm::all_gather(double value) {
   auto in = torch::full({1}, value, torch::kFloat64);
   auto out = torch::empty({world()}, torch::kFloat64);

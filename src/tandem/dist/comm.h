@@ -82,6 +82,9 @@ class Comm {
   std::string broadcast_string(const std::string& key, const std::string& value);
   /// Rank 0's values on every rank (Gloo broadcast).
   std::vector<double> from_rank0(const std::vector<double>& values);
+  /// Every rank at once: the value of this rank's pipeline stage's first replica (rank 0's without a
+  /// pipeline). A stage's replicas must agree Block for Block; stages hold different Blocks.
+  double from_stage_first(double value);
   /// Every rank's value, in rank order (Gloo).
   std::vector<double> all_gather(double value);
   /// The sum over ranks (Gloo).

@@ -180,8 +180,9 @@ int64_t SplitTuner::choose(const std::vector<BlockTiming>& timing, const SplitCo
   if (!options_.fixed_k && current >= lo && current <= hi && g != current &&
       d.predicted_step_s > 0.98 * predict_step(timing, c, current).step_s)
     g = current;
-  // Every rank applies rank 0's split: the ranks' collectives must match Block for Block.
-  if (options_.comm) g = static_cast<int64_t>(options_.comm->from_rank0({double(g)})[0]);
+  // Every replica of a stage applies its first replica's split: their collectives must match Block
+  // for Block (pipeline stages hold different Blocks and split on their own).
+  if (options_.comm) g = static_cast<int64_t>(options_.comm->from_stage_first(double(g)));
   return g;
 }
 

@@ -42,7 +42,7 @@ struct SplitTunerOptions {
   int64_t resolve_every = 0;                    ///< re-solve every N steps after that (0 = once)
   UpdateHyper hyper;                            ///< the CPU kernel's coefficients, for calibrating it
   CpuThreadPool* pool = nullptr;                ///< the CPU updates' threads, for calibrating them
-  Comm* comm = nullptr;                         ///< several ranks: every rank applies rank 0's split
+  Comm* comm = nullptr;                         ///< several ranks: a stage's replicas apply its first replica's split
   std::function<void(const std::string&)> log;  ///< one line per solve
 };
 

@@ -121,27 +121,41 @@ torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, si
 }
 
 torch::Tensor Model::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {
+  const auto ce = cross_entropy(logits, targets);
+  const auto balance = balance_loss(0, blocks_.size(), ce.device());
+  return balance.defined() ? ce + balance : ce;
+}
+
+torch::Tensor Model::cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const {
   auto l = logits;
   if (spec_.padded_vocab() != spec_.vocab_size) l = l.narrow(-1, 0, spec_.vocab_size);
-  auto ce = torch::nn::functional::cross_entropy(l.reshape({-1, spec_.vocab_size}).to(torch::kFloat32),
-                                                 targets.reshape({-1}));
-  if ((spec_.arch == Arch::kResNetBk || spec_.arch == Arch::kAmxMoe) && spec_.moe_aux_weight > 0) {
-    // The load-balance losses of the forward pass that produced these logits, averaged over the
-    // MoE layers (a host-run layer's comes to the loss's device inside autograd).
-    torch::Tensor aux;
-    int64_t n = 0;
-    const auto add = [&](const torch::Tensor& a) {
-      const auto t = cross_device(a, ce.device());
-      aux = aux.defined() ? aux + t : t;
-      ++n;
-    };
-    for (const auto& b : blocks_) {
-      if (const auto* layer = dynamic_cast<const ResNetBkLayer*>(b.get())) add(layer->aux_loss());
-      if (const auto* layer = dynamic_cast<const MoeFfnLayer*>(b.get())) add(layer->aux_loss());
-    }
-    if (aux.defined()) ce = ce + spec_.moe_aux_weight * aux / double(n);
+  return torch::nn::functional::cross_entropy(l.reshape({-1, spec_.vocab_size}).to(torch::kFloat32),
+                                              targets.reshape({-1}));
+}
+
+namespace {
+// The load-balance loss of Block `b` from its last forward; undefined for a Block without experts.
+torch::Tensor block_balance_loss(const Block& b) {
+  if (const auto* layer = dynamic_cast<const ResNetBkLayer*>(&b)) return layer->aux_loss();
+  if (const auto* layer = dynamic_cast<const MoeFfnLayer*>(&b)) return layer->aux_loss();
+  return {};
+}
+}  // namespace
+
+torch::Tensor Model::balance_loss(size_t first, size_t end, const c10::Device& device) const {
+  if ((spec_.arch != Arch::kResNetBk && spec_.arch != Arch::kAmxMoe) || spec_.moe_aux_weight <= 0) return {};
+  // Averaged over the model's MoE layers (a host-run layer's comes to `device` inside autograd).
+  int64_t layers = 0;
+  for (const auto& b : blocks_) layers += dynamic_cast<const ResNetBkLayer*>(b.get()) != nullptr ||
+                                          dynamic_cast<const MoeFfnLayer*>(b.get()) != nullptr;
+  torch::Tensor sum;
+  for (size_t i = first; i < end; ++i) {
+    const auto a = block_balance_loss(*blocks_[i]);
+    if (!a.defined()) continue;
+    const auto t = cross_device(a, device);
+    sum = sum.defined() ? sum + t : t;
   }
-  return ce;
+  return sum.defined() ? spec_.moe_aux_weight * sum / double(layers) : sum;
 }
 
 std::vector<NamedTensor> Model::hf_parameters() {

@@ -29,8 +29,15 @@ class Model : public torch::nn::Module, public BlockSequence {
   torch::Tensor forward_blocks(const torch::Tensor& input, size_t first, size_t end);
 
   /// Mean cross-entropy of logits (B, T, V_pad) against targets (B, T), over the real vocabulary
-  /// only (padding columns never enter the softmax), computed in fp32.
+  /// only (padding columns never enter the softmax), computed in fp32, plus balance_loss() of every
+  /// Block.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  /// The cross-entropy part of loss() alone.
+  torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  /// The MoE layers' load-balance losses among Blocks [first, end) from the last forward, weighted
+  /// by model.moe_aux_weight and divided by the model's MoE layer count, on `device`: summed over
+  /// all pipeline stages it is the term loss() adds. Undefined when the range has no MoE layer.
+  torch::Tensor balance_loss(size_t first, size_t end, const c10::Device& device) const;
 
   const std::vector<std::shared_ptr<Block>>& blocks() const { return blocks_; }
   const ModelSpec& spec() const { return spec_; }

@@ -66,13 +66,21 @@ void PipelineStep::forward(const Batch& b, int64_t micro, InFlight& f,
   f.input = x;
   AutocastGuard ac(device_.type(), precision_);
   torch::Tensor y = model_.forward_blocks(x, first_, end_);
+  // Each stage's MoE layers add their share of the balance loss (Model::balance_loss); its
+  // gradient stays within the stage, its value joins the loss the step reports.
+  const torch::Tensor balance = model_.balance_loss(first_, end_, device_);
   if (grid_.last_stage()) {
-    f.loss = model_.loss(y, b.targets);
+    const torch::Tensor ce = model_.cross_entropy(y, b.targets);
+    f.loss = balance.defined() ? ce + balance : ce;
     f.output = scaled(f.loss, micro);
     return;
   }
   link_.send(y, grid_.next_rank(), activation_tag(micro));
   f.output = y;
+  if (balance.defined()) {
+    f.loss = balance;
+    f.balance = scaled(balance, micro);
+  }
 }
 
 // The backward of micro-batch `micro`: from the scaled loss on the last stage, else from the next
@@ -82,7 +90,10 @@ void PipelineStep::backward(int64_t micro, InFlight& f) {
     f.output.backward();
   } else {
     const torch::Tensor g = link_.recv(grid_.next_rank(), gradient_tag(micro));
-    torch::autograd::backward({f.output}, {g.to(f.output.scalar_type())});
+    if (f.balance.defined())
+      torch::autograd::backward({f.output, f.balance}, {g.to(f.output.scalar_type()), torch::ones_like(f.balance)});
+    else
+      torch::autograd::backward({f.output}, {g.to(f.output.scalar_type())});
   }
   if (grid_.first_stage()) return;
   TANDEM_ASSERT(f.input.grad().defined(), "stage ", grid_.stage(), ": no gradient reached its input");
@@ -103,8 +114,10 @@ torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
     torch::Tensor x = grid_.first_stage() ? batches[i].inputs : link_.recv(grid_.previous_rank(), activation_tag(micro));
     AutocastGuard ac(device_.type(), precision_);
     torch::Tensor y = model_.forward_blocks(x, first_, end_);
+    const torch::Tensor balance = model_.balance_loss(first_, end_, device_);
+    if (balance.defined()) loss_sum += balance.detach();
     if (grid_.last_stage())
-      loss_sum += model_.loss(y, batches[i].targets).detach();
+      loss_sum += model_.cross_entropy(y, batches[i].targets).detach();
     else
       link_.send(y, grid_.next_rank(), activation_tag(micro));
   }

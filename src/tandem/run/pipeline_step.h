@@ -36,11 +36,12 @@ class PipelineStep {
   /// The step's micro-batches (every stage draws the same ones; the first stage reads the inputs,
   /// the last the targets). `scaled(loss, micro)`: the loss backward starts from (weights, loss
   /// scale); `before_backward(last)`: called before each backward, `last` for the step's final one.
-  /// Returns the sum of the micro-batches' losses on the last stage, zero elsewhere.
+  /// Returns the sum of the micro-batches' losses on the last stage, elsewhere of the stage's share
+  /// of the MoE balance loss (Model::balance_loss; zero without experts): summed over the stages, the loss.
   torch::Tensor run(const std::vector<Batch>& batches,
                     const std::function<torch::Tensor(const torch::Tensor& loss, int64_t micro)>& scaled,
                     const std::function<void(bool last)>& before_backward);
-  /// Forward only, without gradients: the sum of the batches' losses on the last stage, zero elsewhere.
+  /// Forward only, without gradients: the sum of the batches' losses, split over the stages as run()'s.
   torch::Tensor evaluate(const std::vector<Batch>& batches);
 
   const StageTimes& last_times() const { return times_; }
@@ -51,6 +52,7 @@ class PipelineStep {
  private:
   struct InFlight {
     torch::Tensor input, output, loss;
+    torch::Tensor balance;  ///< a stage before the last: its scaled balance loss, a second backward root
   };
   void forward(const Batch& b, int64_t micro, InFlight& f,
                const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled);

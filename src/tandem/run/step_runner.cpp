@@ -208,7 +208,7 @@ double StepRunner::evaluate(BatchLoader& loader, int64_t batches) {
   model_.eval();
   loader.seek(0);
   torch::Tensor sum = torch::zeros({}, fopts_);
-  if (pipeline_) {  // every stage evaluates; the last one's sum is the result (Note [Pipeline parallel])
+  if (pipeline_) {  // every stage evaluates its part of the loss (Note [Pipeline parallel])
     std::vector<Batch> all;
     for (int64_t i = 0; i < batches; ++i) all.push_back(loader.next());
     sum = pipeline_->evaluate(all);

@@ -99,13 +99,13 @@ std::unique_ptr<BatchLoader> held_out_loader(const DataSplits& data, const RunPl
   return nullptr;
 }
 
-// The held-out loss: this rank's evaluation; with a pipeline every rank takes part and the last
-// stage's first replica has it (Note [Pipeline parallel]).
+// The held-out loss: this rank's evaluation; with a pipeline every rank takes part and the first
+// replicas of the stages hold it in parts (the last the cross-entropy, each its MoE balance loss).
 double held_out_loss(StepRunner& runner, BatchLoader* val_loader, const Config& cfg, const RunContext& ctx,
                      const PipelineParts& pipeline) {
   const double loss = val_loader ? runner.evaluate(*val_loader, cfg.train.eval_batches) : 0.0;
   if (!pipeline.on()) return loss;
-  const bool mine = pipeline.grid.last_stage() && pipeline.grid.replica() == 0;
+  const bool mine = pipeline.grid.replica() == 0;
   return ctx.comm->sum(mine ? loss : 0.0);
 }
 

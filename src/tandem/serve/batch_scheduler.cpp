@@ -122,7 +122,8 @@ Submission BatchScheduler::submit(GenerationRequest request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return {Admission::kStopped, 0};
-    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue) {
+    // A place in the running batch, or one of max_queue beyond them (max_queue 0: no waiting line).
+    if (static_cast<int64_t>(live_.size()) >= options_.max_batch + options_.max_queue) {
       ++counters_.refused;
       return {Admission::kQueueFull, 0};
     }

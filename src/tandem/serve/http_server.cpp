@@ -126,6 +126,7 @@ void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& 
     st->id = backend.submit(st->request, sink_into(st->stream));
     st->header = {(endpoint == ApiEndpoint::kCompletions ? "cmpl-" : "chatcmpl-") + std::to_string(st->id), unix_now(),
                   model};
+    res.status = 200;  // httplib would set it only after this handler returns, past the count below
     if (st->request.stream)
       streamed(st, res);
     else

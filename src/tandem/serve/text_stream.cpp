@@ -7,10 +7,11 @@ namespace tandem {
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stops)
     : tokenizer_(tokenizer), stops_(std::move(stops)) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+  for (const auto& t : tokenizer_.special_tokens()) special_.insert(t.id);
 }
 
 std::string TextStream::push(TokenId token) {
-  if (stopped_) return "";
+  if (stopped_ || special_.count(token) > 0) return "";  // control tokens are not text (HF's skip_special_tokens)
   pending_ += tokenizer_.token_bytes(token, TokenPlace::kFollowing);
   // The earliest stop string in the pending text ends the stream.
   size_t cut = std::string::npos;
@@ -30,7 +31,7 @@ std::string TextStream::push(TokenId token) {
         break;
       }
   const size_t ready = utf8_complete_length(std::string_view(pending_).substr(0, pending_.size() - hold));
-  std::string out = pending_.substr(0, ready);
+  std::string out = utf8_lossy(std::string_view(pending_).substr(0, ready));  // a stray byte as U+FFFD
   pending_.erase(0, ready);
   return out;
 }
