@@ -129,7 +129,8 @@ void Checkpointer::collect(bool wait) {
 
 void Checkpointer::write(const TrainerState& state, bool allow_async) {
   collect(true);  // one write at a time
-  if (before_write_) with_weights(before_write_);
+  // A sharded store has no whole masters: its checkpoint's weights are the working ones.
+  if (before_write_) sharded_ ? before_write_() : with_weights(before_write_);
   if (sharded_) return write_sharded(state);
   if (!ctx_.main_rank()) return;  // replicated state: rank 0 writes it
   const auto t0 = Clock::now();

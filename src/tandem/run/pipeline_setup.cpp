@@ -27,9 +27,6 @@ namespace {
 
 // What a pipeline does not compose with yet: the reason and its fix, or "" when it runs.
 std::string pipeline_refusal(const Config& cfg) {
-  if (cfg.dist.zero_stage != 0)
-    return "dist.zero_stage=2 does not run with pipeline stages yet; set dist.zero_stage=0 (each stage's optimizer "
-           "state is already 1/stages of the model's) or dist.pipeline_stages=1";
   if (cfg.dist.balance != "equal")
     return "dist.balance=" + cfg.dist.balance +
            " does not run with pipeline stages yet; set dist.balance=equal or dist.pipeline_stages=1";
