@@ -2,8 +2,10 @@
 // checkpoints]): stages in several processes on loopback with Gloo, started by `tandem launch`,
 // against one process with the same global batch.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
 
 #include "../test_util.h"
 #include "dist_runs.h"
@@ -127,6 +129,26 @@ double median_bubble(const std::string& dir) {
   return v[v.size() / 2];
 }
 
+// Note [Pipeline trace]: step 4 drawn with one named track per stage and its 2m passes, each
+// starting no earlier than the step's first and ending after it starts.
+void expect_stage_tracks(const std::string& path, int stages, int64_t m) {
+  const auto trace = nlohmann::json::parse(read_text(path));
+  std::map<int, int> spans;
+  std::map<int, std::string> names;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") names[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    if (e["ph"] != "X") continue;
+    ++spans[e["tid"].get<int>()];
+    EXPECT_GE(e["ts"].get<double>(), 0.0);
+    EXPECT_GE(e["dur"].get<double>(), 0.0);
+  }
+  ASSERT_EQ(static_cast<int>(names.size()), stages) << path;
+  for (int s = 0; s < stages; ++s) {
+    EXPECT_EQ(names[s].rfind("stage " + std::to_string(s) + ": Blocks", 0), 0u) << names[s];
+    EXPECT_EQ(spans[s], 2 * m) << "stage " << s;
+  }
+}
+
 TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
   TempDir tmp;
   // The mlp preset: equal MLP layers; 6 Blocks cut 3 | 3 (embedding + 2 layers, 2 layers + head).
@@ -141,6 +163,7 @@ TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
     ASSERT_EQ(r.code, 0) << r.out;
     measured[k] = median_bubble(dir);
     EXPECT_NEAR(measured[k], pipeline_bubble(2, m), 0.07) << "m = " << m;
+    expect_stage_tracks(dir + "/pipeline_trace.json", 2, m);
     ++k;
   }
   EXPECT_GT(measured[0], measured[1] + 0.1);

@@ -205,6 +205,8 @@ struct DistConfig {
   /// The device of each stage, a comma list (cuda, cuda:N, cpu); "" = every stage on train.device.
   /// A cpu stage computes its Blocks on the host's cores beside the GPU stages (seed 000's hybrid).
   std::string pipeline_devices;
+  /// Steps (1-based, comma list) drawn into <run dir>/pipeline_trace.json, one track per stage.
+  std::string pipeline_trace_steps = "4";
 };
 
 /// dist.pipeline_stages as a count; 0 = auto. UserError for anything else.

@@ -310,6 +310,10 @@ const std::vector<Field>& fields() {
       string_field("dist.pipeline_devices",
                    "each stage's device, a comma list (cuda | cuda:N | cpu); \"\" = every stage on train.device",
                    F(dist.pipeline_devices)),
+      string_field("dist.pipeline_trace_steps",
+                   "pipeline steps to draw into <run dir>/pipeline_trace.json (comma list; \"\" = none): each "
+                   "stage's forward and backward passes on its own track, for Perfetto",
+                   F(dist.pipeline_trace_steps)),
       string_field("dist.pipeline_cut",
                    "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
                    "partitioner's cut from a profile of the Blocks and every rank's device)",

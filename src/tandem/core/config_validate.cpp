@@ -101,6 +101,7 @@ void validate_dist(const DistConfig& d) {
                "dist.timeout_s must be > 0, dist.heartbeat_s >= 0 and dist.heartbeat_timeout_s above the period");
   TANDEM_CHECK(d.balance_after >= 1, "dist.balance_after must be >= 1, got ", d.balance_after);
   pipeline_stage_count(d);  // throws for a malformed count
+  (void)parse_step_list(d.pipeline_trace_steps, "dist.pipeline_trace_steps");
 }
 
 void validate_placement(const PlacementConfig& pl) {

@@ -25,7 +25,7 @@ struct ChartSpec {
   std::vector<SeriesSpec> series;
 };
 
-/// loss, tokens/s, step time split, update split k, energy per token, GPU and CPU utilisation,
+/// loss, tokens/s, step time split, update split k, pipeline bubble, energy per token, GPU and CPU utilisation,
 /// memory, power, temperature.
 const std::vector<ChartSpec>& chart_specs();
 

@@ -1,14 +1,17 @@
 #include "tandem/run/pipeline_report.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 #include <vector>
 
+#include "tandem/core/config.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/dist/comm.h"
 #include "tandem/run/pipeline_setup.h"
 #include "tandem/run/pipeline_step.h"
+#include "tandem/run/pipeline_trace.h"
 #include "tandem/sched/pipeline_schedule.h"
 
 namespace tandem {
@@ -25,10 +28,17 @@ constexpr int64_t kCompareAfter = 4;  // steps measured before the prediction is
 
 }  // namespace
 
-PipelineReport::PipelineReport(const PipelineParts& parts, int64_t micro_batches)
-    : parts_(parts), micro_batches_(micro_batches) {}
+PipelineReport::PipelineReport(const PipelineParts& parts, const Model& model, const Config& cfg,
+                               const std::string& run_dir)
+    : parts_(parts),
+      model_(model),
+      micro_batches_(cfg.train.grad_accum),
+      trace_steps_(parse_step_list(cfg.dist.pipeline_trace_steps, "dist.pipeline_trace_steps")),
+      trace_path_((std::filesystem::path(run_dir) / "pipeline_trace.json").string()) {}
 
-void PipelineReport::add_step(Comm& comm, int64_t steps_run, double step_s, nlohmann::json& row) {
+void PipelineReport::add_step(Comm& comm, int64_t step, int64_t steps_run, double step_s, nlohmann::json& row) {
+  if (std::find(trace_steps_.begin(), trace_steps_.end(), step) != trace_steps_.end())
+    write_pipeline_trace(comm, parts_, model_, step, micro_batches_, trace_path_);
   const StageTimes& t = parts_.step->last_times();
   const auto busy = per_stage(comm.all_gather(t.section_s - t.wait_s), parts_.grid);
   const auto wait = per_stage(comm.all_gather(t.wait_s), parts_.grid);

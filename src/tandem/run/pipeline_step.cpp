@@ -11,6 +11,11 @@
 namespace tandem {
 namespace {
 
+// The wall clock, which the processes of a host (and NTP-synchronised hosts) share.
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -36,16 +41,19 @@ torch::Tensor PipelineStep::run(const std::vector<Batch>& batches,
   const auto m = static_cast<int64_t>(batches.size());
   std::vector<InFlight> flight(batches.size());
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  times_.passes.clear();
   for (const PipelinePass& pass : pipeline_passes(schedule_, grid_.stage(), grid_.stages(), m)) {
     InFlight& f = flight[static_cast<size_t>(pass.micro)];
+    const double start = wall_seconds();
     if (pass.kind == PipelinePass::Kind::kForward) {
       forward(batches[static_cast<size_t>(pass.micro)], pass.micro, f, scaled);
-      continue;
+    } else {
+      before_backward(pass.micro + 1 == m);
+      if (f.loss.defined()) loss_sum += f.loss.detach();
+      backward(pass.micro, f);
+      f = InFlight{};  // the micro-batch's activations are released
     }
-    before_backward(pass.micro + 1 == m);
-    if (f.loss.defined()) loss_sum += f.loss.detach();
-    backward(pass.micro, f);
-    f = InFlight{};  // the micro-batch's activations are released
+    times_.passes.emplace_back(start, wall_seconds());
   }
   link_.wait_sends();
   times_.wait_s = link_.take_wait_s();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "tandem/core/config.h"
@@ -25,6 +26,9 @@ class StageLink;
 struct StageTimes {
   double section_s = 0;  ///< from the first pass's start to the last one's end
   double wait_s = 0;     ///< blocked on a neighbour's activation or gradient
+  /// Each pass's start and end on the wall clock (seconds since the epoch, the host's view: a
+  /// GPU pass ends when its work is queued), in the schedule's order (pipeline_passes()).
+  std::vector<std::pair<double, double>> passes;
 };
 
 class PipelineStep {
@@ -46,6 +50,7 @@ class PipelineStep {
 
   const StageTimes& last_times() const { return times_; }
   const PipelineGrid& grid() const { return grid_; }
+  PipelineSchedule schedule() const { return schedule_; }
   size_t first() const { return first_; }
   size_t end() const { return end_; }
 

@@ -184,181 +184,254 @@ void log_run_end(const TrainSummary& summary, double wall, int device_index, int
                 format_bytes(double(device_index >= 0 ? summary.peak_device_bytes : summary.peak_host_bytes)).c_str()));
 }
 
-TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& options) {
-  const RunPlan plan = resolve_run_plan(std::move(user_cfg), options, ctx);
-  const Config& cfg = plan.cfg;
-  const ModelSpec& spec = plan.spec;
-  const NumericsGuard numerics(cfg.train, ctx.device);
-  const DataSplits data = open_data(cfg.data);
+// The run directory is made sure of before anything is built, the data opened.
+DataSplits open_run_data(const RunPlan& plan) {
+  DataSplits data = open_data(plan.cfg.data);
   ensure_writable_directory(plan.run_dir, "run directory");
+  return data;
+}
 
-  // Model, weights, and the engine or optimizer that trains them.
+// The model with its first weights (the seed's, or model.init_from's for a new run), training.
+std::shared_ptr<Model> build_run_model(const RunPlan& plan, double& build_s) {
   const auto t_build = Clock::now();
-  torch::manual_seed(cfg.train.seed);
-  auto model = build_model(spec, cfg.model.checkpointing);
-  const double build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
-  if (!cfg.model.init_from.empty() && plan.resume_dir.empty()) {
-    load_hf_weights(*model, cfg.model.init_from);
-    log::info("initialised from " + cfg.model.init_from);
+  torch::manual_seed(plan.cfg.train.seed);
+  auto model = build_model(plan.spec, plan.cfg.model.checkpointing);
+  build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
+  if (!plan.cfg.model.init_from.empty() && plan.resume_dir.empty()) {
+    load_hf_weights(*model, plan.cfg.model.init_from);
+    log::info("initialised from " + plan.cfg.model.init_from);
   }
   model->train();
-  PipelineParts pipeline = open_pipeline(*model, plan, ctx);  // Note [Pipeline parallel]
-  RunMetrics metrics(plan, ctx, plan.offload ? "offload engine" : "GPU-resident");
-  Trainable trainable = build_trainable(*model, pipeline, plan, ctx, metrics, build_s);
-  OffloadParts& offload = trainable.offload;
-  OffloadEngine* engine = trainable.engine();
+  return model;
+}
 
-  Progress progress(cfg.train.progress, cfg.train.log_every);
-  Checkpointer checkpointer(cfg, plan.run_dir, ctx, checkpoint_model(*model), trainable.optimizer(),
-                            offload.store.get(), engine,
-                            {[&](const nlohmann::json& row) { metrics.publish(row); },
-                             [&](const std::string& line) { progress.message(line); }});
-  int64_t gathers = 0;  // Note [Pipeline checkpoints]
-  if (pipeline.on())
-    checkpointer.set_before_write([&] {
-      gather_pipeline_state(*ctx.comm, pipeline.grid, *pipeline.blocks, *trainable.gathered, *model, gathers++);
+// One training run: its collaborators, each built from those declared above it (the model and its
+// pipeline stage, the engine or optimizer that trains it, checkpoints, data, the step runner),
+// and the step loop over them.
+class TrainingRun {
+ public:
+  TrainingRun(RunContext& ctx, RunPlan plan);
+  TrainSummary run();
+
+ private:
+  bool run_step(int64_t step);  // true: a stop was requested and the loop ends here
+  nlohmann::json metrics_row(const StepResult& r, double loss, double lr, double dt, const StepPhases& phases,
+                             const EngineStats& stats0);
+  void rebalance(const StepPhases& phases);
+  void evaluate();
+  void checkpoint_between_steps();
+  bool stops_after(bool stop_requested_now);
+  void finish();
+
+  RunContext& ctx_;
+  const RunPlan plan_;
+  const Config& cfg_ = plan_.cfg;
+  const NumericsGuard numerics_;
+  const DataSplits data_;
+  double build_s_ = 0;
+  std::shared_ptr<Model> model_;
+  PipelineParts pipeline_;
+  RunMetrics metrics_;
+  Trainable trainable_;
+  Progress progress_;
+  Checkpointer checkpointer_;
+  int64_t gathers_ = 0;  // Note [Pipeline checkpoints]
+  TrainerState state_;
+  DataParallelRows rows_;  // this rank's rows of each global micro-batch (Note [Data parallel])
+  std::unique_ptr<BatchLoader> train_loader_, val_loader_;
+  bool evaluates_ = false;
+  int64_t tokens_per_step_ = 0;  // every rank's
+  StepTimer timer_;
+  StepRunner runner_;
+  PipelineReport pipeline_report_;
+  TrainSummary summary_;
+  std::vector<double> step_times_, compute_s_;  // compute_s_: forward + backward per step (dist.balance=auto)
+  int64_t tokens_run_ = 0;
+};
+
+TrainingRun::TrainingRun(RunContext& ctx, RunPlan plan)
+    : ctx_(ctx),
+      plan_(std::move(plan)),
+      numerics_(cfg_.train, ctx.device),
+      data_(open_run_data(plan_)),
+      model_(build_run_model(plan_, build_s_)),
+      pipeline_(open_pipeline(*model_, plan_, ctx)),  // Note [Pipeline parallel]
+      metrics_(plan_, ctx, plan_.offload ? "offload engine" : "GPU-resident"),
+      trainable_(build_trainable(*model_, pipeline_, plan_, ctx, metrics_, build_s_)),
+      progress_(cfg_.train.progress, cfg_.train.log_every),
+      checkpointer_(cfg_, plan_.run_dir, ctx, checkpoint_model(*model_), trainable_.optimizer(),
+                    trainable_.offload.store.get(), trainable_.engine(),
+                    {[this](const nlohmann::json& row) { metrics_.publish(row); },
+                     [this](const std::string& line) { progress_.message(line); }}),
+      state_(checkpointer_.resume(plan_.resume_dir)),
+      rows_(cfg_, replica_view(ctx)),
+      train_loader_(training_loader(data_, plan_, ctx, rows_)),
+      val_loader_(held_out_loader(data_, plan_, ctx, pipeline_.on())),
+      timer_(ctx.device),
+      runner_(plan_, ctx, *model_, trainable_.params, trainable_.optimizer(), trainable_.engine(),
+              trainable_.reducer.get(), pipeline_.step.get(), timer_,
+              [this](const nlohmann::json& row) { metrics_.publish(row); }, state_),
+      pipeline_report_(pipeline_, *model_, cfg_, plan_.run_dir) {
+  if (pipeline_.on())
+    checkpointer_.set_before_write([this] {
+      gather_pipeline_state(*ctx_.comm, pipeline_.grid, *pipeline_.blocks, *trainable_.gathered, *model_, gathers_++);
     });
-  TrainerState state = checkpointer.resume(plan.resume_dir);
   // Written only once the model, weights and checkpoint are known to be good, so a failed
   // resume leaves the run directory's files as they were.
   if (ctx.main_rank()) {
-    write_file_atomic((fs::path(plan.run_dir) / "config.yaml").string(), config_to_yaml(cfg));
-    write_file_atomic((fs::path(plan.run_dir) / "model_config.json").string(), hf_config_json(spec));
+    write_file_atomic((fs::path(plan_.run_dir) / "config.yaml").string(), config_to_yaml(cfg_));
+    write_file_atomic((fs::path(plan_.run_dir) / "model_config.json").string(), hf_config_json(plan_.spec));
   }
-
-  // Data: this rank's rows of each global micro-batch (Note [Data parallel]); rank 0 evaluates.
-  DataParallelRows rows(cfg, replica_view(ctx));
-  std::unique_ptr<BatchLoader> train_loader = training_loader(data, plan, ctx, rows);
-  train_loader->seek(state.data_position);
-  std::unique_ptr<BatchLoader> val_loader = held_out_loader(data, plan, ctx, pipeline.on());
+  train_loader_->seek(state_.data_position);
   // With a pipeline every rank takes part in an evaluation that any does.
-  const bool evaluates = pipeline.on() ? ctx.comm->sum(val_loader ? 1.0 : 0.0) > 0 : val_loader != nullptr;
-  const int64_t tokens_per_step = rows.global_rows() * plan.seq_len * cfg.train.grad_accum;  // every rank's
-  log_run_header(plan, ctx, rows, data, tokens_per_step);
+  evaluates_ = pipeline_.on() ? ctx.comm->sum(val_loader_ ? 1.0 : 0.0) > 0 : val_loader_ != nullptr;
+  tokens_per_step_ = rows_.global_rows() * plan_.seq_len * cfg_.train.grad_accum;
+  log_run_header(plan_, ctx, rows_, data_, tokens_per_step_);
+}
 
-  StepTimer timer(ctx.device);
-  StepRunner runner(
-      plan, ctx, *model, trainable.params, trainable.optimizer(), engine, trainable.reducer.get(),
-      pipeline.step.get(), timer, [&](const nlohmann::json& row) { metrics.publish(row); }, state);
-  PipelineReport pipeline_report(pipeline, cfg.train.grad_accum);
-  TrainSummary summary;
-  summary.run_dir = plan.run_dir;
-  summary.first_step = state.step;
-  std::vector<double> step_times, compute_s;  // compute_s: forward + backward per step (dist.balance=auto)
-  int64_t tokens_run = 0;
-  if (ctx.device_index >= 0 && accelerator()) accelerator()->reset_peak_memory(ctx.device_index);
-  metrics.start();
+TrainSummary TrainingRun::run() {
+  summary_.run_dir = plan_.run_dir;
+  summary_.first_step = state_.step;
+  if (ctx_.device_index >= 0 && accelerator()) accelerator()->reset_peak_memory(ctx_.device_index);
+  metrics_.start();
+  for (int64_t step = state_.step; step < cfg_.train.steps; ++step)
+    if (run_step(step)) break;
+  finish();
+  return summary_;
+}
 
-  for (int64_t step = state.step; step < cfg.train.steps; ++step) {
-    const auto t0 = Clock::now();
-    const double lr = lr_at(cfg.optim, step, cfg.train.steps);
-    const EngineStats stats0 = engine ? engine->stats() : EngineStats{};  // one locked copy
-    if (offload.placement) {
-      const auto latest = metrics.latest();
-      offload.placement->before_step(step + 1, latest ? &*latest : nullptr);
-    }
-    const StepResult r = runner.run(step, lr, *train_loader, rows.share());
-    double loss = r.loss;
-    bool stop_now = stop_requested();
-    if (ctx.comm) {
-      // The global batch's loss, and one decision to stop: every rank stops after the same step.
-      const auto sums = ctx.comm->sum({loss * rows.share(), stop_now ? 1.0 : 0.0});
-      loss = sums[0];
-      stop_now = sums[1] > 0;
-    }
-    // Pacing toward a GPU power budget (Note [Placement policies]): the GPU idles, the step's time counts it.
-    if (offload.placement && offload.placement->pace_s() > 0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(offload.placement->pace_s()));
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    state.step = step + 1;
-    state.tokens_seen += tokens_per_step;
-    tokens_run += tokens_per_step;
-    if (r.skipped) ++summary.skipped_steps;
-    summary.losses.push_back(loss);
-    step_times.push_back(dt);
-
-    // The step's metrics row.
-    const StepPhases phases = timer.read(dt);
-    nlohmann::json m = step_row(state, loss, lr, r, dt, tokens_per_step, phases, metrics.since_start_s());
-    add_device_memory_row(m, ctx.device_index);
-    if (cfg.train.precision == Precision::kFp16) m["loss_scale"] = r.loss_scale;
-    runner.after_step(m);
-    if (r.skipped) m["skipped"] = true;
-    const auto [step_gpu_j, step_cpu_j] = metrics.add_telemetry(m, tokens_per_step);
-    if (engine) add_engine_row(m, *engine, *offload.store, stats0);
-    if (ctx.comm) m["dist_rows"] = rows.all();
-    if (pipeline.on()) pipeline_report.add_step(*ctx.comm, state.step - summary.first_step, dt, m);
-    if (offload.placement) offload.placement->after_step(dt, step_gpu_j, step_cpu_j, m);
-    metrics.publish(m);
-    fault_after_step(ctx.ranks.rank, state.step, ctx.ranks.restart_count);  // Note [Test faults]
-
-    // Note [Data parallel]: dist.balance=auto measures, then sizes each rank's rows once.
-    compute_s.push_back(phases.forward_s + phases.backward_s);
-    if (ctx.comm && rows.balances_at(state.step, summary.first_step)) {
-      std::string said;
-      if (rows.rebalance(*ctx.comm, median(compute_s), max_rows_on_device(ctx, rows, cfg.offload.gpu_memory_fraction),
-                         &said)) {
-        log::info("dist.balance=auto: " + said);
-        const int64_t pos = train_loader->position();
-        train_loader = training_loader(data, plan, ctx, rows);
-        train_loader->seek(pos);
-      }
-    }
-
-    progress.update(progress_sample(cfg, state.step, loss, lr, r, dt, step_times, tokens_per_step));
-
-    if (evaluates && state.step % cfg.train.eval_every == 0) {
-      summary.last_eval_loss = held_out_loss(runner, val_loader.get(), cfg, ctx, pipeline);
-      metrics.publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
-      progress.message(
-          strprintf("step %lld | eval loss %.4f", static_cast<long long>(state.step), summary.last_eval_loss));
-    }
-    if (cfg.train.checkpoint_every > 0 && state.step % cfg.train.checkpoint_every == 0 &&
-        state.step < cfg.train.steps) {
-      state.data_position = train_loader->position();
-      runner.save_scaler(state);
-      checkpointer.write(state, true);
-    }
-    checkpointer.collect(false);
-    // Note [Stopping on a signal]
-    // SIGINT/SIGTERM set a flag (core/interrupt.h); the step in flight finishes, the loop stops
-    // here, a checkpoint is written whatever train.save_final says, and the run ends normally
-    // (exit 0), so `--resume` continues exactly. A second signal ends the process at once.
-    if (stop_now && state.step < cfg.train.steps) {
-      summary.interrupted = true;
-      log::warn(strprintf("stop requested: stopping after step %lld of %lld", static_cast<long long>(state.step),
-                          static_cast<long long>(cfg.train.steps)));
-      break;
-    }
+bool TrainingRun::run_step(int64_t step) {
+  const auto t0 = Clock::now();
+  const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
+  OffloadEngine* engine = trainable_.engine();
+  PlacementDriver* placement = trainable_.offload.placement.get();
+  const EngineStats stats0 = engine ? engine->stats() : EngineStats{};  // one locked copy
+  if (placement) {
+    const auto latest = metrics_.latest();
+    placement->before_step(step + 1, latest ? &*latest : nullptr);
   }
-  progress.finish();
-  if (engine) engine->finish_trace();  // a traced last step: its trace is written now
-  const double wall = metrics.since_start_s();
-
-  // The end: a last evaluation, the final checkpoint, summary.json.
-  if (evaluates && !summary.interrupted && state.step > summary.first_step && (summary.last_eval_loss < 0 || state.step % cfg.train.eval_every != 0)) {
-    summary.last_eval_loss = held_out_loss(runner, val_loader.get(), cfg, ctx, pipeline);
-    metrics.publish({{"step", state.step}, {"eval_loss", summary.last_eval_loss}});
+  const StepResult r = runner_.run(step, lr, *train_loader_, rows_.share());
+  double loss = r.loss;
+  bool stop_now = stop_requested();
+  if (ctx_.comm) {
+    // The global batch's loss, and one decision to stop: every rank stops after the same step.
+    const auto sums = ctx_.comm->sum({loss * rows_.share(), stop_now ? 1.0 : 0.0});
+    loss = sums[0];
+    stop_now = sums[1] > 0;
   }
-  state.data_position = train_loader->position();
-  runner.save_scaler(state);
-  checkpointer.finish(state, (cfg.train.save_final || summary.interrupted) && state.step > summary.first_step);
-  summary.last_checkpoint = checkpointer.last();
-  summary.checkpoint_error = checkpointer.error();
-  summary.unsaved = checkpointer.unsaved();
-  summary.final_step = state.step;
-  summary.oom_retries = runner.oom_retries();
-  add_speed_and_memory(summary, step_times, tokens_per_step, ctx.device_index);
-  metrics.write_summary(summary, plan, ctx, tokens_run, tokens_per_step, wall,
-                        offload.placement ? offload.placement->summary() : nlohmann::json());
-  if (ctx.comm) {
+  // Pacing toward a GPU power budget (Note [Placement policies]): the GPU idles, the step's time counts it.
+  if (placement && placement->pace_s() > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(placement->pace_s()));
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  state_.step = step + 1;
+  state_.tokens_seen += tokens_per_step_;
+  tokens_run_ += tokens_per_step_;
+  if (r.skipped) ++summary_.skipped_steps;
+  summary_.losses.push_back(loss);
+  step_times_.push_back(dt);
+
+  const StepPhases phases = timer_.read(dt);
+  metrics_.publish(metrics_row(r, loss, lr, dt, phases, stats0));
+  fault_after_step(ctx_.ranks.rank, state_.step, ctx_.ranks.restart_count);  // Note [Test faults]
+  rebalance(phases);
+  progress_.update(progress_sample(cfg_, state_.step, loss, lr, r, dt, step_times_, tokens_per_step_));
+  if (evaluates_ && state_.step % cfg_.train.eval_every == 0) evaluate();
+  checkpoint_between_steps();
+  return stops_after(stop_now);
+}
+
+// The step's metrics row, and the placement policy's reading of it.
+nlohmann::json TrainingRun::metrics_row(const StepResult& r, double loss, double lr, double dt,
+                                        const StepPhases& phases, const EngineStats& stats0) {
+  nlohmann::json m = step_row(state_, loss, lr, r, dt, tokens_per_step_, phases, metrics_.since_start_s());
+  add_device_memory_row(m, ctx_.device_index);
+  if (cfg_.train.precision == Precision::kFp16) m["loss_scale"] = r.loss_scale;
+  runner_.after_step(m);
+  if (r.skipped) m["skipped"] = true;
+  const auto [step_gpu_j, step_cpu_j] = metrics_.add_telemetry(m, tokens_per_step_);
+  if (OffloadEngine* engine = trainable_.engine()) add_engine_row(m, *engine, *trainable_.offload.store, stats0);
+  if (ctx_.comm) m["dist_rows"] = rows_.all();
+  if (pipeline_.on()) pipeline_report_.add_step(*ctx_.comm, state_.step, state_.step - summary_.first_step, dt, m);
+  if (trainable_.offload.placement) trainable_.offload.placement->after_step(dt, step_gpu_j, step_cpu_j, m);
+  return m;
+}
+
+// Note [Data parallel]: dist.balance=auto measures, then sizes each rank's rows once.
+void TrainingRun::rebalance(const StepPhases& phases) {
+  compute_s_.push_back(phases.forward_s + phases.backward_s);
+  if (!ctx_.comm || !rows_.balances_at(state_.step, summary_.first_step)) return;
+  std::string said;
+  if (!rows_.rebalance(*ctx_.comm, median(compute_s_),
+                       max_rows_on_device(ctx_, rows_, cfg_.offload.gpu_memory_fraction), &said))
+    return;
+  log::info("dist.balance=auto: " + said);
+  const int64_t pos = train_loader_->position();
+  train_loader_ = training_loader(data_, plan_, ctx_, rows_);
+  train_loader_->seek(pos);
+}
+
+void TrainingRun::evaluate() {
+  summary_.last_eval_loss = held_out_loss(runner_, val_loader_.get(), cfg_, ctx_, pipeline_);
+  metrics_.publish({{"step", state_.step}, {"eval_loss", summary_.last_eval_loss}});
+  progress_.message(
+      strprintf("step %lld | eval loss %.4f", static_cast<long long>(state_.step), summary_.last_eval_loss));
+}
+
+void TrainingRun::checkpoint_between_steps() {
+  if (cfg_.train.checkpoint_every > 0 && state_.step % cfg_.train.checkpoint_every == 0 &&
+      state_.step < cfg_.train.steps) {
+    state_.data_position = train_loader_->position();
+    runner_.save_scaler(state_);
+    checkpointer_.write(state_, true);
+  }
+  checkpointer_.collect(false);
+}
+
+// Note [Stopping on a signal]
+// SIGINT/SIGTERM set a flag (core/interrupt.h); the step in flight finishes, the loop stops
+// here, a checkpoint is written whatever train.save_final says, and the run ends normally
+// (exit 0), so `--resume` continues exactly. A second signal ends the process at once.
+bool TrainingRun::stops_after(bool stop_requested_now) {
+  if (!stop_requested_now || state_.step >= cfg_.train.steps) return false;
+  summary_.interrupted = true;
+  log::warn(strprintf("stop requested: stopping after step %lld of %lld", static_cast<long long>(state_.step),
+                      static_cast<long long>(cfg_.train.steps)));
+  return true;
+}
+
+// The end: a last evaluation, the final checkpoint, summary.json.
+void TrainingRun::finish() {
+  progress_.finish();
+  if (OffloadEngine* engine = trainable_.engine()) engine->finish_trace();  // a traced last step: written now
+  const double wall = metrics_.since_start_s();
+  if (evaluates_ && !summary_.interrupted && state_.step > summary_.first_step &&
+      (summary_.last_eval_loss < 0 || state_.step % cfg_.train.eval_every != 0)) {
+    summary_.last_eval_loss = held_out_loss(runner_, val_loader_.get(), cfg_, ctx_, pipeline_);
+    metrics_.publish({{"step", state_.step}, {"eval_loss", summary_.last_eval_loss}});
+  }
+  state_.data_position = train_loader_->position();
+  runner_.save_scaler(state_);
+  checkpointer_.finish(state_, (cfg_.train.save_final || summary_.interrupted) && state_.step > summary_.first_step);
+  summary_.last_checkpoint = checkpointer_.last();
+  summary_.checkpoint_error = checkpointer_.error();
+  summary_.unsaved = checkpointer_.unsaved();
+  summary_.final_step = state_.step;
+  summary_.oom_retries = runner_.oom_retries();
+  add_speed_and_memory(summary_, step_times_, tokens_per_step_, ctx_.device_index);
+  PlacementDriver* placement = trainable_.offload.placement.get();
+  metrics_.write_summary(summary_, plan_, ctx_, tokens_run_, tokens_per_step_, wall,
+                         placement ? placement->summary() : nlohmann::json());
+  if (ctx_.comm) {
     // Every rank stops its heartbeat before rank 0, which serves the store, may exit.
-    ctx.comm->stop_heartbeat();
-    ctx.comm->barrier();
+    ctx_.comm->stop_heartbeat();
+    ctx_.comm->barrier();
   }
-  metrics.finish();
-  log_run_end(summary, wall, ctx.device_index, cfg.train.steps);
-  return summary;
+  metrics_.finish();
+  log_run_end(summary_, wall, ctx_.device_index, cfg_.train.steps);
+}
+
+TrainSummary train_in(RunContext& ctx, Config user_cfg, const TrainOptions& options) {
+  return TrainingRun(ctx, resolve_run_plan(std::move(user_cfg), options, ctx)).run();
 }
 
 }  // namespace
