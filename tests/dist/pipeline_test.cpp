@@ -162,7 +162,9 @@ TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
     const Result r = launch(2, port(k), dir, 12, args + " --set train.grad_accum=" + std::to_string(m));
     ASSERT_EQ(r.code, 0) << r.out;
     measured[k] = median_bubble(dir);
-    EXPECT_NEAR(measured[k], pipeline_bubble(2, m), 0.07) << "m = " << m;
+    // Within 0.1: the suite runs two tests at once on CI's two cores, and a stage's process that
+    // loses its core idles its neighbour too. Serial stages (no overlap) would measure 0.5 at any m.
+    EXPECT_NEAR(measured[k], pipeline_bubble(2, m), 0.1) << "m = " << m;
     expect_stage_tracks(dir + "/pipeline_trace.json", 2, m);
     ++k;
   }
