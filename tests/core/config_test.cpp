@@ -96,5 +96,12 @@ TEST(Strings, ClosestMatch) {
   EXPECT_EQ(closest_match("zzzzzzzzzzzzzzzzzz", {"abc"}), "");
 }
 
+TEST(Strings, CountsUpToTrillions) {
+  EXPECT_EQ(format_count(853.0), "853");
+  EXPECT_EQ(format_count(1.5e6), "1.5 M");
+  EXPECT_EQ(format_count(13.02e9), "13.02 B");
+  EXPECT_EQ(format_count(1.2e12), "1.20 T");
+}
+
 }  // namespace
 }  // namespace tandem

@@ -296,6 +296,18 @@ TEST(Checkpoint, AMalformedStateFileIsRefusedWithAReasonNotAnException) {
   EXPECT_EQ(verify_checkpoint(text), "trainer_state.json is not valid JSON");
 }
 
+// A state refused after it is read leaves the random generators as they were.
+TEST(Checkpoint, ARefusedStateLeavesTheGeneratorsAlone) {
+  test::TempDir dir;
+  const std::string ckpt = write_one(dir.file("src"), 1);
+  edit_state(ckpt, [](nlohmann::json& j) { j["step"] = -1; });
+  torch::manual_seed(123);
+  const auto want = torch::rand({4});
+  torch::manual_seed(123);
+  EXPECT_THROW(load_checkpoint_state(ckpt, -1), UserError);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), want));
+}
+
 TEST(Checkpoint, AVersionOneManifestOfSizesIsStillRead) {
   test::TempDir dir;
   const std::string ckpt = write_one(dir.path(), 1);
@@ -314,14 +326,14 @@ TEST(Checkpoint, ListsCompleteCheckpointsOldestFirst) {
   test::TempDir dir;
   const std::string parent = dir.file("checkpoints");
   EXPECT_TRUE(list_checkpoints(parent).empty()) << "no directory yet";
-  for (int64_t step : {12, 3, 7}) write_one(parent, step);
+  for (int64_t step : {12, 3, 7, 100000000}) write_one(parent, step);  // the last: nine digits
   // Not checkpoints: an unfinished one, a write cut off, a foreign directory, a file.
   fs::create_directories(parent + "/step_00000020");
   copy_of(parent + "/step_00000003", parent, ".step_00000030.tmp");
   copy_of(parent + "/step_00000003", parent, "best");
   std::ofstream(parent + "/step_00000040") << "not a directory";
   EXPECT_EQ(list_checkpoints(parent), (std::vector<std::string>{parent + "/step_00000003", parent + "/step_00000007",
-                                                                parent + "/step_00000012"}));
+                                                                parent + "/step_00000012", parent + "/step_100000000"}));
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestAndClearsWritesThatNeverFinished) {

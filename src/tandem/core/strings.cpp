@@ -61,7 +61,9 @@ std::string format_bytes(double bytes) {
 
 std::string format_count(double n) {
   char buf[32];
-  if (n >= 1e9)
+  if (n >= 1e12)
+    std::snprintf(buf, sizeof buf, "%.2f T", n / 1e12);
+  else if (n >= 1e9)
     std::snprintf(buf, sizeof buf, "%.2f B", n / 1e9);
   else if (n >= 1e6)
     std::snprintf(buf, sizeof buf, "%.1f M", n / 1e6);

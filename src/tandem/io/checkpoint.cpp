@@ -245,7 +245,11 @@ std::vector<std::string> list_checkpoints(const std::string& parent) {
     if (e.is_directory() && n.rfind("step_", 0) == 0 && fs::exists(e.path() / kStateFile))
       out.push_back(e.path().string());
   }
-  std::sort(out.begin(), out.end());
+  // By step number: past step_99999999 the names are longer, and a string sort would put them first.
+  const auto step_of = [](const std::string& path) {
+    return std::strtoll(fs::path(path).filename().string().c_str() + 5, nullptr, 10);
+  };
+  std::sort(out.begin(), out.end(), [&](const std::string& a, const std::string& b) { return step_of(a) < step_of(b); });
   return out;
 }
 
@@ -401,14 +405,6 @@ TrainerState load_checkpoint_state(const std::string& dir, int device_index) {
   TANDEM_CHECK(why.empty(), "checkpoint ", dir, " is damaged: ", why,
                "; resume from an earlier one (--resume auto takes the newest intact checkpoint)");
   const auto j = nlohmann::json::parse(read_file((d / kStateFile).string(), "checkpoint state"));
-  {
-    SafetensorsFile rng((d / "rng.safetensors").string());
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng.tensor("cpu"));
-    if (device_index >= 0 && accelerator() && rng.contains("cuda"))
-      accelerator()->set_rng_state(device_index, tensor_bytes(rng.tensor("cuda")));
-  }
   TrainerState s;
   try {
     s.step = j.at("step").get<int64_t>();
@@ -423,6 +419,13 @@ TrainerState load_checkpoint_state(const std::string& dir, int device_index) {
   }
   TANDEM_CHECK(s.step >= 0 && s.data_position >= 0, "checkpoint ", dir, ": ", kStateFile,
                " has a negative step or data position; resume from an earlier one");
+  // The generators last, once the state is known good: a refused resume leaves them as they were.
+  SafetensorsFile rng((d / "rng.safetensors").string());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(rng.tensor("cpu"));
+  if (device_index >= 0 && accelerator() && rng.contains("cuda"))
+    accelerator()->set_rng_state(device_index, tensor_bytes(rng.tensor("cuda")));
   return s;
 }
 
