@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <set>
+#include <vector>
 
 namespace tandem {
 
@@ -25,44 +26,17 @@ ApiError bad_request(const std::string& message, const std::string& param) {
 
 // Note [OpenAI API subset]: the fields each endpoint takes.
 const std::set<std::string>& known_fields(ApiEndpoint endpoint) {
-  static const std::set<std::string> kCompletions = {"model",
-                                                     "prompt",
-                                                     "max_tokens",
-                                                     "temperature",
-                                                     "top_p",
-                                                     "n",
-                                                     "stream",
-                                                     "stop",
-                                                     "seed",
-                                                     "user",
-                                                     "top_k",
-                                                     "repetition_penalty",
-                                                     "presence_penalty",
-                                                     "frequency_penalty",
-                                                     "stream_options",
-                                                     "logprobs",
-                                                     "echo",
-                                                     "best_of",
-                                                     "suffix",
-                                                     "logit_bias"};
-  static const std::set<std::string> kChat = {"model",
-                                              "messages",
-                                              "max_tokens",
-                                              "max_completion_tokens",
-                                              "temperature",
-                                              "top_p",
-                                              "n",
-                                              "stream",
-                                              "stop",
-                                              "seed",
-                                              "user",
-                                              "top_k",
-                                              "repetition_penalty",
-                                              "presence_penalty",
-                                              "frequency_penalty",
-                                              "stream_options",
-                                              "logprobs",
-                                              "logit_bias"};
+  // Both endpoints' sampling and streaming fields, then each one's own.
+  static const std::vector<std::string> kShared = {
+      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stop", "seed", "user", "top_k",
+      "repetition_penalty", "presence_penalty", "frequency_penalty", "stream_options", "logprobs", "logit_bias"};
+  const auto with = [](std::initializer_list<const char*> own) {
+    std::set<std::string> out(kShared.begin(), kShared.end());
+    out.insert(own.begin(), own.end());
+    return out;
+  };
+  static const std::set<std::string> kCompletions = with({"prompt", "echo", "best_of", "suffix"});
+  static const std::set<std::string> kChat = with({"messages", "max_completion_tokens"});
   return endpoint == ApiEndpoint::kCompletions ? kCompletions : kChat;
 }
 
