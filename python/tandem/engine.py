@@ -356,9 +356,10 @@ class Engine:
         return self._core.config_yaml()
 
     def close(self) -> None:
-        """Finishes the last updates and removes the engine's hooks from the model."""
+        """Finishes the last updates, writes summary.json and removes the engine's hooks from the model."""
         if getattr(self, "_core", None) is not None:
             self._core.wait()
+            self._core.finish_run()  # summary.json, the live endpoints stopped
             self._attach.detach()
             self._core = None
 

@@ -37,6 +37,13 @@ def test_metrics_rows_and_trace(tmp_path):
     assert r[-1]["tokens"] == 4 * 4 * 16
     names = {e.get("name") for e in json.load(open(tmp_path / "trace.json"))["traceEvents"]}
     assert {"forward layer.0", "backward layer.1", "forward+loss+backward head"} <= names, names
+    # Closing the engine writes summary.json, as the CLI's run does.
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert summary["steps"] == 4 and summary["final_step"] == 4
+    assert summary["final_loss"] == pytest.approx(losses[-1])
+    assert summary["tokens_per_step"] == 4 * 16 and summary["median_tokens_per_s"] > 0
+    assert summary["params"] == sum(p.numel() for p in model.parameters())
+    assert summary["telemetry"]["samples"] > 0
 
 
 def test_prometheus_endpoint_serves_the_run(tmp_path):

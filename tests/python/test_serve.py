@@ -243,7 +243,8 @@ def test_a_few_hundred_concurrent_requests_lose_none_and_leak_nothing(server):
 
 
 def test_a_full_queue_answers_429(model_dir):
-    s = Server(model_dir, "--max-batch", "1", "--max-queue", "1")
+    # One place and no waiting line (--max-queue 0): a request that meets another running is refused.
+    s = Server(model_dir, "--max-batch", "1", "--max-queue", "0")
     try:
         client = s.client()
         outcomes = []

@@ -149,6 +149,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("load", &EngineCore::load, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def("wait", &EngineCore::wait, py::call_guard<py::gil_scoped_release>())
+      .def("finish_run", &EngineCore::finish_run, py::call_guard<py::gil_scoped_release>())
       .def("step", &EngineCore::step)
       .def("run_dir", &EngineCore::run_dir)
       .def("data_position", &EngineCore::data_position)

@@ -88,6 +88,17 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
 }
 
 EngineCore::~EngineCore() {
+  finish_run();
+  reducer_.reset();
+  optimizer_.reset();
+  offload_.reset();
+  metrics_.reset();
+  if (ctx_ && ctx_->comm) ctx_->comm->stop_heartbeat();
+}
+
+void EngineCore::finish_run() {
+  if (finished_) return;
+  finished_ = true;
   if (offload_ && offload_->engine) {
     try {
       offload_->engine->wait_all();
@@ -95,12 +106,8 @@ EngineCore::~EngineCore() {
       log::warn(std::string("engine: while finishing the last updates: ") + one_line(e.what()));
     }
   }
+  write_run_summary();
   if (metrics_) metrics_->finish();
-  reducer_.reset();
-  optimizer_.reset();
-  offload_.reset();
-  metrics_.reset();
-  if (ctx_ && ctx_->comm) ctx_->comm->stop_heartbeat();
 }
 
 bool EngineCore::offload() const { return cfg_.offload.optimizer == OffloadTarget::kCpu; }
@@ -235,6 +242,30 @@ void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens)
   if (offload_) add_engine_row(row, *offload_->engine, *offload_->store, stats0_);
   if (offload_ && offload_->placement) offload_->placement->after_step(dt, gpu_j, cpu_j, row);
   metrics_->publish(row);
+  if (summary_.losses.empty()) summary_.first_step = info.step - 1;
+  summary_.final_step = info.step;
+  summary_.losses.push_back(loss);
+  if (info.skipped) ++summary_.skipped_steps;
+  step_times_.push_back(dt);
+  tokens_run_ += tokens;
+  tokens_per_step_ = tokens;
+}
+
+// summary.json as the CLI writes it, for the steps this engine ran (none: nothing is written).
+void EngineCore::write_run_summary() {
+  if (!metrics_ || summary_.losses.empty()) return;
+  try {
+    summary_.run_dir = run_dir_;
+    add_speed_and_memory(summary_, step_times_, tokens_per_step_, ctx_->device_index);
+    const nlohmann::json model = {{"params", blocks_->numel()},
+                                  {"blocks", blocks_->block_count()},
+                                  {"precision", to_string(cfg_.train.precision)},
+                                  {"device", ctx_->device.str()}};
+    metrics_->write_summary(summary_, model, run_dir_, tokens_run_, tokens_per_step_, metrics_->since_start_s(),
+                            offload_ && offload_->placement ? offload_->placement->summary() : nlohmann::json());
+  } catch (const std::exception& e) {
+    log::warn(std::string("summary.json not written: ") + one_line(e.what()));
+  }
 }
 
 void EngineCore::abandon() {
@@ -298,6 +329,7 @@ std::string EngineCore::save(const std::string& run_dir, const std::string& hf_c
   TANDEM_CHECK(ck->error().empty(), "the checkpoint was not saved (", ck->error(),
                "); the earlier checkpoints are kept: free space or choose a writable directory");
   if (ctx_->comm && !(offload_ && offload_->store->sharded())) ctx_->comm->barrier();
+  summary_.last_checkpoint = ck->last();
   return ck->last();
 }
 

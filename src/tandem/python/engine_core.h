@@ -16,6 +16,7 @@
 #include "tandem/engine/offload_engine.h"
 #include "tandem/python/module_blocks.h"
 #include "tandem/run/checkpointer.h"
+#include "tandem/run/trainer.h"  // TrainSummary
 
 namespace tandem {
 
@@ -91,10 +92,15 @@ class EngineCore {
   const Config& config() const { return cfg_; }
   /// The engine's counters and the update split, as JSON text.
   std::string stats_json() const;
+  /// The run's end, once: the last updates finished, summary.json written (rank 0), the live
+  /// endpoints and the sampler stopped. The destructor calls it when Python did not.
+  void finish_run();
 
  private:
   void check_data_parallel_start();
   void publish_step(const StepInfo& info, double loss, int64_t tokens);
+  void write_run_summary();
+  bool finished_ = false;
   void widen_split_range();
   void build_offload_engine();
   CheckpointModel checkpoint_model(const std::string& hf_config);
@@ -119,6 +125,9 @@ class EngineCore {
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point step_start_;
   EngineStats stats0_;  // the engine's counters when the open step began
+  TrainSummary summary_;             // for summary.json when the engine closes, as the CLI's run writes it
+  std::vector<double> step_times_;   // each published step's seconds
+  int64_t tokens_run_ = 0, tokens_per_step_ = 0;
 };
 
 }  // namespace tandem

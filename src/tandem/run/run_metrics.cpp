@@ -1,8 +1,10 @@
 #include "tandem/run/run_metrics.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -223,7 +225,30 @@ decltype(EngineOptions::trace_counters) RunMetrics::trace_counters() {
   };
 }
 
+void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step_times, int64_t tokens_per_step,
+                          int device_index) {
+  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
+  summary.median_step_time_s = median(steady);
+  summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
+  summary.peak_host_bytes = host_peak_rss_bytes();
+  if (device_index >= 0 && accelerator())
+    summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
+}
+
 void RunMetrics::write_summary(const TrainSummary& summary, const RunPlan& plan, const RunContext& ctx,
+                               int64_t tokens_run, int64_t tokens_per_step, double wall_s,
+                               const nlohmann::json& placement) {
+  const ModelSpec& spec = plan.spec;
+  const nlohmann::json model = {{"params", spec.num_params_unpadded()},
+                                {"n_layer", spec.n_layer},
+                                {"d_model", spec.d_model},
+                                {"seq_len", plan.seq_len},
+                                {"precision", to_string(plan.cfg.train.precision)},
+                                {"device", ctx.device.str()}};
+  write_summary(summary, model, plan.run_dir, tokens_run, tokens_per_step, wall_s, placement);
+}
+
+void RunMetrics::write_summary(const TrainSummary& summary, const nlohmann::json& model, const std::string& run_dir,
                                int64_t tokens_run, int64_t tokens_per_step, double wall_s,
                                const nlohmann::json& placement) {
   telemetry_ = nlohmann::json::object();
@@ -246,7 +271,6 @@ void RunMetrics::write_summary(const TrainSummary& summary, const RunPlan& plan,
     telemetry_["missing"] = sampler_->why_missing();
     sampler_.reset();
   }
-  const ModelSpec& spec = plan.spec;
   nlohmann::json s = {{"schema_version", kSummarySchemaVersion},
                       {"steps", summary.final_step - summary.first_step},
                       {"final_step", summary.final_step},
@@ -255,12 +279,6 @@ void RunMetrics::write_summary(const TrainSummary& summary, const RunPlan& plan,
                       {"median_step_time_s", summary.median_step_time_s},
                       {"median_tokens_per_s", summary.median_tokens_per_s},
                       {"tokens_per_step", tokens_per_step},
-                      {"params", spec.num_params_unpadded()},
-                      {"n_layer", spec.n_layer},
-                      {"d_model", spec.d_model},
-                      {"seq_len", plan.seq_len},
-                      {"precision", to_string(plan.cfg.train.precision)},
-                      {"device", ctx.device.str()},
                       {"wall_s", wall_s},
                       {"skipped_steps", summary.skipped_steps},
                       {"peak_device_bytes", summary.peak_device_bytes},
@@ -271,8 +289,9 @@ void RunMetrics::write_summary(const TrainSummary& summary, const RunPlan& plan,
                       {"checkpoint_error", summary.checkpoint_error},
                       {"unsaved", summary.unsaved},
                       {"telemetry", telemetry_}};
+  s.update(model);
   if (!placement.is_null()) s["placement"] = placement;
-  if (main_rank_) write_file_atomic((fs::path(plan.run_dir) / "summary.json").string(), s.dump(2) + "\n");
+  if (main_rank_) write_file_atomic((fs::path(run_dir) / "summary.json").string(), s.dump(2) + "\n");
 }
 
 void RunMetrics::finish() {

@@ -40,6 +40,10 @@ nlohmann::json step_metrics_row(int64_t step, double loss, double lr, double gra
 void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamStore& store, const EngineStats& before);
 /// Device memory (allocated, peak, reserved) in a step's metrics row; nothing on the CPU.
 void add_device_memory_row(nlohmann::json& m, int device_index);
+/// The median step over the steps after the first few (warm-up: allocator, cuDNN/cuBLAS
+/// heuristics), its tokens/s, and the peaks of host and device memory, into `summary`.
+void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step_times, int64_t tokens_per_step,
+                          int device_index);
 
 class RunMetrics {
  public:
@@ -71,6 +75,10 @@ class RunMetrics {
   /// Writes summary.json (rank 0) from the run's outcome and the sampler's totals; stops the sampler.
   void write_summary(const TrainSummary& summary, const RunPlan& plan, const RunContext& ctx, int64_t tokens_run,
                      int64_t tokens_per_step, double wall_s, const nlohmann::json& placement);
+  /// The same for any model: `model` holds what summary.json says of it (params, precision,
+  /// device, and where known n_layer, d_model, seq_len); written into `run_dir`.
+  void write_summary(const TrainSummary& summary, const nlohmann::json& model, const std::string& run_dir,
+                     int64_t tokens_run, int64_t tokens_per_step, double wall_s, const nlohmann::json& placement);
   /// After the last row: the live feed ends (an open dashboard gets its last poll), the energy line.
   void finish();
 

@@ -146,17 +146,6 @@ ProgressSample progress_sample(const Config& cfg, int64_t step, double loss, dou
   return ps;
 }
 
-// The median step over steps after the first few (warm-up: allocator, cuDNN/cuBLAS heuristics), and peaks.
-void add_speed_and_memory(TrainSummary& summary, const std::vector<double>& step_times, int64_t tokens_per_step,
-                          int device_index) {
-  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5), step_times.end());
-  summary.median_step_time_s = median(steady);
-  summary.median_tokens_per_s = summary.median_step_time_s > 0 ? tokens_per_step / summary.median_step_time_s : 0;
-  summary.peak_host_bytes = host_peak_rss_bytes();
-  if (device_index >= 0 && accelerator())
-    summary.peak_device_bytes = accelerator()->memory_stats(device_index).peak_allocated;
-}
-
 // A step's metrics row: loss, rate, memory, and the step time split (Note [Step time split]).
 nlohmann::json step_row(const TrainerState& state, double loss, double lr, const StepResult& r, double dt,
                         int64_t tokens_per_step, const StepPhases& phases, double t_s) {
