@@ -13,28 +13,15 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "cli_run.h"
 #include "tandem/models/recipe.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result run_cli(const std::string& args) {
-  test::TempDir tmp;
-  const std::string cmd = test::cli_path() + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream o(tmp.file("out")), e(tmp.file("err"));
-  r.out.assign(std::istreambuf_iterator<char>(o), {});
-  r.err.assign(std::istreambuf_iterator<char>(e), {});
-  return r;
-}
+using Result = test::CliResult;
+using test::run_cli;
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 

@@ -9,25 +9,13 @@
 #include <fstream>
 
 #include "../test_util.h"
+#include "cli_run.h"
 
 namespace tandem {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result run_cli(const std::string& args) {
-  test::TempDir tmp;
-  const std::string cmd = test::cli_path() + " " + args + " >" + tmp.file("out") + " 2>" + tmp.file("err");
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = test::read_text(tmp.file("out"));
-  r.err = test::read_text(tmp.file("err"));
-  return r;
-}
+using Result = test::CliResult;
+using test::run_cli;
 
 class GenerateCli : public ::testing::Test {
  protected:

@@ -3,8 +3,6 @@ folder with a byte-level BPE tokenizer written by `tokenizers` and a Llama-3 cha
 reply must equal transformers' own greedy generation of the same conversation laid out in the
 Llama 3 format; bad input is one line on stderr and exit code 2."""
 
-import json
-import os
 import shutil
 import subprocess
 
@@ -14,57 +12,17 @@ import torch
 import tokenizers  # test-only packages, installed into .venv by scripts/setup.sh
 import transformers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("TANDEM_CLI", os.path.join(ROOT, "build", "tandem"))
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-LLAMA3_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                   "{{ m['content'] }}<|eot_id|>{% endfor %}<|start_header_id|>assistant<|end_header_id|>\n\n")
+from llama_folder import CLI, llama3, write_llama_folder
+
 CONTEXT = 128
 MAX_TOKENS = 10
 SYSTEM = "be brief"
 
 
-def corpus():
-    words = ["the", "model", "trains", "on", "every", "tier", "of", "memory", "GPU", "host", "cores", "tandem",
-             "streams", "weights", "layer", "by", "layer", "and", "serves", "text"]
-    g = torch.Generator().manual_seed(0)
-    for _ in range(400):
-        idx = torch.randint(0, len(words), (12,), generator=g).tolist()
-        yield " ".join(words[i] for i in idx) + ".\n"
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A tiny Llama with a byte-level BPE tokenizer trained on ASCII text and a Llama-3 chat template."""
-    d = tmp_path_factory.mktemp("tiny-chat-llama")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    # Only the corpus's ASCII bytes in the vocabulary: every reply is whole characters, so the text
-    # that joins the conversation re-encodes to the same bytes in tandem and in `tokenizers`.
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS)
-    tok.train_from_iterator(corpus(), trainer)
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": LLAMA3_TEMPLATE}))
-    torch.manual_seed(1)
-    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=CONTEXT, bos_token_id=tok.token_to_id("<|begin_of_text|>"),
-                                   eos_token_id=tok.token_to_id("<|eot_id|>"))
-    model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger weights than the init: varied greedy continuations
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(str(d))
-    return d
-
-
-def llama3(messages):
-    """The Llama 3 layout of `messages`, up to where the assistant's reply begins (Meta's model card)."""
-    return "<|begin_of_text|>" + "".join(
-        f"<|start_header_id|>{m['role']}<|end_header_id|>\n\n{m['content']}<|eot_id|>" for m in messages
-    ) + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    """A tiny Llama whose tokenizer knows only the corpus's ASCII bytes, with a Llama-3 chat template."""
+    return write_llama_folder(tmp_path_factory.mktemp("tiny-chat-llama"), CONTEXT, seed=1, all_bytes=False)
 
 
 class Reference:

@@ -3,7 +3,6 @@ transformers Llama folder with a byte-level BPE tokenizer written by `tokenizers
 server generates greedily must equal transformers' own greedy generation from the same folder."""
 
 import json
-import os
 import re
 import socket
 import subprocess
@@ -19,47 +18,15 @@ import openai  # test-only packages, installed into .venv by scripts/setup.sh
 import tokenizers
 import transformers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLI = os.environ.get("TANDEM_CLI", os.path.join(ROOT, "build", "tandem"))
-SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-LLAMA3_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                   "{{ m['content'] }}<|eot_id|>{% endfor %}<|start_header_id|>assistant<|end_header_id|>\n\n")
+from llama_folder import CLI, write_llama_folder
+
 CONTEXT = 96
-
-
-def corpus():
-    words = ["the", "model", "trains", "on", "every", "tier", "of", "memory", "GPU", "host", "cores", "tandem",
-             "streams", "weights", "layer", "by", "layer", "and", "serves", "text"]
-    g = torch.Generator().manual_seed(0)
-    for _ in range(400):
-        idx = torch.randint(0, len(words), (12,), generator=g).tolist()
-        yield " ".join(words[i] for i in idx) + ".\n"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny Llama with a trained byte-level BPE tokenizer and a Llama-3 chat template."""
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(), trainer)
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": LLAMA3_TEMPLATE}))
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=CONTEXT, bos_token_id=tok.token_to_id("<|begin_of_text|>"),
-                                   eos_token_id=tok.token_to_id("<|eot_id|>"))
-    model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger weights than the init: varied greedy continuations
-        for p in model.parameters():
-            p.mul_(8.0 if p.dim() > 1 else 1.0)
-    model.save_pretrained(str(d))
-    return d
+    return write_llama_folder(tmp_path_factory.mktemp("tiny-llama"), CONTEXT, seed=0, all_bytes=True)
 
 
 class Server:
