@@ -42,7 +42,7 @@ inline Result train_one(const std::string& dir, int steps, const std::string& ex
 }
 
 inline Result launch(int n, int p, const std::string& dir, int steps, const std::string& extra,
-              const std::string& launcher = "", const std::string& env = "") {
+                     const std::string& launcher = "", const std::string& env = "") {
   return sh("env OMP_NUM_THREADS=1 " + env + " " + cli_path() + " launch --nproc-per-node " + std::to_string(n) +
                 " --master-port " + std::to_string(p) + " " + launcher + " -- " + cli_path() + " train " +
                 train_args(dir, steps, extra),

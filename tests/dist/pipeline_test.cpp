@@ -31,16 +31,19 @@ TEST(Pipeline, StagesEqualOneProcessForEverySchedule) {
     std::vector<Layout> layouts = {{2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=1f1b"},
                                    {4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=gpipe"}};
     if (!offload.empty())  // every decoder Block of each stage on the device side: stages of unequal sizes split apart
-      layouts.push_back({4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set offload.update_split=1"});
+      layouts.push_back(
+          {4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set offload.update_split=1"});
     if (offload.empty()) {
       layouts.push_back({2, "--set dist.pipeline_stages=2 --set dist.pipeline_schedule=gpipe"});
-      layouts.push_back({4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set dist.pipeline_cut=1,2,5"});
+      layouts.push_back(
+          {4, "--set dist.pipeline_stages=4 --set dist.pipeline_schedule=1f1b --set dist.pipeline_cut=1,2,5"});
     }
     int k = 0;
     for (const auto& l : layouts) {
       SCOPED_TRACE(l.args + " " + offload);
       const std::string dir = tmp.file("pp" + std::to_string(k) + "_" + std::to_string(offload.size()));
-      const Result r = launch(l.procs, port(k++), dir, 20, kBase + "--set train.micro_batch=4 " + l.args + " " + offload);
+      const Result r =
+          launch(l.procs, port(k++), dir, 20, kBase + "--set train.micro_batch=4 " + l.args + " " + offload);
       ASSERT_EQ(r.code, 0) << r.out;
       EXPECT_NE(r.out.find("stage 1 of"), std::string::npos) << r.out;
       expect_same_losses(losses(one), losses(dir), 1e-6);
@@ -53,11 +56,13 @@ TEST(Pipeline, StagesEqualOneProcessForEverySchedule) {
 // in training and in evaluation, as in one process.
 TEST(Pipeline, ExpertBalanceLossesSpanTheStages) {
   TempDir tmp;
-  const std::string moe = "--set model.preset=amx-moe-tiny --set model.tie_embeddings=false --set train.grad_accum=2 "
-                          "--set train.micro_batch=4 --set train.eval_every=5 --set train.eval_batches=2 ";
+  const std::string moe =
+      "--set model.preset=amx-moe-tiny --set model.tie_embeddings=false --set train.grad_accum=2 "
+      "--set train.micro_batch=4 --set train.eval_every=5 --set train.eval_batches=2 ";
   const Result r1 = train_one(tmp.file("one"), 10, moe);
   ASSERT_EQ(r1.code, 0) << r1.out;
-  const Result r = launch(2, port(0), tmp.file("pp"), 10, moe + "--set dist.pipeline_stages=2 --set dist.pipeline_cut=4");
+  const Result r =
+      launch(2, port(0), tmp.file("pp"), 10, moe + "--set dist.pipeline_stages=2 --set dist.pipeline_cut=4");
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_losses(losses(tmp.file("one")), losses(tmp.file("pp")), 1e-6);
   expect_same_losses(metric(tmp.file("one"), "eval_loss"), metric(tmp.file("pp"), "eval_loss"), 1e-6);
@@ -68,7 +73,8 @@ TEST(Pipeline, StagesTimesReplicasEqualOneProcess) {
   TempDir tmp;
   const Result r1 = train_one(tmp.file("one"), 20, kBase + "--set train.micro_batch=4");
   ASSERT_EQ(r1.code, 0) << r1.out;
-  const Result r = launch(4, port(0), tmp.file("grid"), 20, kBase + "--set train.micro_batch=2 --set dist.pipeline_stages=2");
+  const Result r =
+      launch(4, port(0), tmp.file("grid"), 20, kBase + "--set train.micro_batch=2 --set dist.pipeline_stages=2");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("replica 1 of 2"), std::string::npos) << r.out;
   expect_same_losses(losses(tmp.file("one")), losses(tmp.file("grid")), 1e-6);
@@ -83,16 +89,17 @@ TEST(Pipeline, ShardedOffloadWithinEachStage) {
   const Result r1 = train_one(tmp.file("one"), 12, kBase + "--set train.micro_batch=4 --set offload.optimizer=cpu");
   ASSERT_EQ(r1.code, 0) << r1.out;
   const Result r = launch(4, port(0), tmp.file("grid"), 12,
-                          kBase + offload + "--set train.micro_batch=2 --set dist.pipeline_stages=2 "
-                                            "--set dist.pipeline_cut=even --set train.checkpoint_every=6");
+                          kBase + offload +
+                              "--set train.micro_batch=2 --set dist.pipeline_stages=2 "
+                              "--set dist.pipeline_cut=even --set train.checkpoint_every=6");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("replica 1 of 2"), std::string::npos) << r.out;
   expect_same_losses(losses(tmp.file("one")), losses(tmp.file("grid")), 1e-6);
   auto want = losses(tmp.file("grid"));
   for (int64_t s = 1; s <= 6; ++s) want.erase(s);
-  const Result dp = launch(2, port(1), tmp.file("dp"), 12,
-                           kBase + offload + "--set train.micro_batch=2 --resume " +
-                               tmp.file("grid/checkpoints/step_00000006"));
+  const Result dp =
+      launch(2, port(1), tmp.file("dp"), 12,
+             kBase + offload + "--set train.micro_batch=2 --resume " + tmp.file("grid/checkpoints/step_00000006"));
   ASSERT_EQ(dp.code, 0) << dp.out;
   expect_same_losses(want, losses(tmp.file("dp")), 1e-6);
 }
@@ -101,8 +108,9 @@ TEST(Pipeline, ShardedOffloadWithinEachStage) {
 // each equal to the uninterrupted run.
 TEST(Pipeline, ACheckpointOfTwoStagesResumesInAnyLayout) {
   TempDir tmp;
-  const Result r2 = launch(2, port(0), tmp.file("two"), 12,
-                           kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set train.checkpoint_every=6");
+  const Result r2 =
+      launch(2, port(0), tmp.file("two"), 12,
+             kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set train.checkpoint_every=6");
   ASSERT_EQ(r2.code, 0) << r2.out;
   const std::string ckpt = " --resume " + tmp.file("two/checkpoints/step_00000006");
   auto want = losses(tmp.file("two"));
@@ -113,8 +121,8 @@ TEST(Pipeline, ACheckpointOfTwoStagesResumesInAnyLayout) {
   const Result dp = launch(2, port(1), tmp.file("dp"), 12, kBase + "--set train.micro_batch=2" + ckpt);
   ASSERT_EQ(dp.code, 0) << dp.out;
   expect_same_losses(want, losses(tmp.file("dp")), 1e-6);
-  const Result four = launch(4, port(2), tmp.file("four"), 12,
-                             kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=4" + ckpt);
+  const Result four =
+      launch(4, port(2), tmp.file("four"), 12, kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=4" + ckpt);
   ASSERT_EQ(four.code, 0) << four.out;
   expect_same_losses(want, losses(tmp.file("four")), 1e-6);
 }
@@ -241,8 +249,9 @@ TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
     EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
   }
   // More stages than Blocks (the tiny preset has 6).
-  const Result many = launch(8, port(k), tmp.file("many"), 2, "--set model.tie_embeddings=false --set train.micro_batch=2 "
-                                                              "--set dist.pipeline_stages=8");
+  const Result many = launch(8, port(k), tmp.file("many"), 2,
+                             "--set model.tie_embeddings=false --set train.micro_batch=2 "
+                             "--set dist.pipeline_stages=8");
   EXPECT_EQ(many.code, 2) << many.out;
   EXPECT_NE(many.out.find("more stages than the model's 6 Blocks"), std::string::npos) << many.out;
 }

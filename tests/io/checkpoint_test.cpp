@@ -332,8 +332,9 @@ TEST(Checkpoint, ListsCompleteCheckpointsOldestFirst) {
   copy_of(parent + "/step_00000003", parent, ".step_00000030.tmp");
   copy_of(parent + "/step_00000003", parent, "best");
   std::ofstream(parent + "/step_00000040") << "not a directory";
-  EXPECT_EQ(list_checkpoints(parent), (std::vector<std::string>{parent + "/step_00000003", parent + "/step_00000007",
-                                                                parent + "/step_00000012", parent + "/step_100000000"}));
+  EXPECT_EQ(list_checkpoints(parent),
+            (std::vector<std::string>{parent + "/step_00000003", parent + "/step_00000007", parent + "/step_00000012",
+                                      parent + "/step_100000000"}));
 }
 
 TEST(Checkpoint, PruneKeepsTheNewestAndClearsWritesThatNeverFinished) {

@@ -62,8 +62,14 @@ TEST(TextStream, ShowsAHeldBackPrefixWhenItDoesNotComplete) {
 // A byte that begins no character, or a lead byte cut off by the next character, is shown as U+FFFD
 // at once: every piece is well-formed.
 TEST(TextStream, BytesThatFormNoCharacterShowAsReplacements) {
-  const auto r = stream("a\x80" "b\xc3" "z", {});
-  EXPECT_EQ(r.text, "a\xef\xbf\xbd" "b\xef\xbf\xbdz");
+  const auto r = stream(
+      "a\x80"
+      "b\xc3"
+      "z",
+      {});
+  EXPECT_EQ(r.text,
+            "a\xef\xbf\xbd"
+            "b\xef\xbf\xbdz");
   for (const auto& p : r.pieces) EXPECT_EQ(utf8_lossy(p), p) << p;
 }
 

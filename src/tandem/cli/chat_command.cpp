@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/cli/model_options.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/serve/chat_format.h"
@@ -134,23 +135,10 @@ ChatCommand::ChatCommand(CLI::App& app) {
   sampling_.temperature = 0;  // greedy unless asked, as `tandem generate`
   command_ = app.add_subcommand("chat", "a conversation in the terminal with a checkpoint or an HF Llama folder");
   auto* c = command_;
-  c->add_option("--checkpoint", service_.model.checkpoint,
-                "a tandem checkpoint (or run) directory, or an HF Llama folder")
-      ->required();
-  c->add_option("--tokenizer", service_.model.tokenizer,
-                "tokenizer.json, tokenizer.model, a folder or 'byte' (default: beside the weights)");
-  c->add_option("--device", service_.model.device,
-                "auto | cpu | cuda | cuda:N (auto: the GPU with the most free memory)");
-  c->add_option("--dtype", service_.model.dtype, "auto (bf16 on a GPU, fp32 on the CPU) | fp32 | bf16 | fp16");
-  c->add_option("--gpu-memory-gib", service_.model.gpu_memory_gib,
-                "device memory for weights and KV cache; layers beyond it stream from pinned host memory");
+  add_model_options(c, service_.model);
   c->add_option("--system", system_, "the system message that opens the conversation (kept by /reset)");
   c->add_option("--max-tokens", max_tokens_, "tokens of one reply at most (default 512)");
-  c->add_option("--temperature", sampling_.temperature, "0 = greedy (the default); higher = more random");
-  c->add_option("--top-k", sampling_.top_k, "sample among the k most likely tokens (0 = all)");
-  c->add_option("--top-p", sampling_.top_p, "sample among the most likely tokens holding this much mass (1 = all)");
-  c->add_option("--repetition-penalty", sampling_.repetition_penalty, "penalise tokens already seen (1 = none)");
-  c->add_option("--seed", sampling_.seed, "random seed of the sampling (reply i uses seed + i)");
+  add_sampling_options(c, sampling_, "reply");
 }
 
 bool ChatCommand::chosen() const { return command_->parsed(); }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "tandem/cli/model_options.h"
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
@@ -76,25 +77,13 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   sampling_.temperature = 0;  // greedy unless asked
   command_ = app.add_subcommand("generate", "generate text from a checkpoint or an HF Llama folder");
   auto* c = command_;
-  c->add_option("--checkpoint", model_.checkpoint, "a tandem checkpoint (or run) directory, or an HF Llama folder")
-      ->required();
+  add_model_options(c, model_);
   c->add_option("--prompt", prompt_, "the prompt");
   c->add_option("--prompts", prompts_file_, "a file of prompts, one per line, generated together as one batch");
   c->add_option("--max-tokens", max_tokens_, "tokens to generate at most (default 128)");
-  c->add_option("--temperature", sampling_.temperature, "0 = greedy (the default); higher = more random");
-  c->add_option("--top-k", sampling_.top_k, "sample among the k most likely tokens (0 = all)");
-  c->add_option("--top-p", sampling_.top_p, "sample among the most likely tokens holding this much mass (1 = all)");
-  c->add_option("--repetition-penalty", sampling_.repetition_penalty, "penalise tokens already seen (1 = none)");
-  c->add_option("--seed", sampling_.seed, "random seed of the sampling (prompt i uses seed + i)");
+  add_sampling_options(c, sampling_, "prompt");
   c->add_option("--stop", stop_, "stop at this text, not printed (repeatable)");
   c->add_flag("--ignore-eos", ignore_eos_, "keep generating after the end-of-sequence token");
-  c->add_option("--tokenizer", model_.tokenizer,
-                "tokenizer.json, tokenizer.model, a folder or 'byte' (default: beside the weights)");
-  c->add_option("--device", model_.device, "auto | cpu | cuda | cuda:N (auto: the GPU with the most free memory)");
-  c->add_option("--dtype", model_.dtype, "auto (bf16 on a GPU, fp32 on the CPU) | fp32 | bf16 | fp16");
-  c->add_option("--gpu-memory-gib", model_.gpu_memory_gib,
-                "device memory for weights and KV cache; layers beyond it stream from pinned host memory "
-                "(default: --memory-fraction of the free memory)");
   c->add_option("--memory-fraction", model_.memory_fraction, "share of the GPU's free memory to use (default 0.9)");
   c->add_option("--kv-cache-gib", model_.kv_cache_gib, "KV cache size (default: what the batch needs, within budget)");
   c->add_option("--page-tokens", model_.page_tokens, "tokens per KV cache page (default 16)");

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "tandem/cli/model_options.h"
 #include "tandem/core/interrupt.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
@@ -14,23 +15,15 @@ namespace tandem {
 ServeCommand::ServeCommand(CLI::App& app) {
   command_ = app.add_subcommand("serve", "an OpenAI-compatible HTTP API over a checkpoint or an HF model folder");
   auto* c = command_;
-  c->add_option("--checkpoint", service_.model.checkpoint,
-                "a tandem checkpoint (or run) directory, or an HF Llama folder")
-      ->required();
-  c->add_option("--tokenizer", service_.model.tokenizer,
-                "tokenizer.json, tokenizer.model or a folder (default: beside the weights)");
+  add_model_options(c, service_.model);
   c->add_option("--model-name", service_.model_name, "the model's id in the API (default: the folder's name)");
-  c->add_option("--device", service_.model.device,
-                "cuda:N or cpu (default: the GPU with the most free memory, else cpu)");
   c->add_option("--max-batch", service_.model.max_batch, "sequences decoded together at most")
       ->check(CLI::Range(1, 4096));
-  c->add_option("--max-queue", service_.max_queue, "requests waiting for a place at most; more get HTTP 429")
+  c->add_option("--max-queue", service_.max_queue,
+                "requests waiting beyond the batch's places at most (0: none wait); more get HTTP 429")
       ->check(CLI::Range(0, 1 << 20));
   c->add_option("--kv-cache-gib", service_.model.kv_cache_gib, "KV cache size (default: from the memory plan)")
       ->check(CLI::Range(0.0, 1e6));
-  c->add_option("--dtype", service_.model.dtype, "auto (bf16 on a GPU, fp32 on the CPU), fp32, bf16 or fp16");
-  c->add_option("--gpu-memory-gib", service_.model.gpu_memory_gib,
-                "device memory for weights and KV cache (default: 90% of the free memory); less streams layers");
   c->add_option("--host", http_.host, "address to listen on (default 127.0.0.1: this machine only)");
   c->add_option("--port", http_.port, "TCP port (0: any free one)")->check(CLI::Range(0, 65535));
   c->add_option("--api-key", http_.api_key, "require 'Authorization: Bearer KEY' (default: $TANDEM_API_KEY, or none)");

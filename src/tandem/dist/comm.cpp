@@ -134,8 +134,9 @@ void Comm::split_pipeline(int stages) {
                       : make_gloo_group(prefixed, sub, options_.timeout);
   }
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("link", store_);
-  link_ = options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
-                        : make_gloo_group(prefixed, info_, options_.timeout);
+  link_ = options_.nccl
+              ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
+              : make_gloo_group(prefixed, info_, options_.timeout);
 #endif
 }
 

@@ -249,7 +249,8 @@ std::vector<std::string> list_checkpoints(const std::string& parent) {
   const auto step_of = [](const std::string& path) {
     return std::strtoll(fs::path(path).filename().string().c_str() + 5, nullptr, 10);
   };
-  std::sort(out.begin(), out.end(), [&](const std::string& a, const std::string& b) { return step_of(a) < step_of(b); });
+  std::sort(out.begin(), out.end(),
+            [&](const std::string& a, const std::string& b) { return step_of(a) < step_of(b); });
   return out;
 }
 

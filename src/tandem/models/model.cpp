@@ -146,8 +146,9 @@ torch::Tensor Model::balance_loss(size_t first, size_t end, const c10::Device& d
   if ((spec_.arch != Arch::kResNetBk && spec_.arch != Arch::kAmxMoe) || spec_.moe_aux_weight <= 0) return {};
   // Averaged over the model's MoE layers (a host-run layer's comes to `device` inside autograd).
   int64_t layers = 0;
-  for (const auto& b : blocks_) layers += dynamic_cast<const ResNetBkLayer*>(b.get()) != nullptr ||
-                                          dynamic_cast<const MoeFfnLayer*>(b.get()) != nullptr;
+  for (const auto& b : blocks_)
+    layers +=
+        dynamic_cast<const ResNetBkLayer*>(b.get()) != nullptr || dynamic_cast<const MoeFfnLayer*>(b.get()) != nullptr;
   torch::Tensor sum;
   for (size_t i = first; i < end; ++i) {
     const auto a = block_balance_loss(*blocks_[i]);

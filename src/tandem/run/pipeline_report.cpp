@@ -58,10 +58,11 @@ void PipelineReport::add_step(Comm& comm, int64_t step, int64_t steps_run, doubl
   for (const double b : busy) busy_list += strprintf("%s%.3f", busy_list.empty() ? "" : " ", b);
   const std::string predicted =
       parts_.predicted_step_s > 0 ? strprintf("predicted %.3f s, ", parts_.predicted_step_s) : std::string();
-  log::info(strprintf("pipeline: step %smeasured %.3f s | stages busy %s s | bubble %.1f%% (1F1B's (p-1)/(m+p-1): "
-                      "%.1f%%)",
-                      predicted.c_str(), step_s, busy_list.c_str(), 100 * bubble,
-                      100 * pipeline_bubble(parts_.grid.stages(), micro_batches_)));
+  log::info(
+      strprintf("pipeline: step %smeasured %.3f s | stages busy %s s | bubble %.1f%% (1F1B's (p-1)/(m+p-1): "
+                "%.1f%%)",
+                predicted.c_str(), step_s, busy_list.c_str(), 100 * bubble,
+                100 * pipeline_bubble(parts_.grid.stages(), micro_batches_)));
 }
 
 }  // namespace tandem

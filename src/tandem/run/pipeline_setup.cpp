@@ -63,7 +63,8 @@ std::vector<PipelineDevice> gather_devices(Comm& comm, const PipelineDevice& min
 // plans over every rank's measured device; the others take its cut, or its refusal.
 StageCut partitioner_cut(Model& model, const RunPlan& plan, RunContext& ctx) {
   const Config& cfg = plan.cfg;
-  const auto devices = gather_devices(*ctx.comm, measure_pipeline_device(model, cfg, plan.seq_len, ctx.device), ctx.device);
+  const auto devices =
+      gather_devices(*ctx.comm, measure_pipeline_device(model, cfg, plan.seq_len, ctx.device), ctx.device);
   std::vector<double> msg(2 + model.block_count(), 0.0);
   std::string error;
   if (ctx.main_rank()) {
@@ -115,10 +116,11 @@ bool auto_stays_one_stage(const Config& cfg, const RunContext& ctx) {
 
 void warn_of_bubble(const Config& cfg, int64_t stages) {
   if (cfg.train.grad_accum >= 2 * stages) return;
-  log::warn(strprintf("train.grad_accum=%lld micro-batches through %lld stages leaves them idle %.0f%% of a step "
-                      "(1F1B's (p-1)/(m+p-1)); raise train.grad_accum to %lld or more",
-                      static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(stages),
-                      100 * pipeline_bubble(stages, cfg.train.grad_accum), static_cast<long long>(4 * stages)));
+  log::warn(
+      strprintf("train.grad_accum=%lld micro-batches through %lld stages leaves them idle %.0f%% of a step "
+                "(1F1B's (p-1)/(m+p-1)); raise train.grad_accum to %lld or more",
+                static_cast<long long>(cfg.train.grad_accum), static_cast<long long>(stages),
+                100 * pipeline_bubble(stages, cfg.train.grad_accum), static_cast<long long>(4 * stages)));
 }
 
 }  // namespace

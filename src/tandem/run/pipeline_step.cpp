@@ -119,7 +119,8 @@ torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   for (size_t i = 0; i < batches.size(); ++i) {
     const auto micro = static_cast<int64_t>(i);
-    torch::Tensor x = grid_.first_stage() ? batches[i].inputs : link_.recv(grid_.previous_rank(), activation_tag(micro));
+    torch::Tensor x =
+        grid_.first_stage() ? batches[i].inputs : link_.recv(grid_.previous_rank(), activation_tag(micro));
     AutocastGuard ac(device_.type(), precision_);
     torch::Tensor y = model_.forward_blocks(x, first_, end_);
     const torch::Tensor balance = model_.balance_loss(first_, end_, device_);

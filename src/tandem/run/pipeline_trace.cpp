@@ -41,7 +41,8 @@ void write_pipeline_trace(Comm& comm, const PipelineParts& parts, const Model& m
   all = comm.sum(all);
   if (comm.rank() != 0) return;
   double origin = std::numeric_limits<double>::infinity();
-  for (int s = 0; s < grid.stages(); ++s) origin = std::min(origin, all[per_rank * static_cast<size_t>(grid.rank_of(s, 0))]);
+  for (int s = 0; s < grid.stages(); ++s)
+    origin = std::min(origin, all[per_rank * static_cast<size_t>(grid.rank_of(s, 0))]);
   ChromeTrace trace("tandem pipeline, step " + std::to_string(step));
   for (int s = 0; s < grid.stages(); ++s) {
     trace.name_thread(s, stage_track(parts, model, s));

@@ -257,9 +257,9 @@ TrainingRun::TrainingRun(RunContext& ctx, RunPlan plan)
       train_loader_(training_loader(data_, plan_, ctx, rows_)),
       val_loader_(held_out_loader(data_, plan_, ctx, pipeline_.on())),
       timer_(ctx.device),
-      runner_(plan_, ctx, *model_, trainable_.params, trainable_.optimizer(), trainable_.engine(),
-              trainable_.reducer.get(), pipeline_.step.get(), timer_,
-              [this](const nlohmann::json& row) { metrics_.publish(row); }, state_),
+      runner_(
+          plan_, ctx, *model_, trainable_.params, trainable_.optimizer(), trainable_.engine(), trainable_.reducer.get(),
+          pipeline_.step.get(), timer_, [this](const nlohmann::json& row) { metrics_.publish(row); }, state_),
       pipeline_report_(pipeline_, *model_, cfg_, plan_.run_dir) {
   if (pipeline_.on())
     checkpointer_.set_before_write([this] {

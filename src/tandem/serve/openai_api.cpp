@@ -27,9 +27,22 @@ ApiError bad_request(const std::string& message, const std::string& param) {
 // Note [OpenAI API subset]: the fields each endpoint takes.
 const std::set<std::string>& known_fields(ApiEndpoint endpoint) {
   // Both endpoints' sampling and streaming fields, then each one's own.
-  static const std::vector<std::string> kShared = {
-      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stop", "seed", "user", "top_k",
-      "repetition_penalty", "presence_penalty", "frequency_penalty", "stream_options", "logprobs", "logit_bias"};
+  static const std::vector<std::string> kShared = {"model",
+                                                   "max_tokens",
+                                                   "temperature",
+                                                   "top_p",
+                                                   "n",
+                                                   "stream",
+                                                   "stop",
+                                                   "seed",
+                                                   "user",
+                                                   "top_k",
+                                                   "repetition_penalty",
+                                                   "presence_penalty",
+                                                   "frequency_penalty",
+                                                   "stream_options",
+                                                   "logprobs",
+                                                   "logit_bias"};
   const auto with = [](std::initializer_list<const char*> own) {
     std::set<std::string> out(kShared.begin(), kShared.end());
     out.insert(own.begin(), own.end());
