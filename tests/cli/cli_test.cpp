@@ -1,7 +1,6 @@
 // The CLI as a user meets it: exit codes, one-line errors, and the default job's outputs.
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,6 @@
 // line with exit code 2.
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <fstream>

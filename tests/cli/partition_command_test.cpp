@@ -1,12 +1,8 @@
 // `tandem inspect --partition` end to end on the tiny preset on the CPU (Note [Pipeline profile]).
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "../test_util.h"
@@ -26,9 +22,9 @@ TEST(PartitionCommand, PrintsTheProfileAndThePlan) {
                            " --set model.tie_embeddings=false --set dist.pipeline_stages=2 --partition "
                            "--partition-ranks 2");
   EXPECT_EQ(r.code, 0) << r.err;
-  for (const char* want : {"profile on cpu: micro-batch 2 x 32 tokens", "layer.3", "time/micro", "activations",
-                           "devices: cpu (speed 1.00", "4 micro-batches, 1f1b schedule", "memory / limit",
-                           "predicted step", "bubble"})
+  for (const char* want :
+       {"profile on cpu: micro-batch 2 x 32 tokens", "layer.3", "time/micro", "activations", "devices: cpu (speed 1.00",
+        "4 micro-batches, 1f1b schedule", "memory / limit", "predicted step", "bubble"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
   EXPECT_EQ(r.out.find("replicas"), std::string::npos) << "2 stages on 2 ranks: one replica\n" << r.out;
 }
