@@ -246,11 +246,13 @@ double Comm::from_stage_first(double value) {
   return all[static_cast<size_t>(info_.rank / replicas() * replicas())];
 }
 
-std::vector<double> Comm::all_gather(double value) {
-  auto in = torch::full({1}, value, torch::kFloat64);
-  auto out = torch::empty({world()}, torch::kFloat64);
+std::vector<double> Comm::all_gather(double value) { return all_gather(std::vector<double>{value}); }
+
+std::vector<double> Comm::all_gather(const std::vector<double>& values) {
+  auto in = torch::tensor(values, torch::kFloat64);
+  auto out = torch::empty({world() * static_cast<int64_t>(values.size())}, torch::kFloat64);
   host_->_allgather_base(out, in)->wait();
-  return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + world());
+  return std::vector<double>(out.data_ptr<double>(), out.data_ptr<double>() + out.numel());
 }
 
 double Comm::sum(double value) {

@@ -87,6 +87,8 @@ class Comm {
   double from_stage_first(double value);
   /// Every rank's value, in rank order (Gloo).
   std::vector<double> all_gather(double value);
+  /// Every rank's `values` (the same count on each), rank after rank (Gloo, one collective).
+  std::vector<double> all_gather(const std::vector<double>& values);
   /// The sum over ranks (Gloo).
   double sum(double value);
   std::vector<double> sum(const std::vector<double>& values);

@@ -17,10 +17,13 @@
 namespace tandem {
 namespace {
 
-// The first replica's values, one per stage, from every rank's (the world is stage-major).
-std::vector<double> per_stage(const std::vector<double>& per_rank, const PipelineGrid& grid) {
+// Value `field` of each stage's first replica, from every rank's `width` values gathered rank after
+// rank (the world is stage-major).
+std::vector<double> per_stage(const std::vector<double>& per_rank, size_t width, size_t field,
+                              const PipelineGrid& grid) {
   std::vector<double> out;
-  for (int s = 0; s < grid.stages(); ++s) out.push_back(per_rank[static_cast<size_t>(grid.rank_of(s, 0))]);
+  for (int s = 0; s < grid.stages(); ++s)
+    out.push_back(per_rank[static_cast<size_t>(grid.rank_of(s, 0)) * width + field]);
   return out;
 }
 
@@ -40,9 +43,11 @@ void PipelineReport::add_step(Comm& comm, int64_t step, int64_t steps_run, doubl
   if (std::find(trace_steps_.begin(), trace_steps_.end(), step) != trace_steps_.end())
     write_pipeline_trace(comm, parts_, model_, step, micro_batches_, trace_path_);
   const StageTimes& t = parts_.step->last_times();
-  const auto busy = per_stage(comm.all_gather(t.section_s - t.wait_s), parts_.grid);
-  const auto wait = per_stage(comm.all_gather(t.wait_s), parts_.grid);
-  const auto section = per_stage(comm.all_gather(t.section_s), parts_.grid);
+  const auto all =
+      comm.all_gather(std::vector<double>{t.section_s - t.wait_s, t.wait_s, t.section_s});  // one collective
+  const auto busy = per_stage(all, 3, 0, parts_.grid);
+  const auto wait = per_stage(all, 3, 1, parts_.grid);
+  const auto section = per_stage(all, 3, 2, parts_.grid);
   // The stages' idle share of the pipeline's span (the slowest stage's section): a stage that
   // finishes early idles until the step's end too.
   const double span = *std::max_element(section.begin(), section.end());

@@ -44,17 +44,17 @@ struct StageCut {
 
 // Every rank's device as a stage device (Note [Pipeline profile]), in rank order on every rank.
 std::vector<PipelineDevice> gather_devices(Comm& comm, const PipelineDevice& mine, const c10::Device& device) {
-  const auto kind = comm.all_gather(device.is_cuda() ? 1.0 : 0.0);
-  const auto index = comm.all_gather(device.has_index() ? double(device.index()) : 0.0);
-  const auto speed = comm.all_gather(mine.speed);
-  const auto memory = comm.all_gather(double(mine.memory_bytes));
-  const auto busy = comm.all_gather(mine.busy_w.value_or(-1.0));
-  std::vector<PipelineDevice> out(kind.size());
+  constexpr size_t kFields = 5;  // kind, index, speed, memory, busy power (-1: none)
+  const auto all = comm.all_gather(std::vector<double>{device.is_cuda() ? 1.0 : 0.0,
+                                                       device.has_index() ? double(device.index()) : 0.0, mine.speed,
+                                                       double(mine.memory_bytes), mine.busy_w.value_or(-1.0)});
+  std::vector<PipelineDevice> out(all.size() / kFields);
   for (size_t r = 0; r < out.size(); ++r) {
-    out[r].name = kind[r] > 0 ? strprintf("cuda:%d", static_cast<int>(index[r])) : std::string("cpu");
-    out[r].speed = speed[r];
-    out[r].memory_bytes = static_cast<int64_t>(memory[r]);
-    if (busy[r] >= 0) out[r].busy_w = busy[r];
+    const double* f = all.data() + r * kFields;
+    out[r].name = f[0] > 0 ? strprintf("cuda:%d", static_cast<int>(f[1])) : std::string("cpu");
+    out[r].speed = f[2];
+    out[r].memory_bytes = static_cast<int64_t>(f[3]);
+    if (f[4] >= 0) out[r].busy_w = f[4];
   }
   return out;
 }

@@ -31,14 +31,13 @@ void write_pipeline_trace(Comm& comm, const PipelineParts& parts, const Model& m
                           int64_t micro_batches, const std::string& path) {
   const PipelineGrid& grid = parts.grid;
   const auto per_rank = static_cast<size_t>(4 * micro_batches);  // 2m passes, a start and an end each
-  std::vector<double> all(per_rank * static_cast<size_t>(grid.stages() * grid.replicas()), 0.0);
-  const auto& mine = parts.step->last_times().passes;
-  if (mine.size() * 2 == per_rank)
-    for (size_t i = 0; i < mine.size(); ++i) {
-      all[per_rank * static_cast<size_t>(comm.rank()) + 2 * i] = mine[i].first;
-      all[per_rank * static_cast<size_t>(comm.rank()) + 2 * i + 1] = mine[i].second;
-    }
-  all = comm.sum(all);
+  std::vector<double> mine(per_rank, 0.0);                       // zeros where a step ran no passes (none expected)
+  const auto& timed = parts.step->last_times().passes;
+  for (size_t i = 0; i < timed.size() && 2 * i + 1 < per_rank; ++i) {
+    mine[2 * i] = timed[i].first;
+    mine[2 * i + 1] = timed[i].second;
+  }
+  const auto all = comm.all_gather(mine);
   if (comm.rank() != 0) return;
   double origin = std::numeric_limits<double>::infinity();
   for (int s = 0; s < grid.stages(); ++s)

@@ -2,8 +2,8 @@
 // A pipeline step drawn as a trace, one track per stage (Note [Pipeline trace]).
 //
 // Note [Pipeline trace]
-// On the steps dist.pipeline_trace_steps names, every rank's pass times (StageTimes::passes) go
-// into one vector over the world (each rank fills its own slot, the vector is summed), and rank 0
+// On the steps dist.pipeline_trace_steps names, every rank's pass times (StageTimes::passes) are
+// gathered rank after rank, and rank 0
 // writes <run dir>/pipeline_trace.json in Chrome's trace format, which Perfetto loads: one track
 // per stage (its first replica's passes), a span per forward ("F3") and backward ("B3") pass, in
 // microseconds from the step's earliest pass. The times are each host's wall clock, so stages on
