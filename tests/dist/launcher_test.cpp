@@ -294,6 +294,19 @@ TEST(Launcher, RestartsAFailedAttemptWhileRestartsRemain) {
   EXPECT_EQ(read_text(dir2.file("attempts")), "0\n");
 }
 
+// Exit code 2 is refused input: the same command would be refused again, so no restart and no
+// hint to resume.
+TEST(Launcher, ARefusedInputIsNotRestarted) {
+  test::TempDir dir;
+  LaunchOptions o = sh_options(in_dir("echo $TORCHELASTIC_RESTART_COUNT >> @D/attempts\nexit 2\n", dir), 1);
+  o.max_restarts = 3;
+  EXPECT_EQ(run_launcher(o, dir), 2);
+  EXPECT_EQ(read_text(dir.file("attempts")), "0\n");
+  const std::string err = read_text(dir.file("launcher.err"));
+  EXPECT_NE(err.find("refused its input (exit 2): not restarted"), std::string::npos) << err;
+  EXPECT_EQ(err.find("--resume auto"), std::string::npos) << err;
+}
+
 TEST(Launcher, CountsAWorkerKilledBySignalAs128PlusSignal) {
   test::TempDir dir;
   EXPECT_EQ(run_launcher(sh_options("kill -9 $$", 1), dir), 137);
@@ -389,10 +402,10 @@ TEST(Launcher, DropsASlotThatFailedTwiceAndGoesOnWithFewerWorkers) {
 
 TEST(Launcher, KeepsRestartingAtTheMinimum) {
   test::TempDir dir;
-  const std::string script = in_dir("echo $TORCHELASTIC_RESTART_COUNT $WORLD_SIZE >> @D/attempts; exit 2", dir);
+  const std::string script = in_dir("echo $TORCHELASTIC_RESTART_COUNT $WORLD_SIZE >> @D/attempts; exit 3", dir);
   LaunchOptions o = sh_options(script, 1);
   o.max_restarts = 3;
-  EXPECT_EQ(run_launcher(o, dir), 2);
+  EXPECT_EQ(run_launcher(o, dir), 3);
   EXPECT_EQ(read_text(dir.file("attempts")), "0 1\n1 1\n2 1\n3 1\n");
   EXPECT_EQ(read_text(dir.file("launcher.err")).find("failed twice"), std::string::npos);
 }

@@ -278,6 +278,8 @@ struct Worker {
 };
 
 /// How an attempt ended.
+constexpr int kExitRefusedInput = 2;  // tandem's exit code for bad input (cli/main.cpp)
+
 struct AttemptEnd {
   int code = 0;                    // 0 when every worker exited 0, else the first failure's code
   bool stopped_by_signal = false;  // a signal from outside was passed on: no restart
@@ -632,6 +634,12 @@ int launch(const LaunchOptions& o) {
   for (int attempt = 0;; ++attempt) {
     const AttemptEnd end = run_attempt(o, worker_template, signals, slots, attempt);
     if (end.code == 0 || end.stopped_by_signal) return end.code;
+    // Exit code 2: a worker refused its input (a bad config, file or plan; its line says the fix).
+    // The same command would be refused again, and there is nothing to resume.
+    if (end.code == kExitRefusedInput) {
+      log_line("a worker refused its input (exit 2): not restarted; fix what its message names and run again");
+      return end.code;
+    }
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0) log_line("all %d restarts used; exiting with code %d", o.max_restarts, end.code);
       log_line(
