@@ -32,10 +32,12 @@
 #          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
 #          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
 #          PL_STEPS_<model> steps each (default 60 for amx-moe, 30 for 1B); table via bench/placement_table.py.
-#   serve  generation: tandem generate (resident, and streaming all but 4 layers) against transformers'
+#   serve  generation: tandem generate (resident with and without CUDA graphs, and streaming all but 4 layers) against transformers'
 #          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
-#          60); the server's tests with the openai client on the GPU.
+#          60); the server's tests with the openai client on the GPU. SERVE_BIG=1 adds a model larger than
+#          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
+#          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
 #   pipeline the partitioner's profile and plan (1B, the CPU weighed as a stage), and a 125M run in two
 #          stages over the CPU and the GPU with the predicted step against the measured one;
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
@@ -479,15 +481,27 @@ if has serve; then
 # folder as the peer, `tandem serve` on the same folder under SERVE_CLIENTS closed-loop clients (default
 # 64, as many as --max-batch) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default
 # 60), then the server's tests with the openai client on this GPU.
+# SERVE_BIG=1 (or only, for this alone) then a model larger than the GPU share it may use: the 13B preset's
+# shape with random weights (bench/generate_peer.py make --preset 13B, 26 GB in SERVE_BIG_DIR, default
+# /dev/shm/gen-13b where the tmpfs holds it, else /tmp/gen-13b; never under $OUT, and deleted at the end),
+# 8 prompts of 32 new tokens, `tandem generate` with --gpu-memory-gib 16 and 6 (21 and 4 of 40 layers
+# resident, the rest streamed), then transformers + accelerate (device_map="auto", max_memory 16 GiB on the
+# GPU) on the same folder; each command limited to SERVE_BIG_TIMEOUT s (default 180). The summary sets the
+# three against the PCIe bound (weight bytes copied a step at 55 GB/s; bench/generate_peer.py table).
+write_prompts() {  # count, file: numbered prompts of 12 or 13 tokens
+  python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
+    "$1" >"$2"
+}
+if [[ ${SERVE_BIG:-0} != only ]]; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
 install_wheels || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
 python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-22}" 2>&1 | tail -1
-python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
-  "${SERVE_BATCH:-32}" >"$OUT/gen-prompts.txt"
+write_prompts "${SERVE_BATCH:-32}" "$OUT/gen-prompts.txt"
 gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 --ignore-eos
      --max-batch "${SERVE_BATCH:-32}" --kv-cache-gib 1)
 "${gen[@]}" >"$OUT/gen-resident.log" 2>&1; tail -3 "$OUT/gen-resident.log"
+"${gen[@]}" --eager >"$OUT/gen-resident-eager.log" 2>&1; tail -1 "$OUT/gen-resident-eager.log"
 
 "${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
@@ -496,6 +510,8 @@ echo "== serve: batch 1, tandem generate and transformers generate"
 head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
 "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
   --max-batch 1 --kv-cache-gib 1 >"$OUT/gen-batch1.log" 2>&1; tail -3 "$OUT/gen-batch1.log"
+"$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
+  --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/gen-batch1-eager.log" 2>&1; tail -1 "$OUT/gen-batch1-eager.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
 rm -f "$OUT/serve-load.json"
@@ -511,6 +527,30 @@ if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
   TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
+fi
+fi
+if [[ ${SERVE_BIG:-0} != 0 ]]; then
+echo "== serve: 13B random weights over a 16 GiB and a 6 GiB GPU share, tandem generate and transformers + accelerate"
+bigdir=${SERVE_BIG_DIR:-/tmp/gen-13b}
+shm_free=$(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0)
+if [[ -z ${SERVE_BIG_DIR:-} ]] && (( shm_free > 32000000000 )); then
+  bigdir=/dev/shm/gen-13b  # memory: writing and reading the folder costs no disk time
+fi
+rm -rf "$bigdir"; mkdir -p "$bigdir"
+big_limit=(timeout -k 10 "${SERVE_BIG_TIMEOUT:-180}")
+"${big_limit[@]}" python3 bench/generate_peer.py make "$bigdir" --preset 13B >"$OUT/gen-13b-make.log" 2>&1
+tail -1 "$OUT/gen-13b-make.log"
+write_prompts 8 "$OUT/gen-13b-prompts.txt"
+for share in 16 6; do
+  "${big_limit[@]}" "$BUILD/tandem" generate --checkpoint "$bigdir" --prompts "$OUT/gen-13b-prompts.txt" \
+    --max-tokens 32 --ignore-eos --max-batch 8 --gpu-memory-gib "$share" --kv-cache-gib 1 \
+    >"$OUT/gen-13b-tandem-$share.log" 2>&1 || tail -3 "$OUT/gen-13b-tandem-$share.log"
+  grep -E "weights:|tokens/s" "$OUT/gen-13b-tandem-$share.log" | cut -c1-300
+done
+"${big_limit[@]}" python3 bench/generate_peer.py time "$bigdir" --prompts "$OUT/gen-13b-prompts.txt" --max-tokens 32 \
+  --max-gpu-gib 16 >"$OUT/gen-13b-accelerate.log" 2>&1 || tail -3 "$OUT/gen-13b-accelerate.log"
+grep -E "accelerate device map|transformers generate" "$OUT/gen-13b-accelerate.log"
+rm -rf "$bigdir"
 fi
 fi
 
@@ -572,7 +612,9 @@ has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" 
 has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(for c in ${CURVE_RUNS:-gpu exact delayed}; do echo "$OUT/curve-$c"; done)
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
-has serve && python3 bench/serve_load.py --table "$OUT/serve-load.json"
+has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table "$OUT/serve-load.json"
+has serve && [[ ${SERVE_BIG:-0} != 0 ]] && python3 bench/generate_peer.py table "tandem, 16 GiB=$OUT/gen-13b-tandem-16.log" \
+  "tandem, 6 GiB=$OUT/gen-13b-tandem-6.log" "transformers + accelerate, 16 GiB=$OUT/gen-13b-accelerate.log"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"
 has dist && python3 bench/dist_scaling_table.py table "$OUT/dist-runs.jsonl" --json "$OUT/dist-scaling.json" \
   --gpu-txt "$OUT/gpu.txt"

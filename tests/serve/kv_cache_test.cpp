@@ -1,5 +1,5 @@
-// KV pages: a budget becomes whole pages, a refusal leaves a page table as it was, and the free
-// count comes back to the start after many sequences grown and released in random order.
+// KV pages: a budget becomes whole pages (and a scratch page no sequence gets), a refusal leaves a page table as it
+// was, and the free count comes back to the start after many sequences grown and released in random order.
 
 #include "tandem/serve/kv_cache.h"
 
@@ -26,7 +26,13 @@ TEST(ServeKvCache, TheBudgetBecomesWholePages) {
   EXPECT_EQ(cache.pages_total(), 10);
   EXPECT_EQ(cache.pages_free(), 10);
   EXPECT_EQ(cache.tokens_total(), 40);
-  EXPECT_EQ(cache.keys(2).sizes(), (std::vector<int64_t>{10, 2, 4, 8}));
+  EXPECT_EQ(cache.keys(2).sizes(), (std::vector<int64_t>{11, 2, 4, 8}));  // and the scratch page
+  EXPECT_EQ(cache.scratch_page(), 10);
+  PageTable all;
+  EXPECT_TRUE(cache.reserve(all, 40));
+  EXPECT_EQ(std::set<int32_t>(all.pages.begin(), all.pages.end()).count(cache.scratch_page()), 0u);
+  EXPECT_FALSE(cache.reserve(all, 41));  // the scratch page is not handed out
+  cache.release(all);
   EXPECT_EQ(cache.pages_for(0), 0);
   EXPECT_EQ(cache.pages_for(4), 1);
   EXPECT_EQ(cache.pages_for(5), 2);

@@ -119,6 +119,7 @@ int GenerateCommand::run() {
   options.max_batch = model_.max_batch;
   options.max_queue = static_cast<int64_t>(texts.size());
   if (!ignore_eos_) options.eos_ids = model.eos_ids;
+  options.decode_graphs = model_.decode_graphs;
   BatchScheduler scheduler(*model.decoder, *model.cache, model.tokenizer.get(), options);
   std::vector<GenerationRequest> requests;
   for (size_t i = 0; i < texts.size(); ++i) {
@@ -148,6 +149,10 @@ int GenerateCommand::run() {
   const auto st = scheduler.stats();
   scheduler.stop();
 
+  if (st.replayed_steps > 0)
+    std::fprintf(stderr, "decode: %lld of %lld steps replayed from %lld recordings (CUDA graphs; --eager: none)\n",
+                 static_cast<long long>(st.replayed_steps), static_cast<long long>(st.steps),
+                 static_cast<long long>(st.recordings));
   std::string ends;
   if (texts.size() == 1 && printer.end(0)) ends = std::string(" (ended: ") + generation_end_name(*printer.end(0)) + ")";
   std::fprintf(stderr,

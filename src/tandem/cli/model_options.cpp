@@ -14,6 +14,9 @@ void add_model_options(CLI::App* c, GenerationModelOptions& model) {
   c->add_option("--gpu-memory-gib", model.gpu_memory_gib,
                 "device memory for weights and KV cache; layers beyond it stream from pinned host memory "
                 "(default: 90% of the free memory)");
+  c->add_flag_callback(
+      "--eager", [&model] { model.decode_graphs = false; },
+      "launch every decode step kernel by kernel (default on a GPU: replay recorded steps, CUDA graphs)");
 }
 
 void add_sampling_options(CLI::App* c, SamplingParams& sampling, const std::string& each) {

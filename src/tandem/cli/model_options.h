@@ -13,7 +13,7 @@ class App;
 
 namespace tandem {
 
-/// --checkpoint (required), --tokenizer, --device, --dtype and --gpu-memory-gib into `model`.
+/// --checkpoint (required), --tokenizer, --device, --dtype, --gpu-memory-gib and --eager into `model`.
 void add_model_options(CLI::App* command, GenerationModelOptions& model);
 
 /// --temperature, --top-k, --top-p, --repetition-penalty and --seed into `sampling`; `each`

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 
+#include "tandem/core/device_graph.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/serve/text_stream.h"
@@ -88,6 +89,9 @@ BatchScheduler::BatchScheduler(LlamaDecoder& decoder, KvCache& cache, const Toke
   counters_.max_batch = options_.max_batch;
   std::promise<void> warm;
   auto warmed = warm.get_future();
+  const bool record = options_.decode_graphs && decoder_.device().is_cuda() && graph_recorder() != nullptr &&
+                      decoder_.weights().placement().plan.streamed() == 0;
+  if (record) graphs_ = std::make_unique<DecodeGraphs>(decoder_, cache_, graph_recorder());
   thread_ = std::thread([this, &warm] {
     thread_id_ = std::this_thread::get_id();
     warm_up(decoder_, cache_);
@@ -288,7 +292,8 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   }
   std::vector<TokenId> next;
   try {
-    const auto logits = decoder_.forward(batch, cache_);  // (B, V) fp32
+    const bool replay = graphs_ && graphs_->takes(batch);
+    const auto logits = replay ? graphs_->forward(batch) : decoder_.forward(batch, cache_);  // (B, V) fp32
     std::vector<SamplingRow> rows;
     for (const auto& r : running) rows.push_back({&r->request.sampling, &r->tokens, r->rng.uniform()});
     next = sample_tokens(logits, rows);
@@ -300,6 +305,7 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   {  // counted before delivery: a waiter woken by the last request's end sees this step
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.steps;
+    if (graphs_) counters_.replayed_steps = graphs_->replays(), counters_.recordings = graphs_->recordings();
     counters_.busy_seconds += seconds_since(t0);
     counters_.prompt_tokens += prefilled;
     counters_.generated_tokens += static_cast<int64_t>(running.size());

@@ -11,7 +11,8 @@
 // front, to be prefilled again: recomputation), (3) admits waiting requests in order while the batch
 // has room, their pages fit and the step's prefill tokens stay under max_step_tokens (the first one
 // always), (4) runs one forward over the decodes and the prefills together (Note [Generation
-// forward]), (5) samples one token per sequence (Note [Seeded sampling]) and delivers it. Running out
+// forward]; a step of decodes only replays a recording when the device allows: Note [Decode
+// graphs]), (5) samples one token per sequence (Note [Seeded sampling]) and delivers it. Running out
 // of pages therefore means waiting, never failing; a request that could not fit even an empty cache
 // is refused at submit. A full queue is a distinct refusal (Admission::kQueueFull, HTTP 429).
 // Callbacks run on the scheduler thread, one request's in order, never after cancel() returns.
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
+#include "tandem/serve/decode_graphs.h"
 #include "tandem/serve/kv_cache.h"
 #include "tandem/serve/llama_decoder.h"
 #include "tandem/serve/sampler.h"
@@ -79,6 +81,7 @@ struct SchedulerOptions {
   int64_t max_queue = 256;         ///< requests waiting for a place at most; more are refused
   int64_t max_step_tokens = 2048;  ///< prompt tokens prefilled in one step at most (one prompt always)
   std::vector<TokenId> eos_ids;    ///< tokens that end a sequence (the tokenizer's EOS, config.json's)
+  bool decode_graphs = true;       ///< replay decode steps from CUDA graphs where the device allows
 };
 
 /// Whether submit() took the request.
@@ -103,8 +106,9 @@ struct SchedulerStats {
   int64_t finished = 0, cancelled = 0, failed = 0, preempted = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  ///< prefilled (recomputation included), sampled
   int64_t steps = 0;
-  double busy_seconds = 0;       ///< time spent in steps
-  double tokens_per_second = 0;  ///< generated tokens / busy seconds
+  int64_t replayed_steps = 0, recordings = 0;  ///< decode steps replayed from recordings, and those made
+  double busy_seconds = 0;                     ///< time spent in steps
+  double tokens_per_second = 0;                ///< generated tokens / busy seconds
   double mean_time_to_first_token_s = 0, last_time_to_first_token_s = 0;
 };
 
@@ -159,6 +163,7 @@ class BatchScheduler {
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;
   int64_t context_tokens_ = 0;
+  std::unique_ptr<DecodeGraphs> graphs_;  // null: every step runs eagerly (scheduler thread only)
 
   mutable std::mutex mutex_;  // guards the fields below
   std::condition_variable wake_, idle_;

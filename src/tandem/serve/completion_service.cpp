@@ -85,6 +85,7 @@ CompletionService::CompletionService(const CompletionServiceOptions& options) : 
   so.max_batch = options.model.max_batch;
   so.max_queue = options.max_queue;
   so.eos_ids = im.model.eos_ids;
+  so.decode_graphs = options.model.decode_graphs;
   im.scheduler = std::make_unique<BatchScheduler>(*im.model.decoder, *im.model.cache, im.model.tokenizer.get(), so);
 }
 
@@ -144,6 +145,9 @@ std::string CompletionService::metrics_text() const {
   metric("tandem_serve_preemptions_total", "counter", "Sequences preempted for pages.", double(s.preempted));
   metric("tandem_serve_prompt_tokens_total", "counter", "Prompt tokens prefilled.", double(s.prompt_tokens));
   metric("tandem_serve_generated_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
+  metric("tandem_serve_steps_total", "counter", "Steps run.", double(s.steps));
+  metric("tandem_serve_replayed_steps_total", "counter", "Decode steps replayed from CUDA graphs.",
+         double(s.replayed_steps));
   metric("tandem_serve_busy_seconds_total", "counter", "Seconds spent in decode steps.", s.busy_seconds);
   metric("tandem_serve_time_to_first_token_seconds", "gauge", "Mean time to first token.",
          s.mean_time_to_first_token_s);

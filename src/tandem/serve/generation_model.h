@@ -29,6 +29,7 @@ struct GenerationModelOptions {
   int64_t page_tokens = 16;      ///< tokens per KV page
   int64_t prefetch_layers = 2;   ///< streamed layers uploaded ahead of the one computing
   int64_t max_batch = 32;        ///< sizes the automatic KV cache
+  bool decode_graphs = true;     ///< replay decode steps from CUDA graphs (Note [Decode graphs]); --eager: no
 };
 
 /// Everything generation needs, loaded.

@@ -21,14 +21,14 @@ KvCache::KvCache(const KvCacheShape& shape, int64_t budget_bytes) : shape_(shape
   TANDEM_ASSERT(shape_.n_layer > 0 && shape_.n_kv_head > 0 && shape_.head_dim > 0 && shape_.page_tokens > 0,
                 "KV cache shape with a zero dimension");
   const int64_t page = shape_.page_bytes();
-  pages_total_ = std::min<int64_t>(budget_bytes / page, std::numeric_limits<int32_t>::max());
+  pages_total_ = std::min<int64_t>(budget_bytes / page, std::numeric_limits<int32_t>::max() - 1);
   TANDEM_CHECK(pages_total_ > 0, "the KV cache budget of ", format_bytes(double(budget_bytes)),
                " does not hold one page of ", shape_.page_tokens, " tokens (", format_bytes(double(page)),
                "); raise --kv-cache-gib or free device memory");
   const auto options = torch::TensorOptions().dtype(shape_.dtype).device(shape_.device);
   for (int64_t l = 0; l < shape_.n_layer; ++l) {
-    keys_.push_back(torch::zeros({pages_total_, shape_.n_kv_head, shape_.page_tokens, shape_.head_dim}, options));
-    values_.push_back(torch::zeros({pages_total_, shape_.n_kv_head, shape_.page_tokens, shape_.head_dim}, options));
+    keys_.push_back(torch::zeros({pages_total_ + 1, shape_.n_kv_head, shape_.page_tokens, shape_.head_dim}, options));
+    values_.push_back(torch::zeros({pages_total_ + 1, shape_.n_kv_head, shape_.page_tokens, shape_.head_dim}, options));
   }
   free_.resize(static_cast<size_t>(pages_total_));
   // Highest index at the bottom of the stack: a fresh cache hands out pages 0, 1, 2, ...

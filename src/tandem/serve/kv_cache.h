@@ -9,7 +9,8 @@
 // allows whatever the mix of lengths, and no sequence reserves room for a length it never reaches.
 // The pages are allocated once, up front, from a byte budget (kv_cache_budget): running out of pages
 // is not an error but a refusal (reserve() returns false) that the scheduler turns into waiting or
-// preemption (Note [Continuous batching]).
+// preemption (Note [Continuous batching]). One page more than the budget holds is never handed
+// out: the scratch page, where padded rows of a recorded decode step write (Note [Decode graphs]).
 
 #include <torch/torch.h>
 
@@ -74,6 +75,8 @@ class KvCache {
   int64_t tokens_total() const { return pages_total_ * shape_.page_tokens; }
   /// Bytes the pages take.
   int64_t bytes() const { return pages_total_ * shape_.page_bytes(); }
+  /// The page no sequence holds (its contents are garbage; nothing attends to it unmasked).
+  int32_t scratch_page() const { return static_cast<int32_t>(pages_total_); }
 
   /// Layer `layer`'s keys and values: (pages, n_kv_head, page_tokens, head_dim) each.
   const torch::Tensor& keys(int64_t layer) const { return keys_[static_cast<size_t>(layer)]; }
@@ -82,7 +85,7 @@ class KvCache {
  private:
   KvCacheShape shape_;
   int64_t pages_total_ = 0;
-  std::vector<torch::Tensor> keys_, values_;  // per layer: (P, KV, page_tokens, hd) in shape_.dtype
+  std::vector<torch::Tensor> keys_, values_;  // per layer: (P + 1, KV, page_tokens, hd), the scratch page last
   std::mutex mutex_;                          // guards free_
   std::vector<int32_t> free_;                 // a stack of free page indices
   std::atomic<int64_t> pages_free_{0};

@@ -10,34 +10,6 @@ namespace tandem {
 
 using torch::indexing::Slice;
 
-/// Where each new token of a step goes, built on the host and moved to the device once per step.
-/// Rows are in "step order": the one-token chunks first, then the others, each chunk's tokens
-/// consecutive.
-struct LlamaDecoder::StepLayout {
-  int64_t rows = 0;
-  torch::Tensor tokens;                  // (N) int64
-  torch::Tensor cos, sin;                // (N, 1, hd) compute dtype
-  torch::Tensor write_page, write_slot;  // (N) int64: where each token's keys and values go
-  int64_t decodes = 0;                   // rows [0, decodes) are one-token chunks
-  torch::Tensor decode_pages;            // (B_d, P) int64, padded with page 0
-  torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens) bool: key within the sequence
-  struct Prefill {
-    int64_t row = 0, count = 0, start = 0;
-    bool grouped = false;  // attends in `fresh` with the other new sequences
-    torch::Tensor pages;   // (1, P) int64 (start > 0 only)
-    torch::Tensor mask;    // (1, 1, count, start + count) bool (start > 0 only)
-  };
-  std::vector<Prefill> prefills;
-  /// Several sequences starting at 0 attend together, padded to the longest (B, T).
-  struct FreshGroup {
-    int64_t count = 0, width = 0;  // B, T
-    torch::Tensor gather;          // (B * T) int64: the step row of each padded place (padding: the first)
-    torch::Tensor mask;            // (B, 1, T, T) bool: key s <= min(t, length - 1)
-    torch::Tensor places, rows;    // (M) int64: the padded places of real tokens and their step rows
-  } fresh;
-  torch::Tensor logit_rows;  // (B) or (N) int64: the rows whose logits are returned, in batch order
-};
-
 namespace {
 
 torch::Tensor int64_tensor(const std::vector<int64_t>& v, const c10::Device& device) {
@@ -76,8 +48,7 @@ KvCacheShape LlamaDecoder::cache_shape(int64_t page_tokens) const {
   return s;
 }
 
-LlamaDecoder::StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const KvCache& cache,
-                                              LogitRows rows) {
+StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const KvCache& cache, LogitRows rows) {
   const int64_t pt = cache.page_tokens();
   std::vector<size_t> order;  // step order: the one-token chunks, then the others
   for (size_t b = 0; b < batch.size(); ++b)
@@ -262,11 +233,33 @@ torch::Tensor LlamaDecoder::layer(const torch::Tensor& x, int64_t index, const S
 
 torch::Tensor LlamaDecoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {
   TANDEM_ASSERT(!batch.empty(), "a step without sequences");
+  const c10::InferenceMode inference;
+  const c10::DeviceGuard device_guard(device());
+  return run(layout(batch, cache, rows), cache);
+}
+
+StepLayout LlamaDecoder::decode_layout(const DecodeInputs& in, const KvCache& cache) {
+  StepLayout s;
+  s.rows = s.decodes = in.tokens.size(0);
+  s.tokens = in.tokens;
+  auto [cos, sin] = rope_.get(spec().max_seq_len, device(), dtype());
+  s.cos = cos.index_select(0, in.positions).unsqueeze(1);
+  s.sin = sin.index_select(0, in.positions).unsqueeze(1);
+  s.write_page = in.write_page;
+  s.write_slot = in.write_slot;
+  s.decode_pages = in.pages;
+  const int64_t keys = in.pages.size(1) * cache.page_tokens();
+  const auto key = torch::arange(keys, in.lengths.options());
+  s.decode_mask = (key.unsqueeze(0) < in.lengths.unsqueeze(1)).view({s.decodes, 1, 1, keys});
+  s.logit_rows = torch::arange(s.rows, in.tokens.options());
+  return s;
+}
+
+torch::Tensor LlamaDecoder::run(const StepLayout& step, KvCache& cache) {
   TANDEM_ASSERT(cache.shape().n_layer == spec().n_layer && cache.shape().dtype == dtype(),
                 "KV cache of another shape or dtype");
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
-  const StepLayout step = layout(batch, cache, rows);
   auto x = torch::embedding(weights_->embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32
   for (int64_t i = 0; i < spec().n_layer; ++i) x = layer(x, i, step, cache);
   const auto h = norm(x.index_select(0, step.logit_rows), weights_->final_norm(), spec().norm_eps, dtype());

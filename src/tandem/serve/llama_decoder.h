@@ -23,6 +23,7 @@
 #include "tandem/models/llama.h"
 #include "tandem/serve/decoder_weights.h"
 #include "tandem/serve/kv_cache.h"
+#include "tandem/serve/step_layout.h"
 
 namespace tandem {
 
@@ -59,9 +60,17 @@ class LlamaDecoder {
   /// device, (B, vocab) or (N, vocab) per `rows`, in the order of `batch`.
   torch::Tensor forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows = LogitRows::kLast);
 
- private:
-  struct StepLayout;
+  /// forward()'s two halves: the step's layout from its chunks (host work and small copies to the
+  /// device), then the pass over the weights, which queues device work only (fp32 logits of the
+  /// layout's logit rows).
   StepLayout layout(const std::vector<SequenceChunk>& batch, const KvCache& cache, LogitRows rows);
+  torch::Tensor run(const StepLayout& step, KvCache& cache);
+  /// The layout of a decode step whose inputs are already on the device, built there without a
+  /// host decision, so that run(decode_layout(...)) can be recorded (Note [Decode graphs]). Every
+  /// row's logits are returned.
+  StepLayout decode_layout(const DecodeInputs& inputs, const KvCache& cache);
+
+ private:
   void layout_decodes(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
                       StepLayout& step) const;
   void layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
