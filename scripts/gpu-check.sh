@@ -82,9 +82,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv
 echo "== build"
 t0=$(date +%s)
 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 "${cmake_extra[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DTANDEM_TEST_DIRS="${TEST_DIRS:-}" "${cmake_extra[@]}" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 grep -E "^-- tandem:" "$OUT/cmake.log"
-# BUILD_TARGETS: only these (e.g. "tandem tandem_python" when the C++ tests are not run).
+# BUILD_TARGETS: only these (e.g. "tandem tandem_python" when the C++ tests are not run); TEST_DIRS="serve":
+# tandem_tests of the tests under tests/serve only (with CTEST_ARGS="-R Serve" for a quick GPU check).
 # shellcheck disable=SC2086
 ninja -C "$BUILD" ${BUILD_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -521,7 +522,8 @@ if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --serv
      >"$OUT/serve-load.log" 2>&1; then
   head -1 "$OUT/serve-load.log"
 else
-  tail -5 "$OUT/serve-load.log"
+  grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/serve-load.log" | head -5 | cut -c1-400
+  grep -aiE "error|fail|warn|abort|terminate" "$OUT/serve-load-server.log" | head -10 | cut -c1-400
 fi
 if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \

@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_fixtures.h"
 #include <torch/torch.h>
+#include "engine_fixtures.h"
 
 #include <memory>
 #include <thread>
@@ -43,12 +43,19 @@ struct Rig {
     stamps = std::make_unique<StepStamps>(store->blocks().size(), false);
   }
   size_t n() const { return store->blocks().size(); }
-  void stamp(double d2h_s, double h2d_s, double device_s) {
+  // With `wait_s`, each CPU-updated Block but the embedding waits that long for its upload between
+  // its arrival and its start.
+  void stamp(double d2h_s, double h2d_s, double device_s, double wait_s = 0) {
     auto& st = *stamps;
     const size_t last = n() - 1;
+    double waited = 0;
     for (size_t i = 0; i < n(); ++i) {
-      at(st.fwd[i], 0.01 * double(i));
-      at(st.bwd[i], 0.01 * double(last) + 0.02 * double(n() - i));
+      at(st.arrive[i], 0.01 * double(i) + waited);
+      if (i > 0 && store->blocks()[i].side == UpdateSide::kCpu) waited += wait_s;
+      at(st.fwd[i], 0.01 * double(i) + waited);
+    }
+    for (size_t i = 0; i < n(); ++i) {
+      at(st.bwd[i], 0.01 * double(last) + waited + 0.02 * double(n() - i));
       at(st.d2h0[i], 1.0);
       at(st.d2h1[i], 1.0 + d2h_s);
       at(st.h2d0[i], 2.0);
@@ -185,6 +192,43 @@ TEST(SplitTuner, KeepsTheSplitUnlessTheNewOneIsPredictedTwoPercentFaster) {
   u.solve(inputs(3, 1e-3 * 1000, 1000));
   EXPECT_EQ(slow.store->gpu_blocks(), e.gpu_blocks);
   EXPECT_EQ(u.status().gpu_blocks, e.gpu_blocks);
+}
+
+TEST(SplitTuner, AForwardsWaitForUploadsDoesNotHoldTheSplitDown) {
+  // CPU updates dear (1 us per parameter), copies and the device update nearly free; every
+  // CPU-updated Block's forward waited 50 ms for its upload (Note [Step stamps]).
+  Rig rig(1);
+  rig.stamp(1e-6, 1e-6, 1e-6, /*wait_s=*/0.05);
+  auto o = rig.options();
+  o.max_gpu_blocks = 3;
+  SplitCosts c;
+  c.cpu_update_s_per_param = 1e-6;
+  c.gpu_update_s_per_param = Rig::span(3.0, 1e-6) / double(rig.params(UpdateSide::kGpu));
+  c.d2h_s_per_param = rig.per_cpu_param(1.0, 1e-6);
+  c.h2d_s_per_param = rig.per_cpu_param(2.0, 1e-6);
+  c.gpu_bytes_per_param_resident = 12;
+  c.cpu_start = SplitCosts::CpuStart::kAfterBackward;
+  int64_t budget = 0;
+  for (size_t i = 0; i < 3; ++i) budget += rig.store->blocks()[i].shard_numel * 12;
+  // Counted as forward time, the waits would hide the uploads they wait for: the solver would see
+  // no gain in more GPU-updated Blocks.
+  std::vector<BlockTiming> with_waits = rig.timing();
+  for (size_t i = 0; i + 1 < rig.n(); ++i) with_waits[i].fwd_s += 0.05;  // Blocks 1 to 4 are CPU-updated
+  ASSERT_LE(solve_update_split(with_waits, c, budget).gpu_blocks, 1)
+      << "the waits would not hold the split: nothing tested";
+  const auto d = solve_update_split(rig.timing(), c, budget);
+  ASSERT_EQ(d.gpu_blocks, 3);
+  SplitTuner t(*rig.store, *rig.stamps, nullptr, o);
+  t.solve(inputs(3, 1.0, 1000000));
+  EXPECT_EQ(rig.store->gpu_blocks(), 3);
+  EXPECT_NEAR(t.status().predicted_step_s, d.predicted_step_s, 1e-9);
+  // Without arrival stamps (the next Block's start stands in), the waits count and the split stays.
+  Rig old(1);
+  old.stamp(1e-6, 1e-6, 1e-6, 0.05);
+  for (auto& st : old.stamps->arrive) st.set = false;
+  SplitTuner u(*old.store, *old.stamps, nullptr, o);
+  u.solve(inputs(3, 1.0, 1000000));
+  EXPECT_LE(old.store->gpu_blocks(), 1);
 }
 
 TEST(SplitTuner, StaysInTheMemoryPlansRange) {

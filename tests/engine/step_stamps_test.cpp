@@ -42,13 +42,13 @@ TEST(StepStamps, MarkReadsTheHostClockSinceTheEpoch) {
 
 TEST(StepStamps, ClearUnsetsEveryStampButTheReference) {
   StepStamps st(2, false);
-  for (auto* v : {&st.fwd, &st.bwd, &st.d2h0, &st.d2h1, &st.h2d0, &st.h2d1})
+  for (auto* v : {&st.arrive, &st.fwd, &st.bwd, &st.d2h0, &st.d2h1, &st.h2d0, &st.h2d1})
     for (auto& x : *v) at(x, 1.0);
   at(st.gpu0, 1.0);
   at(st.gpu1, 2.0);
   at(st.ref, 0.5);
   st.clear();
-  for (auto* v : {&st.fwd, &st.bwd, &st.d2h0, &st.d2h1, &st.h2d0, &st.h2d1})
+  for (auto* v : {&st.arrive, &st.fwd, &st.bwd, &st.d2h0, &st.d2h1, &st.h2d0, &st.h2d1})
     for (auto& x : *v) EXPECT_FALSE(x.set);
   EXPECT_FALSE(st.gpu0.set);
   EXPECT_FALSE(st.gpu1.set);
@@ -85,6 +85,28 @@ TEST(StepStamps, PerBlockTimesFollowForwardAndBackwardOrder) {
   EXPECT_DOUBLE_EQ(s[1], 2.0 + 3.0);
   EXPECT_DOUBLE_EQ(s[2], 3.0 + 2.0);
   EXPECT_EQ(s[3], 0.0);
+}
+
+TEST(StepStamps, AForwardEndsWhereTheNextBlockArrivesNotWhereItStarts) {
+  // Block 2 arrives at 3 but waits for its upload until 5; Block 3 starts when it arrives, at 8.
+  StepStamps st(4, false);
+  const double arrive[] = {0, 1, 3, 8}, fwd[] = {0, 1, 5, 8}, bwd[] = {21, 17, 14, 12};
+  for (size_t i = 0; i < 4; ++i) {
+    at(st.arrive[i], arrive[i]);
+    at(st.fwd[i], fwd[i]);
+    at(st.bwd[i], bwd[i]);
+  }
+  EXPECT_DOUBLE_EQ(st.forward_s(0), 1.0);
+  EXPECT_DOUBLE_EQ(st.forward_s(1), 2.0);  // to Block 2's arrival: its 2 s wait is not Block 1's forward
+  EXPECT_DOUBLE_EQ(st.forward_s(2), 3.0);
+  EXPECT_DOUBLE_EQ(st.block_seconds()[1], 2.0 + 3.0);
+  // No arrival stamped (a step before the engine stamped them, or cleared): the next start stands in.
+  st.arrive[2].set = false;
+  EXPECT_DOUBLE_EQ(st.forward_s(1), 4.0);
+  st.clear();
+  at(st.fwd[1], 1.0);
+  at(st.fwd[2], 5.0);
+  EXPECT_DOUBLE_EQ(st.forward_s(1), 4.0);
 }
 
 }  // namespace

@@ -103,12 +103,29 @@ def test_host_ring_and_bf16_states_and_fixed_split():
 
 
 def test_host_ring_chosen_when_per_block_buffers_do_not_fit():
+    # Every Block CPU-updated (k = 0): 90432 parameters need 1.8 MB for the masters, states and (the
+    # CPU as the device) working weights and gradients, 3.6 MB with per-Block buffers and the undo
+    # log, over 0.8 of 2.1 MB.
     model = tiny_llama()
-    with tandem.Engine(model, engine_config(True, **{"offload.host_memory_gib": 0.002})) as engine:
+    cfg = engine_config(True, **{"offload.host_memory_gib": 0.002, "offload.update_split": 0})
+    with tandem.Engine(model, cfg) as engine:
+        assert engine.stats()["gpu_blocks"] == 0
         assert engine.stats()["host_ring"] == 4
         engine_losses(model, engine, 2)
-    with tandem.Engine(tiny_llama(), engine_config(True)) as engine:
+    with tandem.Engine(tiny_llama(), engine_config(True, **{"offload.update_split": 0})) as engine:
         assert engine.stats()["host_ring"] == 0
+
+
+def test_host_ring_counts_only_the_cpu_updated_blocks():
+    # k = 1: the embedding and both layers are updated on the device, the head (8256 parameters) on
+    # the CPU. Its per-Block buffers fit 0.8 of 2.7 MB beside the device side's 1.7 MB; those of
+    # every Block (3.6 MB) would not.
+    model = tiny_llama()
+    cfg = engine_config(True, **{"offload.host_memory_gib": 0.0025, "offload.update_split": 1})
+    with tandem.Engine(model, cfg) as engine:
+        assert engine.stats()["gpu_blocks"] == 3
+        assert engine.stats()["host_ring"] == 0
+        engine_losses(model, engine, 2)
 
 
 def test_fp16_loss_scale_backs_off_and_skips():

@@ -350,8 +350,10 @@ void OffloadEngine::wait_block(size_t i) {
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
 }
 
+// Note [Step stamps]: the arrival is stamped before the waits for Block i's weights, the start after.
 void OffloadEngine::before_block(size_t i) {
   auto& b = store_.blocks()[i];
+  if (in_forward_) mark_on_compute(stamps_->arrive[i]);
   if (b.side == UpdateSide::kCpu && !host_run_[i] && b.mirror_lag > 0) refresh_mirror(i);
   wait_block(i);
   if (host_run_[i] && zero_landing_[i] && torch::GradMode::is_enabled()) {

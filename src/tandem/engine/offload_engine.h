@@ -133,7 +133,8 @@ class OffloadEngine {
   void set_placement(const std::vector<bool>& on_host);
   const std::vector<bool>& placement() const { return host_run_; }
   /// Per Block, the last step's forward + backward seconds of its last micro-batch as the compute
-  /// stream saw them (crossing copies and waits included); 0 for the embedding and the head.
+  /// stream saw them (crossing copies included, the forward's wait for the next Block's weights not:
+  /// Note [Step stamps]); 0 for the embedding and the head.
   std::vector<double> block_seconds() const;
 
   /// A consistent copy of the counters (the updater thread adds to them).

@@ -86,8 +86,9 @@ bool SplitTuner::begin_step(int64_t begun) {
 
 // Note [Split tuner]
 // How the engine feeds Note [Update split]: per-Block forward and backward times come from the last
-// step's stamps (the forward from Block i's start to Block i+1's, the backward from Block i+1's
-// gradients to Block i's; the head's forward, loss and backward count as its backward); the
+// step's stamps (the forward from Block i's start to the arrival at Block i+1, without the wait for
+// Block i+1's upload, which the solver simulates: Note [Step stamps]; the backward from Block
+// i+1's gradients to Block i's; the head's forward, loss and backward count as its backward); the
 // per-parameter costs from the CPU updater's clock and the D2H, H2D and GPU-update stamps where
 // Blocks of that side exist, else from scratch-buffer calibration. The solver's choice is then
 // limited to the memory plan's range and applied between steps (Blocks move bit-exactly).

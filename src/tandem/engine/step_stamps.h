@@ -1,7 +1,8 @@
 #pragma once
-// The timing points of one offload step (Note [Step stamps]): per Block, when its forward started
-// and its backward ended on the compute stream, when its gradient's copy down and its weights' copy
-// up started and ended on the D2H and H2D streams; when the device side's update started and ended;
+// The timing points of one offload step (Note [Step stamps]): per Block, when the forward arrived
+// at it and when it started (after waiting for its weights) and when its backward ended on the
+// compute stream, when its gradient's copy down and its weights' copy up started and ended on the
+// D2H and H2D streams; when the device side's update started and ended;
 // and a reference point for the trace. CUDA timing events on a GPU, the host clock with the CPU as
 // the device. Owns the points and the clock they are read against, nothing else: the split tuner
 // turns them into times, the trace draws them, and they order no work (the events that do are
@@ -34,8 +35,8 @@ struct StepStamps {
   /// `blocks` Blocks; CUDA timing events when `cuda`, the host clock otherwise.
   StepStamps(size_t blocks, bool cuda);
 
-  // Per Block: forward start and backward end (compute stream), D2H start and end, H2D start and end.
-  std::vector<Stamp> fwd, bwd, d2h0, d2h1, h2d0, h2d1;
+  // Per Block: forward arrival and start, backward end (compute stream); D2H and H2D start and end.
+  std::vector<Stamp> arrive, fwd, bwd, d2h0, d2h1, h2d0, h2d1;
   Stamp gpu0, gpu1;  ///< the device side's update (compute stream)
   Stamp ref;         ///< a traced step's reference: host clock and, on a GPU, an event at the same time
   /// The host clock's zero; the trace's timestamps count from it.
@@ -48,8 +49,9 @@ struct StepStamps {
   /// Unsets every stamp but `ref` (a traced step draws only what it recorded).
   void clear();
 
-  /// Block i's forward: from its start to Block i+1's (i + 1 < Blocks).
-  double forward_s(size_t i) const { return between(fwd[i], fwd[i + 1]); }
+  /// Block i's forward: from its start to the forward's arrival at Block i+1, without the wait for
+  /// Block i+1's weights; to Block i+1's start where no arrival is stamped (i + 1 < Blocks).
+  double forward_s(size_t i) const { return between(fwd[i], arrive[i + 1].set ? arrive[i + 1] : fwd[i + 1]); }
   /// Block i's backward: from Block i+1's gradients to Block i's (i + 1 < Blocks).
   double backward_s(size_t i) const { return between(bwd[i + 1], bwd[i]); }
   /// The last Block's forward, loss and backward.

@@ -51,7 +51,7 @@ namespace tandem {
 
 namespace {
 
-constexpr int64_t kMeasuredPlanStep = 2;  // steps whose peak memory widens the split's range
+constexpr size_t kMeasuredPlanStep = 2;  // the engine's steps whose peak memory widens the split's range
 
 }  // namespace
 
@@ -127,14 +127,36 @@ void EngineCore::check_data_parallel_start() {
                          "the same pretrained weights");
 }
 
+// This rank's share of the host; the model's parameters on the host are freed by the store.
+HostShare EngineCore::host_share() const {
+  HostShare h;
+  h.shards = cfg_.dist.zero_stage == 2 ? world() : 1;
+  h.device_is_host = !ctx_->device.is_cuda();
+  if (cfg_.offload.host_memory_gib > 0) {
+    h.available = static_cast<int64_t>(cfg_.offload.host_memory_gib * double(1 << 30));
+    return h;
+  }
+  h.available = host_available_bytes() / std::max(1, ctx_->ranks.local_world_size);
+  for (const auto& [name, p] : blocks_->all_parameters())
+    if (p.device().is_cpu()) h.reclaimable += static_cast<int64_t>(p.nbytes());
+  return h;
+}
+
+// Note [Module plan]: the split first, then the host for the Blocks after it.
 void EngineCore::build_offload_engine() {
-  const int64_t host = cfg_.offload.host_memory_gib > 0
-                           ? static_cast<int64_t>(cfg_.offload.host_memory_gib * double(1 << 30))
-                           : host_available_bytes() / std::max(1, ctx_->ranks.local_world_size);
-  plan_module_host(cfg_, *blocks_, host, cfg_.dist.zero_stage == 2 ? world() : 1);
-  const auto [gpu_blocks, limit] = plan_module_split(cfg_, *blocks_, ctx_->device);
+  auto [gpu_blocks, limit] = plan_module_split(cfg_, *blocks_, ctx_->device);
+  int64_t lowest = plan_module_host(cfg_, *blocks_, host_share(), gpu_blocks);
+  if (ctx_->comm) {  // rank 0's plan everywhere, as the CLI's: the ranks' collectives must match Block for Block
+    const auto plan0 =
+        ctx_->comm->from_rank0({double(gpu_blocks), double(cfg_.offload.host_ring), double(lowest), double(limit)});
+    gpu_blocks = static_cast<int64_t>(plan0[0]);
+    cfg_.offload.host_ring = static_cast<int64_t>(plan0[1]);
+    lowest = static_cast<int64_t>(plan0[2]);
+    limit = static_cast<int64_t>(plan0[3]);
+    if (cfg_.offload.host_ring > 0) cfg_.offload.speculate = Speculation::kNever;
+  }
   offload_ = std::make_unique<OffloadParts>(build_offload(
-      *blocks_, OffloadSetup{cfg_, gpu_blocks, {0, limit}, run_dir_}, *ctx_, metrics_->trace_counters(), 0.0));
+      *blocks_, OffloadSetup{cfg_, gpu_blocks, {lowest, limit}, run_dir_}, *ctx_, metrics_->trace_counters(), 0.0));
   log::info(
       strprintf("offload: %lld of %zu Blocks updated on the %s first (offload.update_split=%s) | %s "
                 "parameters, host buffers %s",
@@ -146,6 +168,9 @@ void EngineCore::build_offload_engine() {
 
 void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> last_micro) {
   if (!open_) {
+    // Note [Module plan]: the measured peak starts at the engine's first step, not with its build.
+    if (step_times_.empty() && ctx_->device_index >= 0 && accelerator())
+      accelerator()->reset_peak_memory(ctx_->device_index);
     lr_ = lr ? *lr : lr_at(cfg_.optim, step_, cfg_.train.steps);
     step_start_ = std::chrono::steady_clock::now();
     if (offload_) stats0_ = offload_->engine->stats();
@@ -209,7 +234,7 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
   info.skipped = host[1].item<double>() != 0.0;
   info.loss_scale = loss_scale_ = host[2].item<double>();
   info.lr = lr_;
-  if (step_ == kMeasuredPlanStep) widen_split_range();
+  if (step_times_.size() + 1 == kMeasuredPlanStep) widen_split_range();  // this engine's steps (a resumed run too)
   publish_step(info, host[3].item<double>(), tokens);
   return info;
 }
@@ -217,8 +242,8 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
 // Note [Module plan]: the split's range from the peak of the first steps.
 void EngineCore::widen_split_range() {
   if (!offload_ || !ctx_->device.is_cuda() || !accelerator() || parse_update_split(cfg_.offload.update_split)) return;
-  offload_->engine->set_max_gpu_blocks(
-      measured_split_limit(*blocks_, offload_->store->gpu_blocks(), ctx_->device_index));
+  offload_->engine->set_max_gpu_blocks(measured_split_limit(*blocks_, offload_->store->gpu_blocks(), ctx_->device_index,
+                                                            cfg_.offload.gpu_memory_fraction));
 }
 
 // The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's

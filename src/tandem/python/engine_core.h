@@ -25,6 +25,7 @@ class GradReducer;
 class NumericsGuard;
 class Optimizer;
 class RunMetrics;
+struct HostShare;
 struct OffloadParts;
 struct RunContext;
 
@@ -103,6 +104,7 @@ class EngineCore {
   bool finished_ = false;
   void widen_split_range();
   void build_offload_engine();
+  HostShare host_share() const;
   CheckpointModel checkpoint_model(const std::string& hf_config);
   std::unique_ptr<Checkpointer> checkpointer(const std::string& run_dir, const std::string& hf_config);
 
@@ -124,9 +126,9 @@ class EngineCore {
   double lr_ = 0.0;
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point step_start_;
-  EngineStats stats0_;  // the engine's counters when the open step began
-  TrainSummary summary_;             // for summary.json when the engine closes, as the CLI's run writes it
-  std::vector<double> step_times_;   // each published step's seconds
+  EngineStats stats0_;              // the engine's counters when the open step began
+  TrainSummary summary_;            // for summary.json when the engine closes, as the CLI's run writes it
+  std::vector<double> step_times_;  // each published step's seconds
   int64_t tokens_run_ = 0, tokens_per_step_ = 0;
 };
 

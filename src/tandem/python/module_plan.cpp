@@ -1,5 +1,6 @@
 #include "tandem/python/module_plan.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tandem/core/device.h"
@@ -12,21 +13,28 @@ namespace tandem {
 // Note [Module plan]
 // The CLI plans from the architecture (memory/plan); for a user's model the engine knows the
 // Blocks' sizes only.
-//   Host: masters, m, v, landing, staging and undo buffers per parameter of a CPU-updated Block.
-//     When they do not fit this rank's share of the host, offload.host_ring=auto takes a ring of
-//     4 slots (Note [Host ring]); below the masters and states alone nothing fits.
+//   Host: masters, m, v, landing, staging and undo buffers per parameter of a CPU-updated Block,
+//     so the split comes first and the host counts the Blocks after it (with the CPU as the device,
+//     the device side's masters, states, weights and gradients too: they are host memory). As the
+//     CLI measures the host before it builds the model, the user's parameters on the host count as
+//     available: the store frees each Block's as it binds them (unless offload.host_memory_gib
+//     says how much there is). When the CPU-updated Blocks' per-Block buffers do not fit
+//     offload.host_memory_fraction of this rank's share, offload.host_ring=auto takes a ring of
+//     4 slots (Note [Host ring]); below the masters and states alone nothing fits. The fewest
+//     GPU-updated Blocks whose host side fits is the solver's lower bound, as in the CLI.
 //   Device: the working weights and gradients in the compute dtype, and 12 bytes per parameter
 //     (fp32 master, m, v) of each GPU-updated Block. A third of the GPU is kept for activations and
 //     workspace, a guess; the first split is the largest prefix that fits beside them
 //     (offload.update_split=auto) or the user's k.
-//   Measured: after two steps the peak is known; the range grows to what the peak left free (8%
-//     kept for the allocator), and the solver at step 3 chooses within it.
+//   Measured: the peak is reset at the engine's first forward (the build's transients do not
+//     count) and read after its second step; the range grows to what the peak left free of
+//     offload.gpu_memory_fraction of the GPU (the CLI plan's share), and the solver at step 3
+//     chooses within it.
 
 namespace {
 
 constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations at first
 constexpr int64_t kAutoRingSlots = 4;
-constexpr double kPeakMargin = 0.92;     // of the GPU, usable once the peak is measured
 constexpr double kGpuStateBytes = 12.0;  // fp32 master, m and v per parameter of a GPU-updated Block
 
 // The most Blocks from `first` on whose GPU states fit `room` bytes.
@@ -41,28 +49,72 @@ int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room) {
   return top;
 }
 
+// Host bytes per parameter (Note [Module plan]).
+struct HostBytesPerParam {
+  double states = 0;          // fp32 master, m, v of a CPU-updated Block
+  double buffers = 0;         // its gradient landing and weight staging (per Block, or per ring slot)
+  double undo = 0;            // its undo log (speculative updates, per-Block buffers only)
+  double device_states = 0;   // the CPU as the device: a GPU-updated Block's master, m, v
+  double device_working = 0;  // the CPU as the device: every Block's working weights and gradients
+};
+
+HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
+  const double state = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
+  const double compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
+  const double landing = cfg.train.precision == Precision::kBf16 ? 2 : 4;  // fp16 gradients land widened
+  const bool undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
+  HostBytesPerParam b;
+  b.states = 4 + 2 * state;
+  b.buffers = landing + compute;
+  b.undo = undo ? b.states : 0;
+  b.device_states = device_is_host ? kGpuStateBytes : 0;
+  b.device_working = device_is_host ? 2 * compute : 0;
+  return b;
+}
+
+// The host bytes of the plan with the first `gpu_blocks` Blocks GPU-updated and `ring` slots (0 =
+// per-Block buffers); the masters, states and buffers are shared by `shards` ranks.
+double host_bytes(const ModuleBlocks& blocks, int64_t gpu_blocks, int64_t ring, const HostBytesPerParam& b,
+                  int shards) {
+  double bytes = 0, largest = 0;
+  for (size_t i = 0; i < blocks.block_count(); ++i) {
+    const double numel = double(blocks.block_numel(i)), shard = numel / double(shards);
+    largest = std::max(largest, shard);
+    const bool gpu = static_cast<int64_t>(i) < gpu_blocks;
+    bytes +=
+        b.device_working * numel + shard * (gpu ? b.device_states : b.states + (ring == 0 ? b.buffers + b.undo : 0));
+  }
+  return bytes + double(ring) * largest * b.buffers;
+}
+
 }  // namespace
 
-void plan_module_host(Config& cfg, const ModuleBlocks& blocks, int64_t host_bytes, int shards) {
-  const int64_t state = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
-  const int64_t compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
-  const bool undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
-  const double numel = double(blocks.numel()) / double(shards);
-  const double floor = double(4 + 2 * state) * numel;  // masters and states: a ring cannot shrink them
-  TANDEM_CHECK(floor <= double(host_bytes),
-               "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor), " needed, ",
-               format_bytes(double(host_bytes)),
+int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShare& host, int64_t gpu_blocks) {
+  const HostBytesPerParam per = host_bytes_per_param(cfg, host.device_is_host);
+  HostBytesPerParam floor_per = per;  // masters and states: a ring cannot shrink them
+  floor_per.buffers = floor_per.undo = 0;
+  const double room = double(host.available) + double(host.reclaimable);
+  const double floor = host_bytes(blocks, gpu_blocks, 0, floor_per, host.shards);
+  TANDEM_CHECK(floor <= room, "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor),
+               " needed, ", format_bytes(room),
                " available; set optim.state_dtype=bf16, run on more ranks with dist.zero_stage=2, or use a host "
                "with more memory");
-  if (cfg.offload.host_ring >= 0) return;
-  const double need = double(4 + 2 * state + 2 * compute + (undo ? 4 + 2 * state : 0)) * numel;
-  cfg.offload.host_ring = need <= 0.9 * double(host_bytes) ? 0 : kAutoRingSlots;
-  if (cfg.offload.host_ring == 0) return;
-  cfg.offload.speculate = Speculation::kNever;
-  log::info(strprintf(
-      "offload: per-block host buffers (%s) do not fit the host (%s); a ring of %lld slots instead, "
-      "updates after the norm (offload.host_ring=auto)",
-      format_bytes(need).c_str(), format_bytes(double(host_bytes)).c_str(), static_cast<long long>(kAutoRingSlots)));
+  const double budget = cfg.offload.host_memory_fraction * room;
+  const auto fits = [&](int64_t g, int64_t ring) { return host_bytes(blocks, g, ring, per, host.shards) <= budget; };
+  if (cfg.offload.host_ring < 0) {
+    cfg.offload.host_ring = fits(gpu_blocks, 0) ? 0 : kAutoRingSlots;
+    if (cfg.offload.host_ring > 0) {
+      cfg.offload.speculate = Speculation::kNever;
+      log::info(strprintf(
+          "offload: per-block host buffers (%s) do not fit offload.host_memory_fraction=%.2f of the "
+          "host (%s); a ring of %lld slots instead, updates after the norm (offload.host_ring=auto)",
+          format_bytes(host_bytes(blocks, gpu_blocks, 0, per, host.shards)).c_str(), cfg.offload.host_memory_fraction,
+          format_bytes(room).c_str(), static_cast<long long>(kAutoRingSlots)));
+    }
+  }
+  int64_t lo = gpu_blocks;
+  while (lo > 0 && fits(lo - 1, cfg.offload.host_ring)) --lo;
+  return lo;
 }
 
 std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlocks& blocks,
@@ -90,9 +142,9 @@ std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlo
   return {prefix, limit};
 }
 
-int64_t measured_split_limit(const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index) {
+int64_t measured_split_limit(const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index, double gpu_fraction) {
   const auto mem = accelerator()->memory_stats(device_index);
-  const int64_t top = blocks_fitting(blocks, gpu_blocks, double(mem.total) * kPeakMargin - double(mem.peak_allocated));
+  const int64_t top = blocks_fitting(blocks, gpu_blocks, double(mem.total) * gpu_fraction - double(mem.peak_allocated));
   log::info(strprintf("offload: peak GPU memory %s of %s: the split may put up to %lld of %zu Blocks on the GPU",
                       format_bytes(double(mem.peak_allocated)).c_str(), format_bytes(double(mem.total)).c_str(),
                       static_cast<long long>(top), blocks.block_count()));

@@ -290,6 +290,7 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     if (c.tokens.size() > 1 || r->generated == 0) prefilled += static_cast<int64_t>(c.tokens.size());
     batch.push_back(std::move(c));
   }
+  const bool decode_only = prefilled == 0;
   std::vector<TokenId> next;
   try {
     const bool replay = graphs_ && graphs_->takes(batch);
@@ -306,14 +307,19 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.steps;
     if (graphs_) counters_.replayed_steps = graphs_->replays(), counters_.recordings = graphs_->recordings();
-    counters_.busy_seconds += seconds_since(t0);
+    const double seconds = seconds_since(t0);
+    counters_.busy_seconds += seconds;
+    if (decode_only) ++counters_.decode_steps, counters_.decode_seconds += seconds;
     counters_.prompt_tokens += prefilled;
     counters_.generated_tokens += static_cast<int64_t>(running.size());
   }
+  const auto t1 = Clock::now();
   for (size_t i = 0; i < running.size(); ++i) {
     running[i]->cached = static_cast<int64_t>(running[i]->tokens.size());
     if (!running[i]->cancelled) deliver(*running[i], next[i]);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  counters_.delivery_seconds += seconds_since(t1);
 }
 
 void BatchScheduler::deliver(Request& r, TokenId token) {

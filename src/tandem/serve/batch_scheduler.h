@@ -107,7 +107,10 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, generated_tokens = 0;  ///< prefilled (recomputation included), sampled
   int64_t steps = 0;
   int64_t replayed_steps = 0, recordings = 0;  ///< decode steps replayed from recordings, and those made
-  double busy_seconds = 0;                     ///< time spent in steps
+  double busy_seconds = 0;                     ///< time spent in steps: the forward and the sampling
+  int64_t decode_steps = 0;                    ///< steps in which every sequence added one token
+  double decode_seconds = 0;                   ///< their share of busy_seconds
+  double delivery_seconds = 0;                 ///< time spent handing tokens to callbacks (text, stop strings)
   double tokens_per_second = 0;                ///< generated tokens / busy seconds
   double mean_time_to_first_token_s = 0, last_time_to_first_token_s = 0;
 };
