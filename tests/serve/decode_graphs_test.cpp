@@ -1,7 +1,8 @@
 // Decode steps through DecodeGraphs (Note [Decode graphs]) against LlamaDecoder::forward on the
 // same weights: the padded step (batch and page tables padded, padded rows in the scratch page)
 // gives the eager step's logits for batches that cross buckets and sequences that cross pages; a
-// recorder is asked once per shape and its recordings replayed; a recording that fails turns
+// recorder is asked once per shape, each recording after the first in the first's memory pool, and
+// the recordings replayed; a recording that fails turns
 // recording off and the step still returns the eager logits. On a GPU: CUDA graphs replayed.
 
 #include "tandem/serve/decode_graphs.h"
@@ -24,9 +25,12 @@ class RerunRecorder : public GraphRecorder {
  public:
   bool fail = false;
   int records = 0;
-  std::unique_ptr<DeviceGraph> record(int, const std::function<void()>& work) override {
+  std::vector<const DeviceGraph*> shared;  // each record()'s share_memory_with
+  std::unique_ptr<DeviceGraph> record(int, const std::function<void()>& work,
+                                      const DeviceGraph* share_memory_with) override {
     if (fail) throw std::runtime_error("operation not permitted when stream is capturing");
     ++records;
+    shared.push_back(share_memory_with);
     work();
     struct Rerun : DeviceGraph {
       std::function<void()> work;
@@ -133,6 +137,9 @@ TEST(ServeDecodeGraphs, RecordsOncePerShapeAndReplays) {
   expect_same_steps(eager, replayed, 2e-5);
   // Tables of 1..4 pages over the 8 steps (longest: 6 + 8 tokens): page buckets 2 and 4, batch 4.
   EXPECT_EQ(recorder.records, 2);
+  ASSERT_EQ(recorder.shared.size(), 2u);  // the first recording's pool, shared by the second
+  EXPECT_EQ(recorder.shared[0], nullptr);
+  EXPECT_NE(recorder.shared[1], nullptr);
   EXPECT_EQ(graphs.recordings(), 2);
   EXPECT_EQ(graphs.replays(), 8);
   // A prefill is not a decode step.

@@ -8,10 +8,11 @@
 // (a decode step of a 1B model: about a thousand kernels, each reading little). Recording the step
 // once and replaying the recording launches all of it at once. What a recording reads and writes
 // is fixed at record time: the addresses of its input tensors, its outputs and everything it
-// allocates, which come from a memory pool the recorder keeps for its recordings. So a caller
-// (a) writes each step's inputs into the same tensors before replay(), (b) reads the outputs of
-// a replay before replaying another recording (recordings share the pool, so one recording's
-// scratch may be another's output), and (c) keeps no host-side decision inside the work: a branch
+// allocates, which come from a memory pool that recordings may share (a pool lives as long as
+// one of its recordings, and its memory goes back only when all are gone). So a caller (a) writes
+// each step's inputs into the same tensors before replay(), (b) reads the outputs of a replay
+// before replaying another recording of the same pool (one recording's scratch may be another's
+// output), and (c) keeps no host-side decision inside the work: a branch
 // taken at record time is taken at every replay, and work that waits for the device (a copy to the
 // host, .item()) cannot be recorded at all (record() then throws and nothing is kept).
 
@@ -34,8 +35,11 @@ class GraphRecorder {
   virtual ~GraphRecorder() = default;
   /// Runs `work` once on a side stream of device `index` (warming up what it initialises lazily),
   /// then records what it queues when run again. The work has run, the recording has not: replay()
-  /// to get its results. Throws what the work or the recording throws; nothing is kept then.
-  virtual std::unique_ptr<DeviceGraph> record(int index, const std::function<void()>& work) = 0;
+  /// to get its results. What the recording allocates comes from the memory pool of
+  /// `share_memory_with` (a live recording of this recorder), or from a new pool. Throws what the
+  /// work or the recording throws; nothing is kept then.
+  virtual std::unique_ptr<DeviceGraph> record(int index, const std::function<void()>& work,
+                                              const DeviceGraph* share_memory_with = nullptr) = 0;
 };
 
 /// The registered recorder, or nullptr (CPU-only build).

@@ -106,15 +106,20 @@ torch::Tensor DecodeGraphs::forward(const std::vector<SequenceChunk>& batch) {
   }
   if (!r.graph) {
     try {
-      r.graph = recorder_->record(decoder_.device().index(), [&] {
-        const c10::InferenceMode in_recording;
-        step();
-      });
+      r.graph = recorder_->record(
+          decoder_.device().index(),
+          [&] {
+            const c10::InferenceMode in_recording;
+            step();
+          },
+          pool_owner_);
+      if (pool_owner_ == nullptr) pool_owner_ = r.graph.get();
       ++recordings_;
     } catch (const std::exception& e) {
       log::warn(std::string("decode steps run without CUDA graphs: recording one failed: ") + e.what());
       failed_ = true;
       recorded_.clear();
+      pool_owner_ = nullptr;
       return decoder_.forward(batch, cache_);
     }
   }

@@ -11,6 +11,8 @@
 // - Padding. A padded row decodes token 0 at position 0, writes its keys and values into the
 //   cache's scratch page (KvCache::scratch_page), attends to that one key and its logits are
 //   dropped. A real row's page table is padded with the scratch page, masked out by its length.
+// - Memory. The recordings of one DecodeGraphs share one pool (the first recording's); each step
+//   reads its logits before the next replay.
 // - Inputs. A step's tokens, positions, write places, lengths and page tables go to the device in
 //   one copy, into the tensors the recording reads (LlamaDecoder::decode_layout).
 // - What runs eagerly. Steps that prefill (a chunk of several tokens) and models with streamed
@@ -68,6 +70,7 @@ class DecodeGraphs {
   GraphRecorder* recorder_;
   int64_t max_pages_ = 0;
   bool failed_ = false;
+  const DeviceGraph* pool_owner_ = nullptr;  // the first recording: every other one shares its memory pool
   int64_t recordings_ = 0, replays_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Recording>> recorded_;
 };
