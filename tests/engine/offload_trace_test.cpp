@@ -31,7 +31,8 @@ void at(Stamp& st, double host_s) {
   st.set = true;
 }
 
-// Starts tracing `step` and stamps it by hand: embed, layer.0, head; forwards at +1, +2, +4 ms,
+// Starts tracing `step` and stamps it by hand: embed, layer.0, head; forwards at +1, +2, +4 ms
+// (layer.0 arriving at +1.5 and waiting for its weights until +2),
 // backward ends (reverse order) at +10, +13, +17 ms, layer.0's copies, the device update; returns
 // the reference (host seconds).
 double stamp_a_step(OffloadTrace& trace, StepStamps& st, int64_t step) {
@@ -42,7 +43,9 @@ double stamp_a_step(OffloadTrace& trace, StepStamps& st, int64_t step) {
   EXPECT_TRUE(st.ref.set);
   const double r = st.ref.host;
   at(st.fwd[0], r + 0.001);
+  at(st.arrive[1], r + 0.0015);  // layer.0 waits 0.5 ms for its weights
   at(st.fwd[1], r + 0.002);
+  at(st.arrive[2], r + 0.004);  // the head does not wait
   at(st.fwd[2], r + 0.004);
   at(st.bwd[2], r + 0.010);
   at(st.bwd[1], r + 0.013);
@@ -97,8 +100,9 @@ TEST(OffloadTrace, DrawsEachStampedSpanOnItsTrack) {
                                                   {4, "CPU updater thread"}}));
   const double base = r * 1e6;
   const std::vector<std::tuple<std::string, int, double, double>> want = {
-      {"forward embed", 1, base + 1000, 1000},
+      {"forward embed", 1, base + 1000, 500},
       {"backward embed", 1, base + 13000, 4000},
+      {"wait for weights layer.0", 1, base + 1500, 500},
       {"forward layer.0", 1, base + 2000, 2000},
       {"backward layer.0", 1, base + 10000, 3000},
       {"grad layer.0", 2, base + 13500, 500},
@@ -144,9 +148,9 @@ TEST(OffloadTrace, WritesAfterTheLastTracedStepWithTheCountersAroundEach) {
   trace.start(3, st, nullptr);  // nothing stamped: counters only
   trace.finish(st, names, {});
   ASSERT_EQ(log.size(), 1u);
-  EXPECT_EQ(log[0], "trace of 2 step(s), 12 spans: " + o.path);  // 8 spans, 2 x 2 readings
+  EXPECT_EQ(log[0], "trace of 2 step(s), 13 spans: " + o.path);  // 9 spans, 2 x 2 readings
   const auto p = parse(o.path);
-  EXPECT_EQ(p.spans.size(), 8u);
+  EXPECT_EQ(p.spans.size(), 9u);
   // Two readings per traced step, on the stamps' clock; the one from before the epoch at 0.
   const std::vector<std::pair<std::string, double>> want = {
       {"GPU power (W)", 5000.0}, {"CPU utilisation (%)", 0.0}, {"GPU power (W)", 5000.0}, {"CPU utilisation (%)", 0.0}};

@@ -67,7 +67,11 @@ void OffloadTrace::draw_blocks(const StepStamps& st, const std::vector<BlockStor
   const size_t n = blocks.size();
   for (size_t i = 0; i < n; ++i) {
     const auto& name = blocks[i].name;
-    if (i + 1 < n) span(kCompute, "forward " + name, st.fwd[i], st.fwd[i + 1]);
+    // Note [Step stamps]: a forward ends where the next Block's wait for its weights begins.
+    if (st.arrive[i].set && st.fwd[i].set && between(st.arrive[i], st.fwd[i]) > 1e-6)
+      span(kCompute, "wait for weights " + name, st.arrive[i], st.fwd[i]);
+    if (i + 1 < n)
+      span(kCompute, "forward " + name, st.fwd[i], st.arrive[i + 1].set ? st.arrive[i + 1] : st.fwd[i + 1]);
     if (i + 1 == n) span(kCompute, "forward+loss+backward " + name, st.fwd[i], st.bwd[i]);
     if (i + 1 < n) span(kCompute, "backward " + name, st.bwd[i + 1], st.bwd[i]);
     span(kD2h, "grad " + name, st.d2h0[i], st.d2h1[i]);
