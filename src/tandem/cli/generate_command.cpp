@@ -150,14 +150,15 @@ int GenerateCommand::run() {
   const auto st = scheduler.stats();
   scheduler.stop();
 
-  if (st.decode_steps > 0)
-    std::fprintf(stderr,
-                 "decode: %lld steps of %.2f ms (forward and sampling), %lld replayed from %lld recordings%s; "
-                 "delivery %.2f ms a step\n",
+  if (st.decode_steps > 0) {
+    const std::string replayed =
+        st.recordings > 0 ? strprintf(", %lld replayed from %lld recordings (CUDA graphs; --eager: none)",
+                                      static_cast<long long>(st.replayed_steps), static_cast<long long>(st.recordings))
+                          : "";
+    std::fprintf(stderr, "decode: %lld steps of %.2f ms (forward and sampling)%s; delivery %.2f ms a step\n",
                  static_cast<long long>(st.decode_steps), 1e3 * st.decode_seconds / double(st.decode_steps),
-                 static_cast<long long>(st.replayed_steps), static_cast<long long>(st.recordings),
-                 st.replayed_steps > 0 ? " (CUDA graphs; --eager: none)" : "",
-                 1e3 * st.delivery_seconds / double(std::max<int64_t>(1, st.steps)));
+                 replayed.c_str(), 1e3 * st.delivery_seconds / double(std::max<int64_t>(1, st.steps)));
+  }
   std::string ends;
   if (texts.size() == 1 && printer.end(0)) ends = std::string(" (ended: ") + generation_end_name(*printer.end(0)) + ")";
   std::fprintf(stderr,
