@@ -114,6 +114,12 @@ def test_host_ring_chosen_when_per_block_buffers_do_not_fit():
         engine_losses(model, engine, 2)
     with tandem.Engine(tiny_llama(), engine_config(True, **{"offload.update_split": 0})) as engine:
         assert engine.stats()["host_ring"] == 0
+    # As the CLI's plan: no automatic ring for a delayed update that accumulates (the ring holds one
+    # micro-batch's gradients), nor with speculate=always.
+    for refusing in ({"offload.delayed_update": True, "train.grad_accum": 2}, {"offload.speculate": "always"}):
+        cfg = engine_config(True, **{"offload.host_memory_gib": 0.002, "offload.update_split": 0}, **refusing)
+        with tandem.Engine(tiny_llama(), cfg) as engine:
+            assert engine.stats()["host_ring"] == 0, refusing
 
 
 def test_host_ring_counts_only_the_cpu_updated_blocks():

@@ -185,16 +185,21 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
   TANDEM_FAIL(msg);
 }
 
+bool auto_host_ring_allowed(const Config& cfg) {
+  const auto& o = cfg.offload;
+  if (!o.pin_memory || o.speculate == Speculation::kAlways) return false;
+  return !(o.delayed_update && cfg.train.grad_accum > 1);  // Note [Delayed host ring]: one micro-batch
+}
+
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                 const MemoryCapacity& cap) {
   OffloadConfig o = cfg.offload;
   if (o.host_ring >= 0) return o;
   o.host_ring = 0;
-  // Decided on the host tier alone; with the CPU as the device (no GPU) there is no pinned tier.
-  if (cap.host_available == 0 || cap.gpu_total == 0 || o.speculate == Speculation::kAlways) return o;
-  if (o.delayed_update && cfg.train.grad_accum > 1) return o;  // Note [Delayed host ring]: one micro-batch
+  // Decided on the pinned tier alone; with the CPU as the device (no GPU) there is none.
+  if (cap.host_available == 0 || cap.gpu_total == 0 || !auto_host_ring_allowed(cfg)) return o;
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks);
-  if (!plan.pinned || plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
+  if (plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
   o.host_ring = 4;
   o.speculate = Speculation::kNever;
   return o;

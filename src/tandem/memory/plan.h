@@ -30,7 +30,6 @@ struct PlanRow {
   int64_t bytes = 0;
 };
 
-
 /// One Block of the model, in forward order.
 struct PlanBlock {
   std::string name;  ///< "embedding", "layer.0" .. "layer.<L-1>", "head"
@@ -89,6 +88,11 @@ bool plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const Off
 /// host_available.
 void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, const OffloadConfig& offload,
                      const TrainConfig& train);
+
+/// Whether the configuration lets offload.host_ring=auto choose a ring (Note [Host ring]): pinned
+/// host buffers, no speculate=always, and no delayed update that accumulates (Note [Delayed host
+/// ring]). The CLI's plan and the Python engine's both ask it.
+bool auto_host_ring_allowed(const Config& cfg);
 
 /// offload.host_ring = -1 resolved for a plan at `gpu_blocks`: per-block buffers (0) when that plan's
 /// pinned tier fits (or the host is unknown), else a ring of 4 slots with offload.speculate=never

@@ -7,6 +7,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
+#include "tandem/memory/plan.h"
 
 namespace tandem {
 
@@ -20,7 +21,9 @@ namespace tandem {
 //     available: the store frees each Block's as it binds them (unless offload.host_memory_gib
 //     says how much there is). When the CPU-updated Blocks' per-Block buffers do not fit
 //     offload.host_memory_fraction of this rank's share, offload.host_ring=auto takes a ring of
-//     4 slots (Note [Host ring]); below the masters and states alone nothing fits. The fewest
+//     4 slots (Note [Host ring]) where the configuration allows one, by the CLI's rule
+//     (auto_host_ring_allowed: pinned buffers, no speculate=always, no delayed update that
+//     accumulates); below the masters and states alone nothing fits. The fewest
 //     GPU-updated Blocks whose host side fits is the solver's lower bound, as in the CLI.
 //   Device: the working weights and gradients in the compute dtype, and 12 bytes per parameter
 //     (fp32 master, m, v) of each GPU-updated Block. A third of the GPU is kept for activations and
@@ -102,7 +105,7 @@ int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShar
   const double budget = cfg.offload.host_memory_fraction * room;
   const auto fits = [&](int64_t g, int64_t ring) { return host_bytes(blocks, g, ring, per, host.shards) <= budget; };
   if (cfg.offload.host_ring < 0) {
-    cfg.offload.host_ring = fits(gpu_blocks, 0) ? 0 : kAutoRingSlots;
+    cfg.offload.host_ring = fits(gpu_blocks, 0) || !auto_host_ring_allowed(cfg) ? 0 : kAutoRingSlots;
     if (cfg.offload.host_ring > 0) {
       cfg.offload.speculate = Speculation::kNever;
       log::info(strprintf(
