@@ -145,18 +145,10 @@ HostShare EngineCore::host_share() const {
 // Note [Module plan]: the split first, then the host for the Blocks after it.
 void EngineCore::build_offload_engine() {
   auto [gpu_blocks, limit] = plan_module_split(cfg_, *blocks_, ctx_->device);
-  int64_t lowest = plan_module_host(cfg_, *blocks_, host_share(), gpu_blocks);
-  if (ctx_->comm) {  // rank 0's plan everywhere, as the CLI's: the ranks' collectives must match Block for Block
-    const auto plan0 =
-        ctx_->comm->from_rank0({double(gpu_blocks), double(cfg_.offload.host_ring), double(lowest), double(limit)});
-    gpu_blocks = static_cast<int64_t>(plan0[0]);
-    cfg_.offload.host_ring = static_cast<int64_t>(plan0[1]);
-    lowest = static_cast<int64_t>(plan0[2]);
-    limit = static_cast<int64_t>(plan0[3]);
-    if (cfg_.offload.host_ring > 0) cfg_.offload.speculate = Speculation::kNever;
-  }
-  offload_ = std::make_unique<OffloadParts>(build_offload(
-      *blocks_, OffloadSetup{cfg_, gpu_blocks, {lowest, limit}, run_dir_}, *ctx_, metrics_->trace_counters(), 0.0));
+  std::pair<int64_t, int64_t> range{plan_module_host(cfg_, *blocks_, host_share(), gpu_blocks), limit};
+  agree_on_offload_plan(*ctx_, gpu_blocks, range, cfg_.offload);  // as the CLI's plan
+  offload_ = std::make_unique<OffloadParts>(
+      build_offload(*blocks_, OffloadSetup{cfg_, gpu_blocks, range, run_dir_}, *ctx_, metrics_->trace_counters(), 0.0));
   log::info(
       strprintf("offload: %lld of %zu Blocks updated on the %s first (offload.update_split=%s) | %s "
                 "parameters, host buffers %s",

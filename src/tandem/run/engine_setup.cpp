@@ -107,6 +107,18 @@ EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
   return engine_options(plan.cfg, plan.split_range, plan.run_dir, ctx, std::move(trace_counters));
 }
 
+void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
+                           OffloadConfig& offload) {
+  if (ctx.comm) {
+    const auto plan0 = ctx.comm->from_rank0(
+        {double(gpu_blocks), double(offload.host_ring), double(range.first), double(range.second)});
+    gpu_blocks = static_cast<int64_t>(plan0[0]);
+    offload.host_ring = static_cast<int64_t>(plan0[1]);
+    range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
+  }
+  if (offload.host_ring > 0) offload.speculate = Speculation::kNever;
+}
+
 EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> split_range, const std::string& run_dir,
                              const RunContext& ctx, decltype(EngineOptions::trace_counters) trace_counters) {
   EngineOptions eo;

@@ -30,6 +30,11 @@ struct RunPlan;
 int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const c10::Device& device,
                         std::pair<int64_t, int64_t>* range, const RankInfo& ranks);
 
+/// Rank 0's offload plan on every rank of `ctx` (the split, its range and offload.host_ring): the
+/// ranks' collectives must match Block for Block. A ring turns speculation off (Note [Host ring]).
+void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
+                           OffloadConfig& offload);
+
 /// The engine's options for a config (AdamW from optim.*, clipping, speculation, delayed update, the
 /// split's range `split_range` in store Blocks, the trace under `run_dir`), for this rank.
 /// `trace_counters` fills the trace's counter tracks.

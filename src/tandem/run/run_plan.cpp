@@ -98,14 +98,7 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   if (plan.offload) {
     plan.gpu_blocks = plan_gpu_blocks(spec, cfg, plan.seq_len, ctx.device, &plan.split_range, ranks);
     if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
-    if (ctx.comm) {  // rank 0's plan everywhere: the ranks' collectives must match Block for Block
-      const auto plan0 = ctx.comm->from_rank0({double(plan.gpu_blocks), double(cfg.offload.host_ring),
-                                               double(plan.split_range.first), double(plan.split_range.second)});
-      plan.gpu_blocks = static_cast<int64_t>(plan0[0]);
-      cfg.offload.host_ring = static_cast<int64_t>(plan0[1]);
-      plan.split_range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
-    }
-    if (cfg.offload.host_ring > 0) cfg.offload.speculate = Speculation::kNever;
+    agree_on_offload_plan(ctx, plan.gpu_blocks, plan.split_range, cfg.offload);
   }
   // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
   if (ctx.comm && cfg.train.oom_retry) {

@@ -13,7 +13,8 @@ struct DecodeGraphs::Recording {
   int64_t batch = 0, pages = 0;
   torch::Tensor flat;  // (5 B + B P) int64: tokens, positions, write pages, write slots, lengths, tables
   DecodeInputs inputs;
-  torch::Tensor logits;  // (B, V) fp32, written by each replay
+  torch::Tensor logits;       // (B, V) fp32, written by each replay
+  std::vector<int64_t> host;  // the inputs as written on the host, copied into `flat` each step
   std::unique_ptr<DeviceGraph> graph;
 };
 
@@ -65,7 +66,8 @@ DecodeGraphs::Recording& DecodeGraphs::recording_for(int64_t batch, int64_t page
 
 void DecodeGraphs::write_inputs(const std::vector<SequenceChunk>& batch, Recording& r) const {
   const int64_t B = r.batch, P = r.pages, pt = cache_.page_tokens(), scratch = cache_.scratch_page();
-  std::vector<int64_t> host(static_cast<size_t>(5 * B + B * P), 0);
+  auto& host = r.host;
+  host.assign(static_cast<size_t>(5 * B + B * P), 0);
   const auto at = [&](int64_t field, int64_t row) -> int64_t& { return host[static_cast<size_t>(field * B + row)]; };
   for (int64_t b = 0; b < B; ++b) {
     int64_t* table = &host[static_cast<size_t>(5 * B + b * P)];

@@ -24,6 +24,12 @@ torch::Tensor gather_pages(const torch::Tensor& cache, const torch::Tensor& page
   return g.reshape({B, cache.size(1), P * cache.size(2), cache.size(3)});
 }
 
+// (B, 1, 1, keys) bool: key k of row b lies within its sequence's `lengths[b]` tokens.
+torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
+  const auto key = torch::arange(keys, lengths.options());
+  return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
+}
+
 // RMSNorm in fp32 (Note [Generation forward]), cast to the compute dtype.
 torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType dtype) {
   return at::rms_norm(x, {x.size(-1)}, weight.to(torch::kFloat32), eps).to(dtype);
@@ -80,10 +86,7 @@ StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const K
   s.rows = static_cast<int64_t>(tokens.size());
   const auto device = this->device();
   s.tokens = int64_tensor(tokens, device);
-  const auto pos = int64_tensor(positions, device);
-  auto [cos, sin] = rope_.get(spec().max_seq_len, device, dtype());
-  s.cos = cos.index_select(0, pos).unsqueeze(1);
-  s.sin = sin.index_select(0, pos).unsqueeze(1);
+  set_rope(s, int64_tensor(positions, device));
   s.write_page = int64_tensor(page, device);
   s.write_slot = int64_tensor(slot, device);
   layout_decodes(batch, order, cache, s);
@@ -116,8 +119,7 @@ void LlamaDecoder::layout_decodes(const std::vector<SequenceChunk>& batch, const
   const auto device = this->device();
   const int64_t keys = widest * cache.page_tokens();
   s.decode_pages = int64_tensor(pages, device).view({s.decodes, widest});
-  const auto key = torch::arange(keys, torch::TensorOptions().dtype(torch::kInt64).device(device));
-  s.decode_mask = (key.unsqueeze(0) < int64_tensor(lengths, device).unsqueeze(1)).view({s.decodes, 1, 1, keys});
+  s.decode_mask = length_mask(int64_tensor(lengths, device), keys);
 }
 
 void LlamaDecoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
@@ -238,19 +240,21 @@ torch::Tensor LlamaDecoder::forward(const std::vector<SequenceChunk>& batch, KvC
   return run(layout(batch, cache, rows), cache);
 }
 
+void LlamaDecoder::set_rope(StepLayout& s, const torch::Tensor& positions) {
+  auto [cos, sin] = rope_.get(spec().max_seq_len, device(), dtype());
+  s.cos = cos.index_select(0, positions).unsqueeze(1);
+  s.sin = sin.index_select(0, positions).unsqueeze(1);
+}
+
 StepLayout LlamaDecoder::decode_layout(const DecodeInputs& in, const KvCache& cache) {
   StepLayout s;
   s.rows = s.decodes = in.tokens.size(0);
   s.tokens = in.tokens;
-  auto [cos, sin] = rope_.get(spec().max_seq_len, device(), dtype());
-  s.cos = cos.index_select(0, in.positions).unsqueeze(1);
-  s.sin = sin.index_select(0, in.positions).unsqueeze(1);
+  set_rope(s, in.positions);
   s.write_page = in.write_page;
   s.write_slot = in.write_slot;
   s.decode_pages = in.pages;
-  const int64_t keys = in.pages.size(1) * cache.page_tokens();
-  const auto key = torch::arange(keys, in.lengths.options());
-  s.decode_mask = (key.unsqueeze(0) < in.lengths.unsqueeze(1)).view({s.decodes, 1, 1, keys});
+  s.decode_mask = length_mask(in.lengths, in.pages.size(1) * cache.page_tokens());
   s.logit_rows = torch::arange(s.rows, in.tokens.options());
   return s;
 }

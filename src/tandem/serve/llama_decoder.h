@@ -76,6 +76,7 @@ class LlamaDecoder {
   void layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
                        StepLayout& step) const;
   void layout_fresh(StepLayout& step) const;
+  void set_rope(StepLayout& step, const torch::Tensor& positions);  // cos and sin of the rows' positions
   torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
