@@ -13,6 +13,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
+#include "tandem/dist/strict_p2p.h"
 
 namespace tandem {
 
@@ -41,10 +42,16 @@ namespace tandem {
 // intact checkpoint.
 
 namespace {
+[[maybe_unused]] constexpr const char* kNoGloo =
+    "this build of tandem has no Gloo headers, so it cannot run several processes; install libgloo-dev "
+    "(scripts/setup.sh does) and rebuild";
+}  // namespace
 
-#ifdef TANDEM_WITH_GLOO
 c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const RankInfo& info,
                                                   std::chrono::milliseconds timeout) {
+#ifndef TANDEM_WITH_GLOO
+  TANDEM_FAIL(kNoGloo);
+#else
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname != nullptr && *ifname != '\0') {
@@ -56,16 +63,12 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d:
     opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, info.rank, info.world_size, opts);
-}
 #endif
-
-}  // namespace
+}
 
 Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(std::move(options)) {
 #ifndef TANDEM_WITH_GLOO
-  TANDEM_FAIL(
-      "this build of tandem has no Gloo headers, so it cannot run several processes; install libgloo-dev "
-      "(scripts/setup.sh does) and rebuild");
+  TANDEM_FAIL(kNoGloo);
 #else
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info_.master_port);
@@ -133,10 +136,12 @@ void Comm::split_pipeline(int stages) {
         options_.nccl ? make_nccl_group(prefixed, sub.rank, sub.world_size, options_.cuda_device, options_.timeout)
                       : make_gloo_group(prefixed, sub, options_.timeout);
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("link", store_);
-  link_ = options_.nccl
-              ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
-              : make_gloo_group(prefixed, info_, options_.timeout);
+  // Note [Strict point to point]: without NCCL the link keeps NCCL's semantics all the same.
+  link_ = options_.nccl ? make_nccl_group(c10::make_intrusive<c10d::PrefixStore>("link", store_), info_.rank,
+                                          info_.world_size, options_.cuda_device, options_.timeout)
+                        : make_strict_p2p(make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("link", store_), info_,
+                                                          options_.timeout),
+                                          c10::make_intrusive<c10d::PrefixStore>("link/p2p", store_), options_.timeout);
 #endif
 }
 

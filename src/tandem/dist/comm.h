@@ -110,13 +110,19 @@ class Comm {
   CommOptions options_;
   c10::intrusive_ptr<c10d::Store> store_, hb_store_;
   c10::intrusive_ptr<c10d::Backend> host_;
-  std::vector<c10::intrusive_ptr<c10d::Backend>> device_;   // lanes 0 and 1, the whole world
-  std::vector<c10::intrusive_ptr<c10d::Backend>> replica_;  // lanes 0 and 1, the stage's replicas (= device_ without a pipeline)
+  std::vector<c10::intrusive_ptr<c10d::Backend>> device_;  // lanes 0 and 1, the whole world
+  std::vector<c10::intrusive_ptr<c10d::Backend>>
+      replica_;  // lanes 0 and 1, the stage's replicas (= device_ without a pipeline)
   int stages_ = 1;
-  c10::intrusive_ptr<c10d::Backend> link_;                  // pipeline stages' point to point
+  c10::intrusive_ptr<c10d::Backend> link_;  // pipeline stages' point to point
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };
+
+/// A Gloo group of the world `info` describes (host tensors; bound as Note [Process groups] says);
+/// UserError when this build has no Gloo.
+c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const RankInfo& info,
+                                                  std::chrono::milliseconds timeout);
 
 /// The NCCL backend (dist/nccl_group_cuda.cpp); UserError when this build has no NCCL.
 c10::intrusive_ptr<c10d::Backend> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
