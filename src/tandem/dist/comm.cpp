@@ -114,9 +114,9 @@ c10d::Backend& Comm::device_group(int lane) {
 
 c10d::Backend& Comm::world_device_group() { return *device_.at(0); }
 
-c10d::Backend& Comm::stage_link() {
-  TANDEM_ASSERT(link_, "no pipeline: dist.pipeline_stages=1");
-  return *link_;
+c10d::Backend& Comm::stage_link(Link direction) {
+  TANDEM_ASSERT(links_.size() == 2, "no pipeline: dist.pipeline_stages=1");
+  return *links_[direction == Link::kDown ? 0 : 1];
 }
 
 void Comm::split_pipeline(int stages) {
@@ -136,12 +136,16 @@ void Comm::split_pipeline(int stages) {
         options_.nccl ? make_nccl_group(prefixed, sub.rank, sub.world_size, options_.cuda_device, options_.timeout)
                       : make_gloo_group(prefixed, sub, options_.timeout);
   }
-  // Note [Strict point to point]: without NCCL the link keeps NCCL's semantics all the same.
-  link_ = options_.nccl ? make_nccl_group(c10::make_intrusive<c10d::PrefixStore>("link", store_), info_.rank,
-                                          info_.world_size, options_.cuda_device, options_.timeout)
-                        : make_strict_p2p(make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("link", store_), info_,
-                                                          options_.timeout),
-                                          c10::make_intrusive<c10d::PrefixStore>("link/p2p", store_), options_.timeout);
+  // Note [Stage links]: a group per direction. Note [Strict point to point]: without NCCL they keep
+  // NCCL's semantics all the same.
+  for (const std::string name : {"link-down", "link-up"}) {
+    const auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store_);
+    links_.push_back(
+        options_.nccl
+            ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
+            : make_strict_p2p(make_gloo_group(prefixed, info_, options_.timeout),
+                              c10::make_intrusive<c10d::PrefixStore>(name + "/p2p", store_), options_.timeout));
+  }
 #endif
 }
 

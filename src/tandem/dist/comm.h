@@ -64,15 +64,18 @@ class Comm {
   c10d::Backend& device_group(int lane);
   /// The same over the whole world (lane 0's thread): the pipeline's global norm.
   c10d::Backend& world_device_group();
-  /// Point-to-point between pipeline stages (activations and their gradients; Note [Pipeline
-  /// parallel]): the device's transport, world ranks. Only with pipeline_stages > 1.
-  c10d::Backend& stage_link();
+  /// Point-to-point between pipeline stages, one group per direction (Note [Stage links]): kDown
+  /// carries activations to the next stage, kUp their gradients back; NCCL between GPUs, otherwise
+  /// Gloo with NCCL's semantics (Note [Strict point to point]); world ranks. Only with
+  /// pipeline_stages > 1.
+  enum class Link { kDown, kUp };
+  c10d::Backend& stage_link(Link direction);
   /// Ranks in device_group(): the world without a pipeline, else the stage's replicas.
   int stages() const { return stages_; }
   int replicas() const { return info_.world_size / stages_; }
   int replica() const { return info_.rank % replicas(); }
   /// Every rank at once: splits the world into `stages` pipeline stages of world / stages replicas
-  /// (Note [Pipeline parallel]): device_group() becomes the stage's replicas' and stage_link() exists.
+  /// (Note [Pipeline parallel]): device_group() becomes the stage's replicas' and the stage links exist.
   void split_pipeline(int stages);
 
   /// Every rank publishes `value`; when the ranks disagree each throws UserError naming `what`, the
@@ -114,7 +117,7 @@ class Comm {
   std::vector<c10::intrusive_ptr<c10d::Backend>>
       replica_;  // lanes 0 and 1, the stage's replicas (= device_ without a pipeline)
   int stages_ = 1;
-  c10::intrusive_ptr<c10d::Backend> link_;  // pipeline stages' point to point
+  std::vector<c10::intrusive_ptr<c10d::Backend>> links_;  // pipeline stages' point to point: down, up
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };

@@ -54,8 +54,8 @@ std::vector<int64_t> parse_pipeline_cut(const std::string& cut, int64_t stages, 
   ends.push_back(blocks);
   int64_t previous = 0;
   for (const int64_t e : ends) {
-    TANDEM_CHECK(e > previous && e <= blocks, "dist.pipeline_cut='", cut,
-                 "' must rise strictly within 1 .. ", blocks - 1, " so that every stage has a Block");
+    TANDEM_CHECK(e > previous && e <= blocks, "dist.pipeline_cut='", cut, "' must rise strictly within 1 .. ",
+                 blocks - 1, " so that every stage has a Block");
     previous = e;
   }
   return ends;

@@ -143,7 +143,8 @@ PipelineParts open_pipeline(Model& model, const RunPlan& plan, RunContext& ctx) 
   const auto first = static_cast<size_t>(s == 0 ? 0 : parts.ends[static_cast<size_t>(s - 1)]);
   const auto end = static_cast<size_t>(parts.ends[static_cast<size_t>(s)]);
   parts.blocks = std::make_unique<StageBlocks>(model, first, end);
-  parts.link = std::make_unique<StageLink>(ctx.comm->stage_link(), ctx.device);
+  parts.link = std::make_unique<StageLink>(ctx.comm->stage_link(Comm::Link::kDown),
+                                           ctx.comm->stage_link(Comm::Link::kUp), parts.grid, ctx.device);
   parts.step = std::make_unique<PipelineStep>(model, parts.grid, *parts.link, first, end, cfg.dist.pipeline_schedule,
                                               cfg.train.precision, ctx.device);
   if (ctx.main_rank()) warn_of_bubble(cfg, cut.stages);

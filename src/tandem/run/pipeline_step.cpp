@@ -68,7 +68,7 @@ void PipelineStep::forward(const Batch& b, int64_t micro, InFlight& f,
                            const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled) {
   torch::Tensor x = b.inputs;
   if (!grid_.first_stage()) {
-    x = link_.recv(grid_.previous_rank(), activation_tag(micro));
+    x = link_.recv_activation(micro);
     if (x.is_floating_point()) x.requires_grad_(true);
   }
   f.input = x;
@@ -83,7 +83,7 @@ void PipelineStep::forward(const Batch& b, int64_t micro, InFlight& f,
     f.output = scaled(f.loss, micro);
     return;
   }
-  link_.send(y, grid_.next_rank(), activation_tag(micro));
+  link_.send_activation(y, micro);
   f.output = y;
   if (balance.defined()) {
     f.loss = balance;
@@ -97,7 +97,7 @@ void PipelineStep::backward(int64_t micro, InFlight& f) {
   if (grid_.last_stage()) {
     f.output.backward();
   } else {
-    const torch::Tensor g = link_.recv(grid_.next_rank(), gradient_tag(micro));
+    const torch::Tensor g = link_.recv_gradient(micro);
     if (f.balance.defined())
       torch::autograd::backward({f.output, f.balance}, {g.to(f.output.scalar_type()), torch::ones_like(f.balance)});
     else
@@ -105,7 +105,7 @@ void PipelineStep::backward(int64_t micro, InFlight& f) {
   }
   if (grid_.first_stage()) return;
   TANDEM_ASSERT(f.input.grad().defined(), "stage ", grid_.stage(), ": no gradient reached its input");
-  link_.send(f.input.grad(), grid_.previous_rank(), gradient_tag(micro));
+  link_.send_gradient(f.input.grad(), micro);
 }
 
 torch::Tensor pipeline_global_norm(Comm& comm, const torch::Tensor& stage_norm) {
@@ -119,8 +119,7 @@ torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
   torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
   for (size_t i = 0; i < batches.size(); ++i) {
     const auto micro = static_cast<int64_t>(i);
-    torch::Tensor x =
-        grid_.first_stage() ? batches[i].inputs : link_.recv(grid_.previous_rank(), activation_tag(micro));
+    torch::Tensor x = grid_.first_stage() ? batches[i].inputs : link_.recv_activation(micro);
     AutocastGuard ac(device_.type(), precision_);
     torch::Tensor y = model_.forward_blocks(x, first_, end_);
     const torch::Tensor balance = model_.balance_loss(first_, end_, device_);
@@ -128,7 +127,7 @@ torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
     if (grid_.last_stage())
       loss_sum += model_.cross_entropy(y, batches[i].targets).detach();
     else
-      link_.send(y, grid_.next_rank(), activation_tag(micro));
+      link_.send_activation(y, micro);
   }
   link_.wait_sends();
   link_.take_wait_s();

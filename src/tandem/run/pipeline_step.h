@@ -62,8 +62,6 @@ class PipelineStep {
   void forward(const Batch& b, int64_t micro, InFlight& f,
                const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled);
   void backward(int64_t micro, InFlight& f);
-  int activation_tag(int64_t micro) const { return static_cast<int>(2 * micro); }
-  int gradient_tag(int64_t micro) const { return static_cast<int>(2 * micro + 1); }
 
   Model& model_;
   PipelineGrid grid_;

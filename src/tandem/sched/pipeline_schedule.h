@@ -13,7 +13,9 @@
 // the bubble fraction (p - 1) / (m + p - 1). Each stage ends with B(m - 1), the backward that
 // completes its gradients (the engine streams and the data-parallel group reduces them there).
 // Sends are asynchronous and receives blocking: the order above never has two neighbours both
-// waiting to receive from each other.
+// waiting to receive from each other. Activations and gradients travel over a group each (Note
+// [Stage links]): 1F1B's sends and receives interleave differently on neighbouring stages, which
+// NCCL cannot run over one group.
 
 #include <cstdint>
 #include <string>
