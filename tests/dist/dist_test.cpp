@@ -189,6 +189,27 @@ TEST(Dist, HungRankIsFoundByTheHeartbeat) {
                           "--stop-grace 1", "TANDEM_FAULTS=stop_after_step=1:3");
   EXPECT_EQ(r.code, 75) << r.out;
   EXPECT_NE(r.out.find("rank 1 has not sent a heartbeat"), std::string::npos) << r.out;
+  // Note [Stalled ranks]: and what the survivor was waiting for when it found out.
+  EXPECT_NE(r.out.find("(this rank waited"), std::string::npos) << r.out;
+}
+
+// Note [Stalled ranks]: rank 1's step loop stops before a collective while its heartbeat goes on;
+// rank 0, waiting in the gradient reduction, ends the run after dist.timeout_s with one line naming
+// what it waited for, instead of a collective's timeout error.
+TEST(Dist, ARankThatNeverReachesTheCollectiveEndsTheRunWithOneLine) {
+  TempDir tmp;
+  for (const std::string mode : {"", kZero}) {
+    SCOPED_TRACE(mode);
+    const Result r = launch(2, port(mode.empty() ? 0 : 1), tmp.file("stall" + std::to_string(mode.size())), 200,
+                            "--set train.micro_batch=4 --set dist.heartbeat_s=0.5 --set dist.timeout_s=4 " + mode,
+                            "--stop-grace 1", "TANDEM_FAULTS=stall_after_step=1:3");
+    EXPECT_EQ(r.code, 75) << r.out;
+    EXPECT_NE(r.out.find("error rank 0: waited"), std::string::npos) << r.out;
+    if (mode.empty()) EXPECT_NE(r.out.find("for the gradient reduction"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("while every rank still sends heartbeats"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--resume auto --run-dir " + tmp.file("stall")), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+  }
 }
 
 TEST(Dist, RanksWithDifferentConfigsAreRefused) {

@@ -149,7 +149,6 @@ std::string in_dir(std::string script, const test::TempDir& dir) {
   return script;
 }
 
-
 TEST(Launcher, GivesEachWorkerTheTorchrunEnvironment) {
   test::TempDir dir;
   const std::string script =

@@ -25,8 +25,7 @@ TEST(PipelineGrid, ABadWorldOrCutIsRefusedWithTheFix) {
   EXPECT_NE(test::error_of([] { PipelineGrid(0, 6, 4); }).find("does not divide the world of 6"), std::string::npos);
   EXPECT_NE(test::error_of([] { even_pipeline_cut(7, 6); }).find("more stages than the model's 6 Blocks"),
             std::string::npos);
-  EXPECT_NE(test::error_of([] { parse_pipeline_cut("2", 3, 6); }).find("gives 1 ends for 3 stages"),
-            std::string::npos);
+  EXPECT_NE(test::error_of([] { parse_pipeline_cut("2", 3, 6); }).find("gives 1 ends for 3 stages"), std::string::npos);
   EXPECT_NE(test::error_of([] { parse_pipeline_cut("4,2", 3, 6); }).find("must rise strictly"), std::string::npos);
   EXPECT_NE(test::error_of([] { parse_pipeline_cut("2,6", 3, 6); }).find("must rise strictly"), std::string::npos);
   EXPECT_NE(test::error_of([] { parse_pipeline_cut("a,3", 3, 6); }).find("not a comma list"), std::string::npos);

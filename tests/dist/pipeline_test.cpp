@@ -225,6 +225,21 @@ TEST(Pipeline, ThePartitionersCutRunsAndEqualsOneProcess) {
   EXPECT_NE(single.out.find("dist.pipeline_stages=auto: one stage (one process)"), std::string::npos) << single.out;
 }
 
+// Note [Stalled ranks]: a stage whose step loop stops leaves its neighbour waiting on the stage
+// link; the neighbour ends the run after dist.timeout_s naming the micro-batch, the rank and the link.
+TEST(Pipeline, AStalledStageEndsTheRunNamingTheWaitOnTheLink) {
+  TempDir tmp;
+  const Result r = launch(2, port(0), tmp.file("stall"), 200,
+                          kBase +
+                              "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even "
+                              "--set dist.heartbeat_s=0.5 --set dist.timeout_s=4",
+                          "--stop-grace 1", "TANDEM_FAULTS=stall_after_step=1:3");
+  EXPECT_EQ(r.code, 75) << r.out;
+  EXPECT_NE(r.out.find("rank 0: waited"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gradient from rank 1 (stage 1) over the stage link"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+}
+
 TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
   TempDir tmp;
   struct Case {

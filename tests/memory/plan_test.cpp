@@ -329,5 +329,110 @@ TEST(MemoryPlan, HostGuardFallsBackToPageableWhenPinningWouldCrowdTheHost) {
   EXPECT_TRUE(k.offload.pin_memory);
 }
 
+// Note [Plan layout]: ZeRO-2 over 2 ranks holds whole weights and gradients, half of every master,
+// state and host buffer, and NCCL's buffers for the reduce-scatter and the all-gather groups.
+TEST(MemoryPlan, ShardsHalveMastersStatesAndHostBuffersAndCountNcclBuffers) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.dist.zero_stage = 2;
+  const PlanLayout two = plan_layout(c, 1, 2, {}, /*nccl=*/true);
+  EXPECT_EQ(two.shards, 2);
+  EXPECT_EQ(two.replicas, 2);
+  EXPECT_EQ(two.nccl_communicators(), 2);
+  const MemoryPlan one = plan_offload_memory(s, c, 2048, 8);
+  const MemoryPlan p = plan_offload_memory(s, c, 2048, 8, two);
+  EXPECT_EQ(row_bytes(p, kTierGpu, "working weights"), 2 * k7bParams);
+  EXPECT_EQ(row_bytes(p, kTierGpu, "gradients"), 2 * k7bParams);
+  const int64_t n_gpu = k7bEmbedding + 8 * k7bLayer, n_cpu = k7bParams - n_gpu;
+  EXPECT_EQ(row_bytes(p, kTierGpu, "fp32 master"), 4 * (n_gpu / 2));
+  EXPECT_EQ(row_bytes(p, kTierGpu, "optimizer states"), 8 * (n_gpu / 2));
+  EXPECT_EQ(row_bytes(p, kTierGpu, "NCCL buffers"), 2 * kNcclCommunicatorBytes);
+  EXPECT_EQ(p.gpu_bytes(), one.gpu_bytes() - 12 * (n_gpu / 2) + 2 * kNcclCommunicatorBytes);
+  // master 4, states 8, landing 2, staging 2, undo 12 bytes per CPU-updated parameter, halved.
+  EXPECT_EQ(p.pinned_bytes(), (4 + 8 + 2 + 2 + 12) * ((n_cpu + 1) / 2));
+  EXPECT_NE(format_plan(p).find("masters and states sharded 2 ways"), std::string::npos) << format_plan(p);
+  // Without NCCL (the CPU as the device) there are no NCCL buffers; one process has no layout.
+  EXPECT_EQ(plan_layout(c, 1, 2, {}, false).nccl_communicators(), 0);
+  EXPECT_EQ(plan_layout(c, 0, 1, {}, true).nccl_communicators(), 0);
+}
+
+// A pipeline stage plans its own Blocks, the activations of the micro-batches its schedule keeps in
+// flight, logits on the last stage only, and its link buffers.
+TEST(MemoryPlan, AStagePlansItsBlocksAndTheMicroBatchesItsScheduleHolds) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.train.grad_accum = 8;
+  const std::vector<int64_t> ends = {17, 34};  // embedding + layers 0..15 | layers 16..31 + head
+  const PlanLayout first = plan_layout(c, 0, 2, ends, true), last = plan_layout(c, 1, 2, ends, true);
+  EXPECT_EQ(first.in_flight(), 2);  // 1F1B: p - s
+  EXPECT_EQ(last.in_flight(), 1);
+  EXPECT_EQ(layout_layers(s, first), 16);
+  EXPECT_EQ(layout_params(s, first), k7bEmbedding + 16 * k7bLayer);
+  EXPECT_EQ(layout_params(s, last), 16 * k7bLayer + k7bHead);
+  EXPECT_EQ(first.nccl_communicators(), 3);  // the norm's group, a pair per direction
+  const MemoryPlan p0 = plan_offload_memory(s, c, 2048, 4, first), p1 = plan_offload_memory(s, c, 2048, 0, last);
+  EXPECT_EQ(row_bytes(p0, kTierGpu, "working weights"), 2 * (k7bEmbedding + 16 * k7bLayer));
+  EXPECT_EQ(row_bytes(p0, kTierGpu, "fp32 master"), 4 * (k7bEmbedding + 4 * k7bLayer));
+  EXPECT_EQ(row_bytes(p0, kTierGpu, "logits"), -1);
+  const auto a = activation_cost(s, 4, 2048, Precision::kBf16, false);
+  EXPECT_EQ(row_bytes(p0, kTierGpu, "activations"), a.activations(16, 2));
+  EXPECT_EQ(row_bytes(p1, kTierGpu, "activations"), a.activations(16, 1));
+  EXPECT_EQ(row_bytes(p1, kTierGpu, "logits"), a.logits);
+  EXPECT_EQ(row_bytes(p1, kTierGpu, "stage link buffers"), 2 * 4 * 2048 * 4096 * 2);
+  EXPECT_EQ(p1.blocks.front().name, "layer.16");
+  EXPECT_EQ(p1.blocks.back().name, "head");
+  // GPipe keeps every micro-batch's activations, and the last stage every logits.
+  c.dist.pipeline_schedule = PipelineSchedule::kGPipe;
+  const MemoryPlan g1 = plan_offload_memory(s, c, 2048, 0, plan_layout(c, 1, 2, ends, true));
+  EXPECT_EQ(row_bytes(g1, kTierGpu, "activations"), a.activations(16, 8));
+  EXPECT_EQ(row_bytes(g1, kTierGpu, "logits"), 8 * a.logits);
+  // pp = 2 x dp = 2 over 4 ranks: rank 3 is stage 1's second replica.
+  c.dist.zero_stage = 2;
+  const PlanLayout grid = plan_layout(c, 3, 4, ends, true);
+  EXPECT_EQ(grid.stage, 1);
+  EXPECT_EQ(grid.replicas, 2);
+  EXPECT_EQ(grid.shards, 2);
+  EXPECT_EQ(grid.first, 17);
+}
+
+// The runs of the two H100s (80 GB, 256 GiB host): 13B ZeRO-2 offload fits each GPU once the plan
+// counts the layout; a 30B model's weights and gradients alone exceed one GPU under ZeRO-2, which
+// the refusal says with the fix (pipeline stages), and fit as two stages.
+TEST(MemoryPlan, ThirteenBShardedFitsTwoH100sAndThirtyBNeedsStages) {
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  c.optim.state_dtype = StateDtype::kBf16;
+  c.dist.zero_stage = 2;
+  MemoryCapacity cap;
+  cap.gpu_total = int64_t{81559} << 20;
+  cap.host_available = int64_t{125} << 30;  // a rank's half of the host
+  const ModelSpec s13 = preset_spec("13B");
+  const PlanLayout zero = plan_layout(c, 0, 2, {}, true);
+  const int64_t g = largest_fitting_gpu_blocks(s13, c, 2048, cap, zero);
+  ASSERT_GE(g, 0);
+  c.offload = resolve_host_ring(s13, c, 2048, g, cap, zero);  // per-block buffers do not fit half the host
+  EXPECT_EQ(c.offload.host_ring, 4);
+  EXPECT_TRUE(plan_fits(plan_offload_memory(s13, c, 2048, g, zero), cap, c.offload))
+      << format_plan(plan_offload_memory(s13, c, 2048, g, zero));
+  EXPECT_FALSE(
+      plan_fits(plan_offload_memory(s13, c, 2048, std::min<int64_t>(g + 1, s13.n_layer), zero), cap, c.offload) &&
+      g < s13.n_layer);
+
+  ModelSpec s30 = preset_spec("13B");  // LLaMA-30B's shape: 60 layers of d 6656
+  s30.n_layer = 60;
+  s30.d_model = 6656;
+  s30.n_head = s30.n_kv_head = 52;
+  s30.d_ff = 17920;
+  const MemoryPlan z30 = plan_offload_memory(s30, c, 2048, 0, zero);
+  const std::string e = error_of([&] { check_plan_fits(z30, cap, c.offload, c.train); });
+  EXPECT_NE(e.find("cut the model into more pipeline stages"), std::string::npos) << e;
+  c.dist.zero_stage = 0;
+  c.train.micro_batch = 1;
+  c.train.grad_accum = 8;
+  const PlanLayout stage = plan_layout(c, 0, 2, {31, 62}, true);
+  EXPECT_GE(largest_fitting_gpu_blocks(s30, c, 2048, cap, stage), 0)
+      << format_plan(plan_offload_memory(s30, c, 2048, 0, stage));
+}
+
 }  // namespace
 }  // namespace tandem

@@ -15,6 +15,7 @@
 #include "tandem/bench/step_bench.h"
 #include "tandem/cli/chat_command.h"
 #include "tandem/cli/generate_command.h"
+#include "tandem/cli/inspect_command.h"
 #include "tandem/cli/partition_command.h"
 #include "tandem/cli/serve_command.h"
 #include "tandem/cli/tokenize_command.h"
@@ -100,161 +101,6 @@ struct ConfigArgs {
   Config resolve(const std::string& resume_dir) const { return resolve_layers(resume_dir).config; }
 };
 
-ModelSpec spec_for(const Config& cfg) {
-  if (!cfg.model.init_from.empty()) return spec_from_hf_config(cfg.model.init_from + "/config.json");
-  return resolve_model_spec(cfg.model);
-}
-
-/// `tandem inspect` options beyond the configuration.
-struct InspectOptions {
-  bool plan = false;             ///< print the offload engine's memory plan instead of the estimate without it
-  double gpu_memory_gib = 80.0;  ///< GPU to plan for when none is visible, or when given explicitly
-  bool gpu_memory_given = false;
-  double host_memory_gib = 0.0;  ///< 0 = MemAvailable from /proc/meminfo
-  bool partition = false;        ///< profile the Blocks and print the pipeline partitioner's plan
-  PartitionInspectOptions partition_opts;
-};
-
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-/// The offload plan for `cfg`: the split from offload.update_split (auto = the most GPU-updated
-/// Blocks that fit), the table, then check_plan_fits (a UserError when it does not fit).
-int print_offload_plan(const Config& config, const ModelSpec& s, int64_t T, const InspectOptions& opts) {
-  Config cfg = config;
-  MemoryCapacity cap;
-  std::string gpu_source;
-  const bool cuda =
-      cfg.train.device != "cpu" && torch::cuda::is_available() && accelerator() && accelerator()->device_count() > 0;
-  if (cuda && !opts.gpu_memory_given) {
-    cap.gpu_total = accelerator()->memory_stats(0).total;
-    gpu_source = accelerator()->device_name(0);
-  } else {
-    cap.gpu_total = static_cast<int64_t>(opts.gpu_memory_gib * kGiB);
-    gpu_source = opts.gpu_memory_given ? "--gpu-memory" : "no GPU visible: default, set with --gpu-memory";
-  }
-  cap.host_available =
-      opts.host_memory_gib > 0 ? static_cast<int64_t>(opts.host_memory_gib * kGiB) : host_available_bytes();
-  const std::string host_source = opts.host_memory_gib > 0 ? "--host-memory"
-                                  : cap.host_available > 0
-                                      ? "MemAvailable"
-                                      : "unknown: the pinned tier is not checked; set --host-memory";
-
-  const auto k = parse_update_split(cfg.offload.update_split);
-  int64_t g = 0;
-  std::string split;
-  if (k) {
-    g = std::llround(*k * double(s.n_layer));
-    split = strprintf("offload.update_split=%s: %lld of %lld decoder blocks GPU-updated",
-                      cfg.offload.update_split.c_str(), (long long)g, (long long)s.n_layer);
-  } else {
-    const int64_t fit = largest_fitting_gpu_blocks(s, cfg, T, cap);
-    g = std::max<int64_t>(fit, 0);
-    split = fit >= 0
-                ? strprintf("offload.update_split=auto: %lld of %lld decoder blocks GPU-updated, the most that fit",
-                            (long long)g, (long long)s.n_layer)
-                : std::string("offload.update_split=auto: not even 0 GPU-updated blocks fit");
-  }
-  const bool ring_auto = cfg.offload.host_ring < 0;
-  cfg.offload = resolve_host_ring(s, cfg, T, g, cap);
-  if (ring_auto && cfg.offload.host_ring > 0)
-    split += strprintf("; offload.host_ring=auto: a ring of %lld slots (per-block buffers do not fit the host)",
-                       (long long)cfg.offload.host_ring);
-  const MemoryPlan plan = plan_offload_memory(s, cfg, T, g);
-  std::printf("\nGPU: %s (%s); host: %s available (%s)\n%s\n\n%s", format_bytes(double(cap.gpu_total)).c_str(),
-              gpu_source.c_str(), format_bytes(double(cap.host_available)).c_str(), host_source.c_str(), split.c_str(),
-              format_plan(plan).c_str());
-  std::printf(
-      "\nbudget: GPU %s of %s (offload.gpu_memory_fraction=%.2f)", format_bytes(double(plan.gpu_bytes())).c_str(),
-      format_bytes(double(cap.gpu_total) * cfg.offload.gpu_memory_fraction).c_str(), cfg.offload.gpu_memory_fraction);
-  if (plan.pinned && cap.host_available > 0)
-    std::printf(", pinned host %s of %s (offload.host_memory_fraction=%.2f)",
-                format_bytes(double(plan.pinned_bytes())).c_str(),
-                format_bytes(double(cap.host_available) * cfg.offload.host_memory_fraction).c_str(),
-                cfg.offload.host_memory_fraction);
-  std::printf("\n");
-  std::fflush(stdout);
-  check_plan_fits(plan, cap, cfg.offload, cfg.train);
-  std::printf("the plan fits\n");
-  return 0;
-}
-
-int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
-  const Config& cfg = resolved.config;
-  const ModelSpec s = spec_for(cfg);
-  const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
-  std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
-              s.name.c_str(), to_string(s.arch), (long long)s.n_layer, (long long)s.d_model, (long long)s.d_ff,
-              (long long)s.vocab_size, (long long)s.padded_vocab(), s.tie_embeddings ? "tied" : "untied");
-  if (s.arch == Arch::kLlama)
-    std::printf("attention: %lld heads, %lld key/value heads, head_dim %lld, RoPE theta %g, max_seq_len %lld\n",
-                (long long)s.n_head, (long long)s.n_kv_head, (long long)s.head_dim(), s.rope_theta,
-                (long long)s.max_seq_len);
-  if (s.arch == Arch::kResNetBk)
-    std::printf(
-        "ResNet-BK: %lld BK heads (causal BK-core mixing), MoE of %lld experts (d_ff %lld), top-%lld, "
-        "capacity factor %g\n",
-        (long long)s.n_head, (long long)s.n_experts, (long long)s.d_ff, (long long)s.top_k, s.capacity_factor);
-  if (s.arch == Arch::kAmxMoe)
-    std::printf(
-        "AMX+MoE: %lld dense layers (d_ff %lld, %s each), then %lld MoE layers of %lld experts (d_ff %lld, "
-        "%s each), top-%lld, capacity factor %g\n",
-        (long long)s.n_dense, (long long)s.d_ff, format_count(double(s.layer_params(0))).c_str(),
-        (long long)(s.n_layer - s.n_dense), (long long)s.n_experts, (long long)s.d_ff,
-        format_count(double(s.layer_params(s.n_layer - 1))).c_str(), (long long)s.top_k, s.capacity_factor);
-  const int64_t emb = s.padded_vocab() * s.d_model;
-  std::printf("\nparameters: %s (%lld; %lld as stored with vocabulary padding)\n",
-              format_count(double(s.num_params_unpadded())).c_str(), (long long)s.num_params_unpadded(),
-              (long long)s.num_params());
-  std::printf("  %-24s %12s\n", "block", "params");
-  std::printf("  %-24s %12s\n", "embed", format_count(double(emb)).c_str());
-  std::printf("  %-24s %12s  each, %s in all\n", ("layer.0 .. layer." + std::to_string(s.n_layer - 1)).c_str(),
-              format_count(double(s.params_per_layer())).c_str(),
-              format_count(double(s.params_per_layer() * s.n_layer)).c_str());
-  std::printf("  %-24s %12s\n", s.tie_embeddings ? "head (norm; tied lm_head)" : "head (norm + lm_head)",
-              format_count(double(s.d_model + (s.tie_embeddings ? 0 : emb))).c_str());
-
-  // Tensor-core alignment of every matrix as stored (vocabulary and feed-forward padded).
-  const auto bad8 = misaligned_dims(s, 8), bad16 = misaligned_dims(s, 16);
-  std::printf(
-      "\ntensor-core shapes: vocab %lld -> %lld, d_ff %lld -> %lld as stored (padding is zero and never "
-      "changes the model)\n",
-      (long long)s.vocab_size, (long long)s.padded_vocab(), (long long)s.d_ff, (long long)s.padded_d_ff());
-  if (bad8.empty())
-    std::printf("  every matrix dimension is a multiple of 8 (bf16/fp16)%s\n", bad16.empty() ? " and of 16 (fp8)" : "");
-  for (const auto& m : bad8) std::printf("  not a multiple of 8 (bf16/fp16 tensor cores): %s\n", m.c_str());
-  if (!bad8.empty())
-    std::printf(
-        "  d_model and head_dim cannot be padded without changing the model: choose multiples of 8 (64 is "
-        "best)\n");
-  if (bad8.empty())
-    for (const auto& m : bad16) std::printf("  not a multiple of 16 (fp8): %s\n", m.c_str());
-  std::printf("\n%s", format_recipe(resolved).c_str());
-  if (opts.plan) return print_offload_plan(cfg, s, T, opts);
-  if (opts.partition || opts.partition_opts.with_cpu) return run_partition_inspect(cfg, s, T, opts.partition_opts);
-  const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
-  const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
-  std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",
-              (long long)cfg.train.micro_batch, (long long)T, to_string(cfg.train.precision),
-              cfg.model.checkpointing ? "on" : "off");
-  std::printf("  %-28s %14s %14s\n", "", cuda ? "GPU" : "CPU (device)", "host");
-  for (const auto& [name, bytes] : e.rows())
-    std::printf("  %-28s %14s %14s\n", name.c_str(), format_bytes(double(bytes)).c_str(), "-");
-  const int64_t host = cfg.data.prefetch * 2 * cfg.train.micro_batch * T * 8;
-  std::printf("  %-28s %14s %14s\n", "prefetched batches", "-", format_bytes(double(host)).c_str());
-  std::printf("  %-28s %14s %14s\n", "total", format_bytes(double(e.total())).c_str(),
-              format_bytes(double(host)).c_str());
-  if (cuda && accelerator()) {
-    const auto ms = accelerator()->memory_stats(0);
-    std::printf(
-        "\n%s: %s free of %s: the estimate %s\n", accelerator()->device_name(0).c_str(),
-        format_bytes(double(ms.free)).c_str(), format_bytes(double(ms.total)).c_str(),
-        e.total() <= ms.free ? "fits" : "does NOT fit (lower train.micro_batch or set model.checkpointing=true)");
-  } else {
-    std::printf("\nhost: %s available\n", format_bytes(double(host_available_bytes())).c_str());
-  }
-  return 0;
-}
-
 // `tandem dashboard RUN_DIR`: the live page over a run's metrics.jsonl, re-read on each poll, until
 // SIGINT or SIGTERM.
 int run_dashboard(const std::string& dir, int port, const std::string& bind, const std::string& chartjs) {
@@ -294,6 +140,7 @@ int main(int argc, char** argv) {
       "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
       "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
       "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
+      "  tandem inspect -p 13B --plan --ranks 2 --set dist.zero_stage=2   the plan of each of 2 GPUs\n"
       "  tandem config --keys              every configuration key with its meaning\n"
       "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
       "  tandem bench step -p 7B           forward+backward alone: the GPU-only bound of a step\n"
@@ -362,6 +209,11 @@ int main(int argc, char** argv) {
   inspect_cmd
       ->add_option("--host-memory", inspect_opts.host_memory_gib,
                    "GiB of available host memory to plan for (default: MemAvailable of /proc/meminfo)")
+      ->check(CLI::PositiveNumber);
+  inspect_cmd
+      ->add_option("--ranks", inspect_opts.ranks,
+                   "with --plan: ranks on this host, one GPU each, to plan for (dist.zero_stage, "
+                   "dist.pipeline_stages and dist.pipeline_cut lay them out; a plan per stage)")
       ->check(CLI::PositiveNumber);
 
   bool list_keys = false;

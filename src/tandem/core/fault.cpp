@@ -3,8 +3,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
@@ -52,6 +54,8 @@ Faults parse_faults(const std::string& spec) {
       rank_step(entry, value, &f.kill_rank, &f.kill_step);
     else if (name == "stop_after_step")
       rank_step(entry, value, &f.stop_rank, &f.stop_step);
+    else if (name == "stall_after_step")
+      rank_step(entry, value, &f.stall_rank, &f.stall_step);
     else if (name == "every_attempt")
       f.every_attempt = to_int(entry, value) != 0;
     else if (name == "kill_in_checkpoint")
@@ -60,7 +64,8 @@ Faults parse_faults(const std::string& spec) {
       f.oom_above_tokens = to_int(entry, value);
     else
       TANDEM_FAIL("TANDEM_FAULTS: unknown fault '", name,
-                  "'; known: kill_after_step, stop_after_step, every_attempt, kill_in_checkpoint, oom_above_tokens");
+                  "'; known: kill_after_step, stop_after_step, stall_after_step, every_attempt, kill_in_checkpoint, "
+                  "oom_above_tokens");
   }
   return f;
 }
@@ -72,6 +77,7 @@ void fault_after_step(int rank, int64_t step, int restart_count) {
   if (f == nullptr || (restart_count > 0 && !f->every_attempt)) return;
   if (rank == f->kill_rank && step == f->kill_step) ::raise(SIGKILL);
   if (rank == f->stop_rank && step == f->stop_step) ::raise(SIGSTOP);
+  while (rank == f->stall_rank && step == f->stall_step) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 void fault_in_checkpoint(int64_t step) {

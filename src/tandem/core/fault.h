@@ -7,6 +7,8 @@
 //
 //   TANDEM_FAULTS=kill_after_step=1:15                  rank 1 is killed (SIGKILL) after step 15
 //   TANDEM_FAULTS=stop_after_step=1:3                   rank 1 is stopped (SIGSTOP): a hung rank
+//   TANDEM_FAULTS=stall_after_step=1:3                  rank 1's step loop never goes on, its heartbeat
+//                                                       does: a rank that never reaches a collective
 //   TANDEM_FAULTS=kill_after_step=1:3,every_attempt=1   in every attempt, not the first only
 //   TANDEM_FAULTS=kill_in_checkpoint=6                  killed while writing step 6's checkpoint
 //   TANDEM_FAULTS=oom_above_tokens=255                  a micro-batch of more tokens fails as out of memory
@@ -19,11 +21,11 @@ namespace tandem {
 
 /// The armed fault points of this process (parsed from TANDEM_FAULTS at first use).
 struct Faults {
-  int kill_rank = -1, stop_rank = -1;    ///< kill_after_step / stop_after_step: the rank ...
-  int64_t kill_step = 0, stop_step = 0;  ///< ... and the step after which it fails
-  bool every_attempt = false;            ///< also in the launcher's restarted attempts
-  int64_t kill_in_checkpoint = 0;        ///< the step whose checkpoint write is cut off (0 = none)
-  int64_t oom_above_tokens = 0;          ///< micro-batches of more tokens fail as out of memory (0 = none)
+  int kill_rank = -1, stop_rank = -1, stall_rank = -1;   ///< kill_, stop_, stall_after_step: the rank ...
+  int64_t kill_step = 0, stop_step = 0, stall_step = 0;  ///< ... and the step after which it fails
+  bool every_attempt = false;                            ///< also in the launcher's restarted attempts
+  int64_t kill_in_checkpoint = 0;                        ///< the step whose checkpoint write is cut off (0 = none)
+  int64_t oom_above_tokens = 0;  ///< micro-batches of more tokens fail as out of memory (0 = none)
 };
 
 /// Parses a TANDEM_FAULTS value; UserError naming the bad entry.
@@ -32,7 +34,7 @@ Faults parse_faults(const std::string& spec);
 /// The armed faults, or null when none is (the common case).
 const Faults* armed_faults();
 
-/// Kills or stops this process when armed for `rank` after `step` in attempt `restart_count`.
+/// Kills, stops or stalls this process when armed for `rank` after `step` in attempt `restart_count`.
 void fault_after_step(int rank, int64_t step, int restart_count);
 /// Kills this process when armed to cut off the checkpoint of `step`.
 void fault_in_checkpoint(int64_t step);

@@ -93,9 +93,12 @@ std::string to_lower(std::string s) {
 }
 
 std::string one_line(std::string s) {
+  // LibTorch's errors carry the C++ frames after this; the message is before it.
+  const auto frames = s.find("Exception raised from ");
+  if (frames != std::string::npos && frames > 0) s = trim(s.substr(0, frames));
   for (auto& ch : s)
     if (ch == '\n' || ch == '\r') ch = ' ';
-  return s;
+  return trim(s);
 }
 
 std::string trim(const std::string& s) {

@@ -23,7 +23,8 @@ std::string format_bytes(double bytes);
 std::string format_count(double n);
 
 /// printf-style formatting into a std::string.
-/// `s` with its line breaks turned into spaces (an error message on one line).
+/// `s` with its line breaks turned into spaces and LibTorch's C++ frames ("Exception raised from
+/// ...") cut off: an error message on one line.
 std::string one_line(std::string s);
 
 std::string strprintf(const char* format, ...) __attribute__((format(printf, 1, 2)));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <utility>
 
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
@@ -30,6 +31,20 @@ namespace tandem {
 // parallel]) adds, per stage, the two lanes over that stage's replicas (the data-parallel reductions)
 // and one world group for the stages' point-to-point traffic, each under its own prefix.
 //
+// Note [Stalled ranks]
+// A rank can hang with its heartbeat alive: a collective one rank never reached, two ranks each
+// waiting for the other, a GPU that stopped progressing. Then NCCL's watchdog would abort every
+// rank after the collective timeout with pages of stack traces. Instead the step loop marks where
+// it waits (Comm::Waiting: a stage link's receive, the step's end, a host collective), the
+// heartbeat thread reads the mark, and a wait longer than dist.timeout_s while every rank still
+// beats ends the rank with one line naming the rank, what it waited for, for how long, and how the
+// run continues (exit kExitPeerLost: the launcher restarts it). The collectives' own timeouts are
+// a grace period longer, so this line comes first. When a peer is lost, the same mark says what
+// this rank was waiting for.
+namespace {
+constexpr auto kCollectiveGrace = std::chrono::seconds(60);
+}  // namespace
+
 // Note [Heartbeat]
 // Collectives with a dead peer fail fast on Gloo (the connection closes) and NCCL's watchdog
 // aborts on its timeout, but a hung rank (stopped, deadlocked, a wedged GPU) holds the others
@@ -84,12 +99,13 @@ Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(st
         info_.master_port, " (", one_line(e.what()),
         "); check MASTER_ADDR/MASTER_PORT, that the port is free on rank 0's host, and that every rank started");
   }
-  host_ = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("host", store_), info_, options_.timeout);
+  const auto collective_timeout = options_.timeout + kCollectiveGrace;  // Note [Stalled ranks]
+  host_ = make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("host", store_), info_, collective_timeout);
   for (int lane = 0; lane < 2; ++lane) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("device" + std::to_string(lane), store_);
-    device_.push_back(
-        options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
-                      : make_gloo_group(prefixed, info_, options_.timeout));
+    device_.push_back(options_.nccl ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device,
+                                                      collective_timeout)
+                                    : make_gloo_group(prefixed, info_, collective_timeout));
   }
   replica_ = device_;
   if (options_.heartbeat_s > 0) {
@@ -133,18 +149,20 @@ void Comm::split_pipeline(int stages) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "stage" + std::to_string(stage) + "/device" + std::to_string(lane), store_);
     replica_[static_cast<size_t>(lane)] =
-        options_.nccl ? make_nccl_group(prefixed, sub.rank, sub.world_size, options_.cuda_device, options_.timeout)
-                      : make_gloo_group(prefixed, sub, options_.timeout);
+        options_.nccl ? make_nccl_group(prefixed, sub.rank, sub.world_size, options_.cuda_device,
+                                        options_.timeout + kCollectiveGrace)
+                      : make_gloo_group(prefixed, sub, options_.timeout + kCollectiveGrace);
   }
   // Note [Stage links]: a group per direction. Note [Strict point to point]: without NCCL they keep
   // NCCL's semantics all the same.
   for (const std::string name : {"link-down", "link-up"}) {
     const auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store_);
-    links_.push_back(
-        options_.nccl
-            ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device, options_.timeout)
-            : make_strict_p2p(make_gloo_group(prefixed, info_, options_.timeout),
-                              c10::make_intrusive<c10d::PrefixStore>(name + "/p2p", store_), options_.timeout));
+    links_.push_back(options_.nccl
+                         ? make_nccl_group(prefixed, info_.rank, info_.world_size, options_.cuda_device,
+                                           options_.timeout + kCollectiveGrace)
+                         : make_strict_p2p(make_gloo_group(prefixed, info_, options_.timeout + kCollectiveGrace),
+                                           c10::make_intrusive<c10d::PrefixStore>(name + "/p2p", store_),
+                                           options_.timeout + kCollectiveGrace));
   }
 #endif
 }
@@ -167,6 +185,7 @@ void Comm::heartbeat_loop() {
       continue;
     }
     std::string why;
+    bool stalled = false;
     try {
       hb_store_->add(mine, 1);
       const auto now = Clock::now();
@@ -186,17 +205,59 @@ void Comm::heartbeat_loop() {
       why = strprintf("rank 0 stopped (the rendezvous store it serves at %s:%d stopped answering: %s)",
                       info_.master_addr.c_str(), info_.master_port, one_line(e.what()).substr(0, 120).c_str());
     }
+    const auto [what, waited] = current_wait();
+    if (why.empty() && !what.empty() && waited > std::chrono::duration<double>(options_.timeout).count()) {
+      stalled = true;  // Note [Stalled ranks]
+      why = strprintf(
+          "waited %.0f s for %s while every rank still sends heartbeats: the ranks wait for each other (a collective "
+          "one rank never reached) or a GPU stopped progressing",
+          waited, what.c_str());
+    } else if (!why.empty() && !what.empty()) {
+      why += strprintf(" (this rank waited %.0f s for %s)", waited, what.c_str());
+    }
     if (why.empty()) continue;
     lost = true;
     lost_at = Clock::now();
     if (options_.on_peer_lost) {
       options_.on_peer_lost(why);
     } else {
-      log::error(strprintf("rank %d: %s; stopping (exit %d): %s", info_.rank, why.c_str(), kExitPeerLost,
-                           how_the_run_continues(info_, "").c_str()));
+      std::string run_dir;
+      {
+        std::lock_guard<std::mutex> lk(wait_mu_);
+        run_dir = run_dir_;
+      }
+      log::error(strprintf("rank %d: %s; stopping (exit %d): %s%s", info_.rank, why.c_str(), kExitPeerLost,
+                           how_the_run_continues(info_, run_dir).c_str(),
+                           stalled ? "; if it happens again, rerun with NCCL_DEBUG=WARN and report every rank's last "
+                                     "lines"
+                                   : ""));
       std::_Exit(kExitPeerLost);
     }
   }
+}
+
+Comm::Waiting::Waiting(Comm* comm, std::string what) : comm_(comm) {
+  if (!comm_) return;
+  std::lock_guard<std::mutex> lk(comm_->wait_mu_);
+  outer_ = std::exchange(comm_->waiting_, std::move(what));
+  comm_->waiting_since_ = std::chrono::steady_clock::now();
+}
+
+Comm::Waiting::~Waiting() {
+  if (!comm_) return;
+  std::lock_guard<std::mutex> lk(comm_->wait_mu_);
+  comm_->waiting_ = std::move(outer_);
+  comm_->waiting_since_ = std::chrono::steady_clock::now();
+}
+
+void Comm::set_run_dir(const std::string& dir) {
+  std::lock_guard<std::mutex> lk(wait_mu_);
+  run_dir_ = dir;
+}
+
+std::pair<std::string, double> Comm::current_wait() {
+  std::lock_guard<std::mutex> lk(wait_mu_);
+  return {waiting_, std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting_since_).count()};
 }
 
 int Comm::find_lost_rank() {
@@ -244,6 +305,7 @@ std::string Comm::broadcast_string(const std::string& key, const std::string& va
 }
 
 std::vector<double> Comm::from_rank0(const std::vector<double>& values) {
+  const Waiting waiting(this, "rank 0's values (a host broadcast)");
   std::vector<at::Tensor> t{torch::tensor(values, torch::kFloat64)};
   host_->broadcast(t)->wait();  // root 0
   return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
@@ -258,6 +320,7 @@ double Comm::from_stage_first(double value) {
 std::vector<double> Comm::all_gather(double value) { return all_gather(std::vector<double>{value}); }
 
 std::vector<double> Comm::all_gather(const std::vector<double>& values) {
+  const Waiting waiting(this, "every rank's values (a host all-gather)");
   auto in = torch::tensor(values, torch::kFloat64);
   auto out = torch::empty({world() * static_cast<int64_t>(values.size())}, torch::kFloat64);
   host_->_allgather_base(out, in)->wait();
@@ -265,12 +328,14 @@ std::vector<double> Comm::all_gather(const std::vector<double>& values) {
 }
 
 double Comm::sum(double value) {
+  const Waiting waiting(this, "a sum over the ranks (a host all-reduce)");
   std::vector<at::Tensor> t{torch::full({1}, value, torch::kFloat64)};
   host_->allreduce(t)->wait();
   return t[0].item<double>();
 }
 
 std::vector<double> Comm::sum(const std::vector<double>& values) {
+  const Waiting waiting(this, "a sum over the ranks (a host all-reduce)");
   std::vector<at::Tensor> t{torch::tensor(values, torch::kFloat64)};
   host_->allreduce(t)->wait();
   return std::vector<double>(t[0].data_ptr<double>(), t[0].data_ptr<double>() + t[0].numel());
@@ -287,6 +352,7 @@ void Comm::recv_host(torch::Tensor& t, int peer, int tag) {
 }
 
 void Comm::barrier() {
+  const Waiting waiting(this, "every rank at a barrier");
   std::vector<at::Tensor> t{torch::zeros({1}, torch::kFloat32)};
   host_->allreduce(t)->wait();
 }

@@ -11,9 +11,11 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tandem/dist/rank_info.h"
@@ -22,7 +24,10 @@ namespace tandem {
 
 /// How the processes meet and watch each other.
 struct CommOptions {
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< rendezvous and every collective
+  /// The rendezvous, and the longest the step loop may wait in one place while every rank still
+  /// beats (Note [Stalled ranks]); the collectives themselves time out a grace period later, so
+  /// that this rank's own line comes first.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   bool nccl = false;                  ///< NCCL groups for device tensors (CUDA); Gloo otherwise
   int cuda_device = -1;               ///< this rank's GPU (NCCL)
   double heartbeat_s = 2.0;           ///< period of this rank's heartbeat in the store; 0 = no heartbeat
@@ -101,6 +106,24 @@ class Comm {
   void recv_host(torch::Tensor& t, int peer, int tag);
   /// Ends this rank's heartbeat (the end of a run: rank 0, which serves the store, may leave first).
   void stop_heartbeat();
+  /// The run directory the heartbeat's messages name for --resume auto.
+  void set_run_dir(const std::string& dir);
+
+  /// While one lives, this rank's step loop waits on `what` ("step 12: receiving micro-batch 3's
+  /// activation from rank 0"): the heartbeat names it when a peer is lost, and ends the rank with
+  /// it when the wait outlasts CommOptions::timeout while every rank still beats (Note [Stalled
+  /// ranks]). Null comm: nothing. Not nested: the innermost names the wait.
+  class Waiting {
+   public:
+    Waiting(Comm* comm, std::string what);
+    ~Waiting();
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    Comm* comm_;
+    std::string outer_;
+  };
   /// After a failed collective: the rank whose heartbeat stopped over about two heartbeat periods,
   /// 0 when the store (served by rank 0) no longer answers, -1 when every rank still beats or there
   /// is no heartbeat (Note [Heartbeat]).
@@ -108,6 +131,7 @@ class Comm {
 
  private:
   void heartbeat_loop();
+  std::pair<std::string, double> current_wait();  // what the step loop waits for, and for how many seconds
 
   RankInfo info_;
   CommOptions options_;
@@ -120,6 +144,9 @@ class Comm {
   std::vector<c10::intrusive_ptr<c10d::Backend>> links_;  // pipeline stages' point to point: down, up
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
+  std::mutex wait_mu_;  // waiting_, waiting_since_ and run_dir_, between the step loop and the heartbeat
+  std::string waiting_, run_dir_;
+  std::chrono::steady_clock::time_point waiting_since_;
 };
 
 /// A Gloo group of the world `info` describes (host tensors; bound as Note [Process groups] says);

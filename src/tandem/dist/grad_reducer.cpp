@@ -72,6 +72,7 @@ void GradReducer::reduce(size_t i) {
 void GradReducer::finish() {
   for (size_t i = 0; i < params_.size(); ++i)
     if (!reduced_[i]) reduce(i);
+  const Comm::Waiting waiting(&comm_, "the gradient reduction over the data-parallel replicas");
   for (auto& w : work_) {
     if (w) w->wait();
     w.reset();

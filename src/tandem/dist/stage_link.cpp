@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "tandem/core/error.h"
+#include "tandem/core/strings.h"
+#include "tandem/dist/comm.h"
 
 namespace tandem {
 
@@ -34,8 +36,13 @@ int payload_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
 
 }  // namespace
 
-StageLink::StageLink(c10d::Backend& down, c10d::Backend& up, const PipelineGrid& grid, c10::Device device)
-    : down_(down), up_(up), grid_(grid), device_(device), host_transport_(down.getBackendName() != "nccl") {
+StageLink::StageLink(Comm& comm, const PipelineGrid& grid, c10::Device device)
+    : comm_(comm),
+      down_(comm.stage_link(Comm::Link::kDown)),
+      up_(comm.stage_link(Comm::Link::kUp)),
+      grid_(grid),
+      device_(device),
+      host_transport_(down_.getBackendName() != "nccl") {
   if (!host_transport_) side_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_);
 }
 
@@ -46,18 +53,14 @@ StageLink::~StageLink() {
   }
 }
 
-void StageLink::send_activation(const torch::Tensor& y, int64_t micro) {
-  send(down_, y, grid_.next_rank(), header_tag(micro));
-}
+void StageLink::send_activation(const torch::Tensor& y, int64_t micro) { send(down_, y, grid_.next_rank(), micro); }
 torch::Tensor StageLink::recv_activation(int64_t micro) {
-  return recv(down_, grid_.previous_rank(), header_tag(micro));
+  return recv(down_, grid_.previous_rank(), micro, "activation");
 }
-void StageLink::send_gradient(const torch::Tensor& g, int64_t micro) {
-  send(up_, g, grid_.previous_rank(), header_tag(micro));
-}
-torch::Tensor StageLink::recv_gradient(int64_t micro) { return recv(up_, grid_.next_rank(), header_tag(micro)); }
+void StageLink::send_gradient(const torch::Tensor& g, int64_t micro) { send(up_, g, grid_.previous_rank(), micro); }
+torch::Tensor StageLink::recv_gradient(int64_t micro) { return recv(up_, grid_.next_rank(), micro, "gradient"); }
 
-void StageLink::send(c10d::Backend& link, const torch::Tensor& x, int rank, int tag) {
+void StageLink::send(c10d::Backend& link, const torch::Tensor& x, int rank, int64_t micro) {
   TANDEM_ASSERT(x.dim() <= kMaxDims, "a stage output of ", x.dim(), " dimensions");
   const c10::Device wire = host_transport_ ? c10::Device(c10::kCPU) : device_;
   auto header = torch::zeros({kHeader}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(wire.is_cuda()));
@@ -67,8 +70,8 @@ void StageLink::send(c10d::Backend& link, const torch::Tensor& x, int rank, int 
   for (int64_t d = 0; d < x.dim(); ++d) h[2 + d] = x.size(d);
   // Pinned, so the copy up does not synchronise the compute stream; the send waits for it.
   std::vector<at::Tensor> hv{header.to(wire, /*non_blocking=*/true)}, pv{x.detach().to(wire).contiguous()};
-  sends_.push_back(link.send(hv, rank, tag));
-  sends_.push_back(link.send(pv, rank, tag + 1));
+  sends_.push_back(link.send(hv, rank, header_tag(micro)));
+  sends_.push_back(link.send(pv, rank, payload_tag(micro)));
   // Completed sends release their buffers now, not at the step's end.
   while (!sends_.empty() && sends_.front()->isCompleted()) {
     sends_.front()->wait();  // rethrows a failure
@@ -76,20 +79,22 @@ void StageLink::send(c10d::Backend& link, const torch::Tensor& x, int rank, int 
   }
 }
 
-torch::Tensor StageLink::recv(c10d::Backend& link, int rank, int tag) {
+torch::Tensor StageLink::recv(c10d::Backend& link, int rank, int64_t micro, const char* what) {
   const auto t0 = std::chrono::steady_clock::now();
+  const Comm::Waiting waiting(&comm_, strprintf("micro-batch %lld's %s from rank %d (stage %d) over the stage link",
+                                                static_cast<long long>(micro), what, rank, rank / grid_.replicas()));
   const c10::Device wire = host_transport_ ? c10::Device(c10::kCPU) : device_;
   std::optional<c10::StreamGuard> on_side;
   if (side_) on_side.emplace(*side_);
   std::vector<at::Tensor> hv{torch::empty({kHeader}, torch::TensorOptions().dtype(torch::kInt64).device(wire))};
-  link.recv(hv, rank, tag)->wait();
+  link.recv(hv, rank, header_tag(micro))->wait();
   const auto header = hv[0].to(torch::kCPU);  // the side stream's synchronisation, not the compute stream's
   const auto h = header.accessor<int64_t, 1>();
   TANDEM_ASSERT(h[1] >= 0 && h[1] <= kMaxDims, "a stage link header of ", h[1], " dimensions from rank ", rank);
   std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[1]);
   std::vector<at::Tensor> pv{
       torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])).device(wire))};
-  auto work = link.recv(pv, rank, tag + 1);
+  auto work = link.recv(pv, rank, payload_tag(micro));
   on_side.reset();
   work->wait();  // NCCL: the compute stream waits for the payload; otherwise the host does
   if (side_) {

@@ -15,11 +15,13 @@
 
 namespace tandem {
 
+class Comm;
+
 class StageLink {
  public:
-  /// `down` carries activations to the next stage, `up` their gradients back to the previous one
-  /// (world ranks of `grid`); tensors arrive on `device`.
-  StageLink(c10d::Backend& down, c10d::Backend& up, const PipelineGrid& grid, c10::Device device);
+  /// Over `comm`'s stage links (Comm::Link: activations down, gradients up) between the neighbours
+  /// of `grid`; tensors arrive on `device`. A receive marks this rank's wait (Comm::Waiting).
+  StageLink(Comm& comm, const PipelineGrid& grid, c10::Device device);
   ~StageLink();
   StageLink(const StageLink&) = delete;
   StageLink& operator=(const StageLink&) = delete;
@@ -40,9 +42,10 @@ class StageLink {
   double take_wait_s();
 
  private:
-  void send(c10d::Backend& link, const torch::Tensor& x, int rank, int tag);
-  torch::Tensor recv(c10d::Backend& link, int rank, int tag);
+  void send(c10d::Backend& link, const torch::Tensor& x, int rank, int64_t micro);
+  torch::Tensor recv(c10d::Backend& link, int rank, int64_t micro, const char* what);
 
+  Comm& comm_;
   c10d::Backend& down_;
   c10d::Backend& up_;
   PipelineGrid grid_;

@@ -286,7 +286,7 @@ class StrictP2P : public c10d::Backend {
         next_check = now + std::chrono::milliseconds(20);
       }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(2000));
+      pause = std::min(pause * 2, std::chrono::microseconds(250));
     }
     return lane.store->get(k);
   }

@@ -272,6 +272,7 @@ torch::Tensor OffloadEngine::reduce_gradient(size_t i) {
     work = group.allreduce(t);
   }
   if (!cuda_) {
+    const Comm::Waiting waiting(options_.comm, "the gradient reduction of " + b.name + " over the replicas");
     work->wait();
     square_norm(g);
     return g;
@@ -474,7 +475,10 @@ StepOutcome OffloadEngine::finish_step(bool abandon) {
 double OffloadEngine::clip_coefficient(StepOutcome& out) {
   if (cuda_ && options_.comm)  // the reductions and norms ran on the D2H stream (Note [Data-parallel engine])
     for (size_t i = 0; i < sqnorm_.size(); ++i) streams_->compute().wait(*streams_->grad_ready[i]);
-  double square = torch::stack(sqnorm_).sum().item<double>();  // one host sync
+  double square = [&] {  // one host sync
+    const Comm::Waiting waiting(options_.comm, "the gradient norm (the GPU's backward and the gradient reductions)");
+    return torch::stack(sqnorm_).sum().item<double>();
+  }();
   // Every rank holds the norms of its slices (sharded), or of its pipeline stage's Blocks, summed
   // once per replica (Note [Pipeline parallel]).
   if (options_.comm && (store_.sharded() || options_.comm->stages() > 1))

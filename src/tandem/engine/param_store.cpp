@@ -139,7 +139,10 @@ void ParamStore::bind_to_working(BlockStore& b) {
   if (sharded()) {
     // Every rank built the same initial model (one seed): its own copy is the gathered weights.
     for (const auto& f : b.params) view_of(b.working, f).copy_(f.param.detach());
-    b.grad_shard = torch::zeros({b.shard_numel}, dopts);
+    // NCCL reduce-scatters in place (the output is the input's slice for this rank): no second
+    // buffer of 1/world of the gradients on the GPU (Note [Sharded store]). Gloo gets its own.
+    b.grad_shard =
+        options_.comm->nccl() ? b.grad.narrow(0, b.shard_offset, b.shard_numel) : torch::zeros({b.shard_numel}, dopts);
   } else {
     b.working.copy_(b.master);
   }

@@ -24,8 +24,9 @@
 // multiple of W and rank r owns the slice [r * n/W, (r+1) * n/W): its master, m, v, landing,
 // staging and undo buffers hold only that slice, and `shard_params` lists the parameters' pieces in
 // it (offsets relative to the slice). The working weights and the gradient stay whole on the
-// device: the gradient is reduce-scattered into `grad_shard`, the slice is updated, its new weights
-// are written into the working copy's slice and all-gathered (gather_working). W = 1 is the
+// device: the gradient is reduce-scattered into `grad_shard` (in place under NCCL: the gradient's
+// own slice), the slice is updated, its new weights are written into the working copy's slice and
+// all-gathered (gather_working, in place under NCCL too). W = 1 is the
 // unsharded store: the slice is the whole range and shard_params == params.
 
 #include <torch/torch.h>
@@ -62,7 +63,7 @@ struct BlockStore {
   int64_t index_base = 0;  ///< offset of this Block in the whole parameter space (stochastic rounding)
   UpdateSide side = UpdateSide::kCpu;
   torch::Tensor working, grad;  // (padded_numel) compute dtype, device
-  torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only
+  torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only (NCCL: a view of grad)
   torch::Tensor master, m,
       v;  // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
   torch::Tensor landing, staging;  // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)

@@ -20,12 +20,7 @@ int64_t saturate(long double bytes) {
 
 }  // namespace
 
-MemoryEstimate estimate_training_memory(const ModelSpec& s, int64_t B, int64_t T, Precision p, bool checkpointing) {
-  MemoryEstimate e;
-  const int64_t n = s.num_params();
-  e.weights = 4 * n;
-  e.grads = 4 * n;
-  e.optimizer = 8 * n;
+ActivationCost activation_cost(const ModelSpec& s, int64_t B, int64_t T, Precision p, bool checkpointing) {
   // Products of the batch with the dimensions in floating point: a huge micro-batch or width gives
   // a huge estimate (refused with its numbers), never an overflowed one.
   const long double act = p == Precision::kFp32 ? 4 : 2;  // bytes of an activation element under autocast
@@ -41,11 +36,27 @@ MemoryEstimate estimate_training_memory(const ModelSpec& s, int64_t B, int64_t T
       : s.arch == Arch::kResNetBk
           ? 2 * 4 * d + act * 2 * d + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) + s.top_k * act * (d + 4.0L * s.d_ff)
           : 4 * d + act * (d + 2.0L * s.padded_d_ff());
-  const long double per_layer = tokens * per_token_layer;
-  const long double layer_input = tokens * d * 4;
-  e.activations = saturate(checkpointing ? s.n_layer * layer_input + per_layer : s.n_layer * per_layer);
-  // Logits in the compute dtype, their fp32 copy for the loss, and its gradient.
-  e.logits = saturate(tokens * s.padded_vocab() * (act + 4 + 4));
+  const int64_t per_layer = saturate(tokens * per_token_layer);
+  ActivationCost c;
+  c.kept_per_layer = checkpointing ? saturate(tokens * d * 4) : per_layer;
+  c.layer_working = checkpointing ? per_layer : 0;
+  c.logits = saturate(tokens * s.padded_vocab() * (act + 4 + 4));
+  return c;
+}
+
+int64_t ActivationCost::activations(int64_t layers, int64_t in_flight) const {
+  return saturate(static_cast<long double>(kept_per_layer) * layers * in_flight + layer_working);
+}
+
+MemoryEstimate estimate_training_memory(const ModelSpec& s, int64_t B, int64_t T, Precision p, bool checkpointing) {
+  MemoryEstimate e;
+  const int64_t n = s.num_params();
+  e.weights = 4 * n;
+  e.grads = 4 * n;
+  e.optimizer = 8 * n;
+  const ActivationCost c = activation_cost(s, B, T, p, checkpointing);
+  e.activations = c.activations(s.n_layer, 1);
+  e.logits = c.logits;
   return e;
 }
 

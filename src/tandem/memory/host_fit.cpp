@@ -75,23 +75,35 @@ void check_host_fits(const HostDemand& demand, int64_t available, const ModelSpe
               fixes.empty() ? last : join(fixes, ", ") + " or " + last);
 }
 
-void check_gpu_fit(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_total) {
+void check_gpu_fit(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_total,
+                   const PlanLayout& layout) {
   if (gpu_total <= 0) return;
-  const int64_t floor = 16 * spec.num_params() + kGpuWorkspaceReserveBytes;
-  TANDEM_CHECK(floor <= gpu_total, "training this model (", format_count(double(spec.num_params())),
-               " parameters) on the GPU needs ", gib(floor),
+  const int64_t params = layout_params(spec, layout);  // the stage's Blocks (Note [Plan layout])
+  const bool has_head = layout.end < 0 || layout.end == spec.n_layer + 2;
+  const int64_t nccl = layout.nccl_communicators() * kNcclCommunicatorBytes;
+  const int64_t floor = 16 * params + nccl + kGpuWorkspaceReserveBytes;
+  const std::string what = layout.stages > 1 ? strprintf("stage %lld of this model (%s parameters)",
+                                                         (long long)layout.stage, format_count(double(params)).c_str())
+                                             : "this model (" + format_count(double(params)) + " parameters)";
+  TANDEM_CHECK(floor <= gpu_total, "training ", what, " on the GPU needs ", gib(floor),
                " for its fp32 weights, gradients and AdamW states alone, more than the GPU's ", gib(gpu_total),
-               "; set offload.optimizer=cpu (masters and states in host memory) or choose a smaller model");
+               "; set offload.optimizer=cpu (masters and states in host memory)",
+               layout.stages > 1 || layout.replicas > 1 ? ", cut the model into more pipeline stages" : "",
+               " or choose a smaller model");
+  const int64_t in_flight = layout.in_flight();
   const auto need = [&](int64_t b) {
-    const auto e = estimate_training_memory(spec, b, seq_len, cfg.train.precision, cfg.model.checkpointing);
-    return floor + e.activations + e.logits;
+    const auto a = activation_cost(spec, b, seq_len, cfg.train.precision, cfg.model.checkpointing);
+    return floor + a.activations(layout_layers(spec, layout), in_flight) + (has_head ? a.logits * in_flight : 0);
   };
   const int64_t at_b = need(cfg.train.micro_batch);
-  if (at_b <= 2 * gpu_total) return;
+  // One process halves its micro-batch on out-of-memory (train.oom_retry); several ranks do not.
+  const bool retries = layout.stages == 1 && layout.replicas == 1;
+  if (at_b <= (retries ? 2 : 1) * gpu_total) return;
   int64_t fits = 0;  // the largest power-of-two micro-batch the estimate fits
   for (int64_t b = 1; b <= cfg.train.micro_batch && need(b) <= gpu_total; b *= 2) fits = b;
   TANDEM_FAIL("train.micro_batch=", cfg.train.micro_batch, " x ", seq_len, " tokens needs about ", gib(at_b),
-              " on the GPU by the estimate, more than twice its ", gib(gpu_total), "; ",
+              " on the GPU by the estimate", layout.stages > 1 ? " for " + what : std::string(), ", more than ",
+              retries ? "twice its " : "its ", gib(gpu_total), "; ",
               fits > 0 ? strprintf("lower train.micro_batch (%lld fits by the estimate) and raise train.grad_accum",
                                    static_cast<long long>(fits))
                        : std::string("even micro-batch 1 does not fit: set model.checkpointing=true, lower "

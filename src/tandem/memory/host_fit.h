@@ -32,10 +32,13 @@ HostDemand host_demand(const MemoryPlan& plan, bool cpu_device);
 void check_host_fits(const HostDemand& demand, int64_t available, const ModelSpec& spec, const Config& cfg,
                      bool cpu_device);
 
-/// A run without the offload engine on a GPU of `gpu_total` bytes: UserError when its fp32 weights,
-/// gradients and AdamW states alone exceed the GPU (no micro-batch makes it fit), or when the
-/// estimate at train.micro_batch exceeds the GPU more than twice over (a misfit the out-of-memory
-/// retry would take many halvings to find), naming the largest micro-batch the estimate fits.
-void check_gpu_fit(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_total);
+/// A run without the offload engine on a GPU of `gpu_total` bytes, this rank's Blocks and
+/// micro-batches in flight as `layout` says (Note [Plan layout]): UserError when its fp32 weights,
+/// gradients and AdamW states alone (with NCCL's buffers) exceed the GPU (no micro-batch makes it
+/// fit), or when the estimate at train.micro_batch exceeds the GPU more than twice over (a misfit
+/// the out-of-memory retry would take many halvings to find; with several ranks, which do not
+/// retry, when it exceeds the GPU at all), naming the largest micro-batch the estimate fits.
+void check_gpu_fit(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_total,
+                   const PlanLayout& layout = {});
 
 }  // namespace tandem

@@ -32,10 +32,85 @@ int64_t MemoryPlan::tier_bytes(const std::string& tier) const {
   return sum;
 }
 
-MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks) {
-  const int64_t L = spec.n_layer;
+int64_t PlanLayout::in_flight() const {
+  if (stages <= 1) return 1;
+  return schedule == PipelineSchedule::kGPipe ? micro_batches : std::min(stages - stage, micro_batches);
+}
+
+int64_t PlanLayout::nccl_communicators() const {
+  if (!nccl) return 0;
+  int64_t n = 0;
+  if (replicas > 1) n += shards > 1 ? 2 : 1;  // lane 0 reduces; lane 1 gathers sharded weights
+  if (stages > 1) {
+    n += 1;                                                         // the global norm over the stages
+    n += 2 * ((stage > 0 ? 1 : 0) + (stage < stages - 1 ? 1 : 0));  // a pair per neighbour and direction
+  }
+  return n;
+}
+
+std::string PlanLayout::describe() const {
+  std::vector<std::string> parts;
+  if (stages > 1)
+    parts.push_back(strprintf("stage %lld of %lld (%s, %lld of %lld micro-batches in flight)", (long long)stage,
+                              (long long)stages, to_string(schedule), (long long)in_flight(),
+                              (long long)micro_batches));
+  if (replicas > 1) parts.push_back(strprintf("%lld data-parallel replicas", (long long)replicas));
+  if (shards > 1) parts.push_back(strprintf("masters and states sharded %lld ways", (long long)shards));
+  return join(parts, ", ");
+}
+
+PlanLayout plan_layout(const Config& cfg, int rank, int world, const std::vector<int64_t>& ends, bool nccl) {
+  PlanLayout l;
+  l.stages = ends.empty() ? 1 : static_cast<int64_t>(ends.size());
+  l.replicas = world / l.stages;
+  l.stage = rank / l.replicas;
+  if (l.stages > 1) {
+    l.first = l.stage == 0 ? 0 : ends[static_cast<size_t>(l.stage - 1)];
+    l.end = ends[static_cast<size_t>(l.stage)];
+  }
+  l.schedule = cfg.dist.pipeline_schedule;
+  l.micro_batches = cfg.train.grad_accum;
+  l.shards = cfg.dist.zero_stage == 2 ? l.replicas : 1;
+  l.nccl = nccl && world > 1;
+  return l;
+}
+
+int64_t layout_layers(const ModelSpec& spec, const PlanLayout& layout) {
+  const int64_t end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
+  return std::max<int64_t>(0, std::min(end, spec.n_layer + 1) - std::max<int64_t>(layout.first, 1));
+}
+
+std::vector<PlanBlock> layout_blocks(const ModelSpec& spec, const PlanLayout& layout, int64_t gpu_blocks) {
+  const int64_t first = layout.first, end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
+  // The head owns the final norm and, when untied, the lm_head; a tied lm_head is the embedding's
+  // matrix and is counted there.
+  const int64_t emb = spec.padded_vocab() * spec.d_model;
+  int64_t all_layers = 0;
+  for (int64_t i = 0; i < spec.n_layer; ++i) all_layers += spec.layer_params(i);
+  const int64_t head = spec.num_params() - emb - all_layers;
+  const auto side = [&](bool gpu) { return gpu ? UpdateSide::kGpu : UpdateSide::kCpu; };
+  std::vector<PlanBlock> out;
+  if (first == 0) out.push_back({"embedding", emb, side(gpu_blocks > 0)});
+  for (int64_t i = std::max<int64_t>(first, 1) - 1, g = 0; i < std::min(end, spec.n_layer + 1) - 1; ++i, ++g)
+    out.push_back({"layer." + std::to_string(i), spec.layer_params(i), side(g < gpu_blocks)});
+  if (end == spec.n_layer + 2) out.push_back({"head", head, UpdateSide::kCpu});
+  return out;
+}
+
+int64_t layout_params(const ModelSpec& spec, const PlanLayout& layout) {
+  int64_t n = 0;
+  for (const auto& b : layout_blocks(spec, layout, 0)) n += b.params;
+  return n;
+}
+
+MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                               const PlanLayout& layout) {
+  const int64_t first = layout.first, end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
+  const int64_t L = layout_layers(spec, layout);
+  TANDEM_ASSERT(first >= 0 && first < end && end <= spec.n_layer + 2, "stage Blocks [", first, ", ", end, ")");
   TANDEM_ASSERT(gpu_blocks >= 0 && gpu_blocks <= L, "gpu_blocks ", gpu_blocks, " outside [0, ", L, "]");
   TANDEM_ASSERT(seq_len > 0, "seq_len ", seq_len);
+  const bool has_head = end == spec.n_layer + 2;
 
   MemoryPlan plan;
   plan.gpu_blocks = gpu_blocks;
@@ -44,25 +119,21 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   plan.seq_len = seq_len;
   plan.checkpointing = cfg.model.checkpointing;
   plan.pinned = cfg.offload.pin_memory;
+  plan.layout = layout;
 
-  // Blocks in forward order. The head owns the final norm and, when untied, the lm_head; a tied
-  // lm_head is the embedding's matrix and is counted there.
-  const int64_t emb = spec.padded_vocab() * spec.d_model;
-  int64_t layers = 0;
-  for (int64_t i = 0; i < L; ++i) layers += spec.layer_params(i);
-  const int64_t head = spec.num_params() - emb - layers;
-  const auto side = [&](bool gpu) { return gpu ? UpdateSide::kGpu : UpdateSide::kCpu; };
-  plan.blocks.push_back({"embedding", emb, side(gpu_blocks > 0)});
-  for (int64_t i = 0; i < L; ++i)
-    plan.blocks.push_back({"layer." + std::to_string(i), spec.layer_params(i), side(i < gpu_blocks)});
-  plan.blocks.push_back({"head", head, UpdateSide::kCpu});
+  plan.blocks = layout_blocks(spec, layout, gpu_blocks);
 
-  int64_t n_all = 0, n_gpu = 0, n_cpu = 0;
+  int64_t n_all = 0, n_gpu = 0, n_cpu = 0, largest = 0;
   for (const auto& b : plan.blocks) {
     n_all += b.params;
     (b.update == UpdateSide::kGpu ? n_gpu : n_cpu) += b.params;
+    largest = std::max(largest, b.params);
   }
-  TANDEM_ASSERT(n_all == spec.num_params(), "blocks hold ", n_all, " parameters, the spec ", spec.num_params());
+  TANDEM_ASSERT(layout.stages > 1 || n_all == spec.num_params(), "blocks hold ", n_all, " parameters, the spec ",
+                spec.num_params());
+  // Note [Sharded store]: each rank holds its slice of every Block's master, states and host buffers.
+  const int64_t shards = std::max<int64_t>(layout.shards, 1);
+  const auto shard = [&](int64_t n) { return (n + shards - 1) / shards; };
 
   const int64_t w = working_bytes(cfg.train.precision);
   const int64_t s = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
@@ -70,47 +141,61 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   const std::string wt = to_string(cfg.train.precision);
   const std::string st = to_string(cfg.optim.state_dtype);
   const std::string host = plan.pinned ? kTierPinned : kTierPageable;
+  const std::string whose = layout.stages > 1 ? "the stage's blocks" : "all blocks";
+  const std::string slices = shards > 1 ? strprintf(" (1/%lld slices)", (long long)shards) : "";
   auto add = [&](const std::string& tier, std::string purpose, int64_t bytes) {
     plan.rows.push_back({tier, std::move(purpose), bytes});
   };
 
-  // GPU: every Block's working weights and .grad buffers; master and states of the GPU-updated
-  // Blocks; what autograd saves for backward; the reserve.
-  add(kTierGpu, "working weights (" + wt + "), all blocks", n_all * w);
-  add(kTierGpu, "gradients (" + wt + "), all blocks", n_all * w);
-  if (gpu_blocks > 0) {
-    add(kTierGpu, "fp32 master, GPU-updated blocks", 4 * n_gpu);
-    add(kTierGpu, "optimizer states m, v (fp32), GPU-updated blocks", 2 * 4 * n_gpu);
+  // GPU: every Block's working weights and .grad buffers (whole, sharded or not); master and states
+  // of the GPU-updated Blocks; what autograd saves for backward; NCCL's buffers; the reserve.
+  add(kTierGpu, "working weights (" + wt + "), " + whose, n_all * w);
+  add(kTierGpu, "gradients (" + wt + "), " + whose, n_all * w);
+  if (n_gpu > 0) {
+    add(kTierGpu, "fp32 master, GPU-updated blocks" + slices, 4 * shard(n_gpu));
+    add(kTierGpu, "optimizer states m, v (fp32), GPU-updated blocks" + slices, 2 * 4 * shard(n_gpu));
   }
-  const auto e =
-      estimate_training_memory(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);
-  add(kTierGpu, std::string("activations (checkpointing ") + (cfg.model.checkpointing ? "on)" : "off)"), e.activations);
-  add(kTierGpu, "logits and loss", e.logits);
+  const auto a = activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);
+  const int64_t in_flight = layout.in_flight();
+  add(kTierGpu,
+      std::string("activations (checkpointing ") + (cfg.model.checkpointing ? "on" : "off") +
+          (in_flight > 1 ? strprintf(", %lld micro-batches in flight)", (long long)in_flight) : ")"),
+      a.activations(L, in_flight));
+  if (has_head) add(kTierGpu, "logits and loss", a.logits * (layout.stages > 1 ? in_flight : 1));
+  if (layout.stages > 1) {  // a send not yet complete and a receive, activation-sized
+    const long double act = static_cast<long double>(cfg.train.micro_batch) * seq_len * spec.d_model * w;
+    add(kTierGpu, "stage link buffers (a send and a receive)", static_cast<int64_t>(2 * act));
+  }
+  const int64_t comms = layout.nccl_communicators();
+  if (comms > 0)
+    add(kTierGpu, strprintf("NCCL buffers (%lld communicators)", (long long)comms), comms * kNcclCommunicatorBytes);
   add(kTierGpu, "allocator and workspace reserve", kGpuWorkspaceReserveBytes);
-  plan.gpu_floor_bytes = 2 * n_all * w + kGpuWorkspaceReserveBytes;
+  plan.gpu_floor_bytes = 2 * n_all * w + comms * kNcclCommunicatorBytes + kGpuWorkspaceReserveBytes;
 
-  // Host: the CPU-updated Blocks' optimizer side (the head is always one, so these rows always exist).
-  add(host, "fp32 master, CPU-updated blocks", 4 * n_cpu);
-  add(host, "optimizer states m, v (" + st + "), CPU-updated blocks", 2 * s * n_cpu);
+  // Host: the CPU-updated Blocks' optimizer side (the head's when the stage holds it).
+  if (n_cpu > 0) {
+    add(host, "fp32 master, CPU-updated blocks" + slices, 4 * shard(n_cpu));
+    add(host, "optimizer states m, v (" + st + "), CPU-updated blocks" + slices, 2 * s * shard(n_cpu));
+  }
   // The CPU kernels read bf16 or fp32 gradients: fp16 ones land widened to fp32.
   const bool bf16 = cfg.train.precision == Precision::kBf16;
   const std::string gt = bf16 ? "bf16" : "fp32";
   const int64_t g = bf16 ? 2 : 4;
   const int64_t ring = std::max<int64_t>(cfg.offload.host_ring, 0);  // auto plans per-block buffers
   plan.host_ring = ring;
-  if (ring == 0) {
-    add(host, "gradient landing buffers (" + gt + ")", n_cpu * g);
-    add(host, "weight staging buffers (" + wt + ")", n_cpu * w);
-  } else {
-    int64_t largest = 0;
-    for (const auto& b : plan.blocks) largest = std::max(largest, b.params);
-    add(host, strprintf("gradient landing ring (%lld slots, %s)", (long long)ring, gt.c_str()), ring * largest * g);
-    add(host, strprintf("weight staging ring (%lld slots, %s)", (long long)ring, wt.c_str()), ring * largest * w);
+  if (n_cpu > 0 && ring == 0) {
+    add(host, "gradient landing buffers (" + gt + ")" + slices, shard(n_cpu) * g);
+    add(host, "weight staging buffers (" + wt + ")" + slices, shard(n_cpu) * w);
+  } else if (n_cpu > 0) {
+    add(host, strprintf("gradient landing ring (%lld slots, %s)", (long long)ring, gt.c_str()),
+        ring * shard(largest) * g);
+    add(host, strprintf("weight staging ring (%lld slots, %s)", (long long)ring, wt.c_str()),
+        ring * shard(largest) * w);
   }
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (ring == 0 && cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update)
-    add(host, "undo log (speculative updates)", (4 + 2 * s) * n_cpu);
+  if (n_cpu > 0 && ring == 0 && cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update)
+    add(host, "undo log (speculative updates)" + slices, (4 + 2 * s) * shard(n_cpu));
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;
@@ -123,7 +208,7 @@ MemoryPlan guard_pinned_memory(const MemoryPlan& plan, const ModelSpec& spec, Co
     return plan;
   Config pageable = cfg;
   pageable.offload.pin_memory = false;
-  MemoryPlan pp = plan_offload_memory(spec, pageable, seq_len, gpu_blocks);
+  MemoryPlan pp = plan_offload_memory(spec, pageable, seq_len, gpu_blocks, plan.layout);
   // Pageable memory can be paged out, but not past what is available: keep 5% for the rest.
   if (pp.pageable_bytes() + pp.pinned_bytes() > budget(cap.host_available, 0.95)) return plan;
   if (why)
@@ -159,9 +244,12 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         strprintf(": the GPU tier needs %s, offload.gpu_memory_fraction=%.2f of %s GPU memory allows %s",
                   gib(gpu).c_str(), offload.gpu_memory_fraction, gib(cap.gpu_total).c_str(), gib(gpu_budget).c_str());
     if (plan.gpu_floor_bytes > gpu_budget)
-      msg += " (weights, gradients and reserve alone need " + gib(plan.gpu_floor_bytes) +
-             (train.precision == Precision::kFp32 ? ": set train.precision=bf16 or use a GPU with more memory)"
-                                                  : ": this model needs a GPU with more memory)");
+      msg += std::string(" (weights, gradients") + (plan.layout.nccl_communicators() > 0 ? ", NCCL buffers" : "") +
+             " and reserve alone need " + gib(plan.gpu_floor_bytes) +
+             (train.precision == Precision::kFp32 ? ": set train.precision=bf16, " : ": ") +
+             (plan.layout.stages > 1 || plan.layout.replicas > 1
+                  ? "cut the model into more pipeline stages (dist.pipeline_stages) or use GPUs with more memory)"
+                  : "this model needs a GPU with more memory, or several GPUs as pipeline stages)");
     std::vector<std::string> fixes = {
         strprintf("a smaller train.micro_batch (now %lld)", (long long)train.micro_batch)};
     if (!plan.checkpointing) fixes.push_back("model.checkpointing=true");
@@ -192,40 +280,70 @@ bool auto_host_ring_allowed(const Config& cfg) {
 }
 
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
-                                const MemoryCapacity& cap) {
+                                const MemoryCapacity& cap, const PlanLayout& layout) {
   OffloadConfig o = cfg.offload;
   if (o.host_ring >= 0) return o;
   o.host_ring = 0;
   // Decided on the pinned tier alone; with the CPU as the device (no GPU) there is none.
   if (cap.host_available == 0 || cap.gpu_total == 0 || !auto_host_ring_allowed(cfg)) return o;
-  const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks);
+  const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks, layout);
   if (plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
   o.host_ring = 4;
   o.speculate = Speculation::kNever;
   return o;
 }
 
-int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len,
-                                   const MemoryCapacity& cap) {
+int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const MemoryCapacity& cap,
+                                   const PlanLayout& layout) {
   const int64_t gpu_budget = budget(cap.gpu_total, cfg.offload.gpu_memory_fraction);
   // The GPU tier grows with every Block moved to the GPU, so the fitting g are a prefix of 0..L.
   int64_t best = -1;
-  for (int64_t g = 0; g <= spec.n_layer; ++g) {
-    if (plan_offload_memory(spec, cfg, seq_len, g).gpu_bytes() > gpu_budget) break;
+  for (int64_t g = 0; g <= layout_layers(spec, layout); ++g) {
+    if (plan_offload_memory(spec, cfg, seq_len, g, layout).gpu_bytes() > gpu_budget) break;
     best = g;
   }
   return best;
 }
 
+namespace {
+
+// The Blocks updated on `side`, consecutive decoder layers as one range: "embedding, layers 0..3".
+std::string blocks_on(const MemoryPlan& plan, UpdateSide side) {
+  std::vector<std::string> out;
+  int64_t run_first = -1, run_last = -1;
+  const auto flush = [&] {
+    if (run_first >= 0) out.push_back(layer_range(run_first, run_last));
+    run_first = -1;
+  };
+  for (const auto& b : plan.blocks) {
+    if (b.update != side) continue;
+    if (b.name.rfind("layer.", 0) == 0) {
+      const int64_t i = std::stoll(b.name.substr(6));
+      if (run_first >= 0 && i == run_last + 1) {
+        run_last = i;
+      } else {
+        flush();
+        run_first = run_last = i;
+      }
+      continue;
+    }
+    flush();
+    out.push_back(b.name);
+  }
+  flush();
+  return out.empty() ? "none" : join(out, ", ");
+}
+
+}  // namespace
+
 std::string format_plan(const MemoryPlan& plan) {
-  const int64_t L = plan.n_layer, g = plan.gpu_blocks;
-  std::string out =
-      strprintf("offload plan: %lld blocks (embedding, %lld decoder layers, head), micro-batch %lld x %lld tokens\n",
-                (long long)(L + 2), (long long)L, (long long)plan.micro_batch, (long long)plan.seq_len);
-  out += "  GPU-updated: " + (g > 0 ? "embedding, " + layer_range(0, g - 1) : std::string("none")) + "\n";
-  out += "  CPU-updated: " + (g > 0 ? std::string() : std::string("embedding, ")) +
-         (g < L ? layer_range(g, L - 1) + ", " : std::string()) + "head\n";
-  const char* fmt = "  %-14s %-52s %10s\n";
+  const std::string layout = plan.layout.describe();
+  std::string out = strprintf("offload plan: %zu blocks (%lld decoder layers), micro-batch %lld x %lld tokens%s\n",
+                              plan.blocks.size(), (long long)plan.n_layer, (long long)plan.micro_batch,
+                              (long long)plan.seq_len, layout.empty() ? "" : ("; " + layout).c_str());
+  out += "  GPU-updated: " + blocks_on(plan, UpdateSide::kGpu) + "\n";
+  out += "  CPU-updated: " + blocks_on(plan, UpdateSide::kCpu) + "\n";
+  const char* fmt = "  %-14s %-62s %10s\n";
   out += strprintf(fmt, "tier", "purpose", "GiB");
   for (const char* tier : {kTierGpu, kTierPinned, kTierPageable}) {
     bool any = false;

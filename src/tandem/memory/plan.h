@@ -30,6 +30,42 @@ struct PlanRow {
   int64_t bytes = 0;
 };
 
+/// GPU memory of one NCCL communicator that carries data: its connection buffers, allocated by
+/// NCCL outside the caching allocator (Note [Plan layout]).
+inline constexpr int64_t kNcclCommunicatorBytes = int64_t{512} << 20;
+
+/// Note [Plan layout]
+/// Where this process's Blocks sit among the run's processes; the default is one process with
+/// every Block. A pipeline stage plans its own Blocks only, with the activations of the micro-
+/// batches it holds at once under its schedule (1F1B: p - s of them, GPipe: all), and the logits
+/// of as many on the last stage; a sharded store (dist.zero_stage=2) holds 1/shards of each
+/// Block's master, states and host buffers, and reduce-scatters and all-gathers in place; data
+/// parallel and the stage links add NCCL's buffers, a fixed share per communicator that carries
+/// data, and the links a send and a receive buffer.
+struct PlanLayout {
+  /// The model Blocks of this rank's stage, [first, end) in forward order (0 = the embedding,
+  /// n_layer + 1 = the head); end < 0 = through the head.
+  int64_t first = 0, end = -1;
+  int64_t stages = 1, stage = 0;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int64_t micro_batches = 1;  ///< per step (train.grad_accum)
+  int64_t replicas = 1;       ///< data-parallel ranks of the stage
+  int64_t shards = 1;         ///< ranks sharing each Block's master and states
+  bool nccl = false;          ///< GPU collectives through NCCL
+
+  /// Micro-batches whose activations the stage holds at once.
+  int64_t in_flight() const;
+  /// NCCL communicators that carry data for this rank.
+  int64_t nccl_communicators() const;
+  /// "stage 1 of 2, 2 replicas, sharded 2 ways" ("" for one process).
+  std::string describe() const;
+};
+
+/// The layout of world rank `rank` of `world` under `cfg` (dist.zero_stage, train.grad_accum,
+/// dist.pipeline_schedule) with the pipeline's stage ends `ends` (empty: no pipeline); `nccl`:
+/// CUDA devices with NCCL.
+PlanLayout plan_layout(const Config& cfg, int rank, int world, const std::vector<int64_t>& ends, bool nccl);
+
 /// One Block of the model, in forward order.
 struct PlanBlock {
   std::string name;  ///< "embedding", "layer.0" .. "layer.<L-1>", "head"
@@ -49,6 +85,7 @@ struct MemoryPlan {
   int64_t gpu_floor_bytes = 0;  ///< GPU weights + gradients + reserve: no batch or split setting lowers it
   int64_t state_bytes = 4;      ///< bytes per host optimizer-state element (optim.state_dtype)
   int64_t host_ring = 0;        ///< slots of the host ring, 0 = per-block buffers
+  PlanLayout layout;
 
   /// Sum of the rows of one tier.
   int64_t tier_bytes(const std::string& tier) const;
@@ -58,11 +95,20 @@ struct MemoryPlan {
 };
 
 /// The plan for training `spec` under `cfg` (precision, micro-batch, checkpointing, optimizer state
-/// dtype, clipping, accumulation, pin_memory) with sequence length `seq_len`, when the embedding and
-/// decoder Blocks 0..gpu_blocks-1 are updated on the GPU (embedding only if gpu_blocks > 0) and
-/// every other Block, the head always, on the CPU. gpu_blocks must be in [0, spec.n_layer];
-/// offload.host_ring = -1 (auto) plans per-block buffers, as resolve_host_ring starts from.
-MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks);
+/// dtype, clipping, accumulation, pin_memory) with sequence length `seq_len` on this rank of
+/// `layout`, when the stage's first `gpu_blocks` decoder Blocks (and its embedding, if it holds it
+/// and gpu_blocks > 0) are updated on the GPU and every other Block, the head always, on the CPU.
+/// gpu_blocks must be in [0, the stage's decoder layers]; offload.host_ring = -1 (auto) plans
+/// per-block buffers, as resolve_host_ring starts from.
+MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                               const PlanLayout& layout = {});
+
+/// The decoder layers among the layout's Blocks.
+int64_t layout_layers(const ModelSpec& spec, const PlanLayout& layout);
+/// The layout's Blocks in forward order, the first `gpu_blocks` decoder layers (and the embedding
+/// with them) GPU-updated; and their parameter count.
+std::vector<PlanBlock> layout_blocks(const ModelSpec& spec, const PlanLayout& layout, int64_t gpu_blocks);
+int64_t layout_params(const ModelSpec& spec, const PlanLayout& layout);
 
 /// Memory of the machine a plan must fit, in bytes.
 struct MemoryCapacity {
@@ -77,7 +123,7 @@ struct MemoryCapacity {
 /// cost: every copy staged through the driver's pinned bounce buffer, about half the bandwidth,
 /// and less overlap with compute). Otherwise returns `plan` unchanged.
 MemoryPlan guard_pinned_memory(const MemoryPlan& plan, const ModelSpec& spec, Config& cfg, int64_t seq_len,
-                               int64_t gpu_blocks, const MemoryCapacity& capacity, std::string* why);
+                               int64_t gpu_blocks, const MemoryCapacity& capacity, std::string* why);  // plan.layout
 
 /// Whether the plan's GPU rows fit offload.gpu_memory_fraction x gpu_total and its pinned rows fit
 /// offload.host_memory_fraction x host_available (not checked when host_available is 0).
@@ -98,12 +144,12 @@ bool auto_host_ring_allowed(const Config& cfg);
 /// pinned tier fits (or the host is unknown), else a ring of 4 slots with offload.speculate=never
 /// (an explicit speculate=always or delayed_update keeps per-block buffers). Other values as set.
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
-                                const MemoryCapacity& capacity);
+                                const MemoryCapacity& capacity, const PlanLayout& layout = {});
 
-/// The largest number of GPU-updated decoder Blocks whose plan's GPU tier fits
+/// The largest number of GPU-updated decoder Blocks of the layout's whose plan's GPU tier fits
 /// offload.gpu_memory_fraction x capacity.gpu_total; -1 when not even 0 fits.
 int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len,
-                                   const MemoryCapacity& capacity);
+                                   const MemoryCapacity& capacity, const PlanLayout& layout = {});
 
 /// The plan as a table: tier, purpose, GiB per row and a total per tier, under one line naming the
 /// Blocks and their update side.

@@ -29,6 +29,8 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   return x ^ (x >> 31);
 }
 
+thread_local int skip_fill = 0;  // SkipInitialFill guards alive on this thread
+
 uint64_t draw_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -41,6 +43,7 @@ void init_normal(torch::Tensor& t, double std) {
   TANDEM_ASSERT(t.device().is_cpu() && t.is_contiguous(), "init_normal takes a contiguous CPU tensor");
   torch::NoGradGuard no_grad;
   const uint64_t seed = draw_seed();
+  if (skip_fill > 0) return;
   auto flat = t.view({-1});
   const int64_t n = flat.numel(), chunks = (n + kChunk - 1) / kChunk;
   CpuThreadPool::global().run(chunks, [&](int64_t c) {
@@ -48,5 +51,8 @@ void init_normal(torch::Tensor& t, double std) {
     flat.narrow(0, c * kChunk, std::min(kChunk, n - c * kChunk)).normal_(0.0, std, gen);
   });
 }
+
+SkipInitialFill::SkipInitialFill(bool skip) : skip_(skip) { skip_fill += skip_ ? 1 : 0; }
+SkipInitialFill::~SkipInitialFill() { skip_fill -= skip_ ? 1 : 0; }
 
 }  // namespace tandem

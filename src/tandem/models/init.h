@@ -10,4 +10,17 @@ namespace tandem {
 /// tensor, and each chunk of it has its own generator, so the chunks fill on every core.
 void init_normal(torch::Tensor& t, double std);
 
+/// While one made with `skip` lives on this thread, init_normal draws its seed as always but
+/// leaves the tensor unfilled, its memory untouched (Note [Stage build]).
+class SkipInitialFill {
+ public:
+  explicit SkipInitialFill(bool skip);
+  ~SkipInitialFill();
+  SkipInitialFill(const SkipInitialFill&) = delete;
+  SkipInitialFill& operator=(const SkipInitialFill&) = delete;
+
+ private:
+  bool skip_;
+};
+
 }  // namespace tandem

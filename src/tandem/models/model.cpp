@@ -9,20 +9,35 @@
 #include "tandem/core/error.h"
 #include "tandem/models/amx_moe.h"
 #include "tandem/models/checkpointing.h"
+#include "tandem/models/init.h"
 #include "tandem/models/llama.h"
 #include "tandem/models/resnet_bk.h"
 
 namespace tandem {
 
-Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpointing_(checkpointing) {
+// Note [Stage build]
+// Every rank builds the whole model (Note [Pipeline checkpoints]), but a pipeline stage fills only
+// its own Blocks when the cut is known before the build (dist.pipeline_cut): the others draw their
+// initial weights' seeds (Note [Parallel initialisation]), so the stage's weights are a one-process
+// build's, and leave their memory unwritten, which the kernel does not back until it is written
+// (rank 0's checkpoint gather writes it then). Without this, each of two stages of a 30B model
+// would hold its 120 GB fp32 build on the host at once.
+Model::Model(const ModelSpec& spec, bool checkpointing, std::pair<size_t, size_t> fill)
+    : spec_(spec), checkpointing_(checkpointing) {
   validate_spec(spec_);
   TANDEM_CHECK(!(checkpointing && spec_.arch == Arch::kResNetBk),
                "model.checkpointing is not supported for ResNet-BK models yet (its load-balance loss is taken in the "
                "forward pass); set model.checkpointing=false");
-  auto embed = std::make_shared<EmbeddingBlock>(spec_);
+  const auto outside = [&](size_t block) { return block < fill.first || block >= fill.second; };
+  std::shared_ptr<EmbeddingBlock> embed;
+  {
+    const SkipInitialFill skip(outside(0));
+    embed = std::make_shared<EmbeddingBlock>(spec_);
+  }
   blocks_.push_back(register_module("embed", embed));
   auto rope = spec_.arch == Arch::kLlama ? std::make_shared<RopeTable>(spec_) : nullptr;
   for (int64_t i = 0; i < spec_.n_layer; ++i) {
+    const SkipInitialFill skip(outside(static_cast<size_t>(i) + 1));
     std::shared_ptr<Block> layer;
     if (spec_.arch == Arch::kLlama)
       layer = std::make_shared<LlamaLayer>(spec_, i, rope);
@@ -34,6 +49,7 @@ Model::Model(const ModelSpec& spec, bool checkpointing) : spec_(spec), checkpoin
       layer = std::make_shared<MlpLayer>(spec_, i);
     blocks_.push_back(register_module("layer" + std::to_string(i), layer));
   }
+  const SkipInitialFill skip(outside(static_cast<size_t>(spec_.n_layer) + 1));
   auto head = std::make_shared<HeadBlock>(spec_, spec_.tie_embeddings ? embed->embed_tokens->weight : torch::Tensor());
   blocks_.push_back(register_module("head", head));
 }
@@ -214,8 +230,8 @@ void Model::load_hf_state_dict(const std::function<std::optional<torch::Tensor>(
   }
 }
 
-std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing) {
-  return std::make_shared<Model>(spec, checkpointing);
+std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing, std::pair<size_t, size_t> fill) {
+  return std::make_shared<Model>(spec, checkpointing, fill);
 }
 
 }  // namespace tandem

@@ -4,9 +4,11 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tandem/models/block.h"
@@ -19,7 +21,10 @@ namespace tandem {
 /// A preset's BlockSequence (Note [Block sequence]).
 class Model : public torch::nn::Module, public BlockSequence {
  public:
-  Model(const ModelSpec& spec, bool checkpointing);
+  /// Blocks outside [fill.first, fill.second) draw their initial weights' seeds but are left
+  /// unfilled (Note [Stage build]); the default fills every Block.
+  Model(const ModelSpec& spec, bool checkpointing,
+        std::pair<size_t, size_t> fill = {0, std::numeric_limits<size_t>::max()});
 
   /// (B, T) int64 tokens -> (B, T, V_pad) logits. Decoder layers are recomputed in backward when
   /// activation checkpointing is on and gradients are being recorded.
@@ -87,7 +92,9 @@ class Model : public torch::nn::Module, public BlockSequence {
 /// host; the backward copies the gradient the other way. Same device: x itself.
 torch::Tensor cross_device(const torch::Tensor& x, c10::Device device);
 
-/// Builds the model for a spec, initialised from torch's current RNG.
-std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing);
+/// Builds the model for a spec, initialised from torch's current RNG; only Blocks [fill.first,
+/// fill.second) are filled (Note [Stage build]).
+std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing,
+                                   std::pair<size_t, size_t> fill = {0, std::numeric_limits<size_t>::max()});
 
 }  // namespace tandem

@@ -25,8 +25,10 @@ namespace tandem {
 namespace {
 
 // Store Blocks (embedding, layers, head) of a plan's decoder-layer count: the GPU prefix includes
-// the embedding when layers > 0.
-int64_t store_blocks_of(int64_t layers) { return layers > 0 ? layers + 1 : 0; }
+// the embedding when layers > 0 and the layout holds it.
+int64_t store_blocks_of(int64_t layers, const PlanLayout& layout) {
+  return layers > 0 ? layers + (layout.first == 0 ? 1 : 0) : 0;
+}
 
 }  // namespace
 
@@ -36,32 +38,32 @@ OffloadParts& OffloadParts::operator=(OffloadParts&&) noexcept = default;
 OffloadParts::~OffloadParts() = default;
 
 int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const c10::Device& device,
-                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks) {
+                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks, const PlanLayout& layout) {
   const auto fixed = parse_update_split(cfg.offload.update_split);
   MemoryCapacity cap;
   cap.host_available = cfg.offload.host_memory_gib > 0
                            ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
                            : host_available_bytes();
-  // The ranks on this host share its memory; sharded ranks each hold 1/world of the host rows, which
-  // the plan counts whole, so the host they are checked against grows by as much (Note [Sharded store]).
-  const int64_t shards = cfg.dist.zero_stage == 2 ? ranks.world_size : 1;
-  cap.host_available = cap.host_available * shards / ranks.local_world_size;
+  // The ranks on this host share its memory (each plan counts only its own rank's buffers: its
+  // stage, its shards; Note [Plan layout]).
+  cap.host_available /= ranks.local_world_size;
   if (device.is_cuda() && accelerator()) cap.gpu_total = accelerator()->memory_stats(device.index()).total;
+  const int64_t stage_layers = layout_layers(spec, layout);
   int64_t layers = 0;
   if (fixed) {
-    layers = std::llround(*fixed * double(spec.n_layer));
+    layers = std::llround(*fixed * double(stage_layers));
   } else if (cap.gpu_total > 0) {
     // auto: the largest prefix the memory plan allows; the measured re-solve refines it later.
-    layers = std::max<int64_t>(0, largest_fitting_gpu_blocks(spec, cfg, seq_len, cap));
+    layers = std::max<int64_t>(0, largest_fitting_gpu_blocks(spec, cfg, seq_len, cap, layout));
   }
   const bool ring_auto = cfg.offload.host_ring < 0;
-  cfg.offload = resolve_host_ring(spec, cfg, seq_len, layers, cap);
+  cfg.offload = resolve_host_ring(spec, cfg, seq_len, layers, cap, layout);
   if (ring_auto && cfg.offload.host_ring > 0)
     log::info(
         strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
                   "after the norm (offload.host_ring=auto, Note [Host ring])",
                   static_cast<long long>(cfg.offload.host_ring)));
-  MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers);
+  MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers, layout);
   if (cap.gpu_total > 0) {
     std::string why;
     plan = guard_pinned_memory(plan, spec, cfg, seq_len, layers, cap, &why);  // Note [Host memory guard]
@@ -74,7 +76,7 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
       Config one = cfg;
       one.train.micro_batch = 1;
       if (!cfg.train.oom_retry || cfg.train.micro_batch == 1 ||
-          !plan_fits(plan_offload_memory(spec, one, seq_len, layers), cap, cfg.offload))
+          !plan_fits(plan_offload_memory(spec, one, seq_len, layers, layout), cap, cfg.offload))
         throw;
       log::warn(std::string(e.what()) +
                 " -- starting anyway: the plan fits at micro-batch 1 and train.oom_retry halves the micro-batch on "
@@ -82,24 +84,27 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
     }
   }
   check_host_fits(host_demand(plan, !device.is_cuda()), cap.host_available, spec, cfg, !device.is_cuda());
-  log::info(strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan: device %s, %s host %s",
-                      static_cast<long long>(layers), static_cast<long long>(spec.n_layer),
-                      device.is_cuda() ? "GPU" : "device", spec.n_layer ? double(layers) / double(spec.n_layer) : 0.0,
-                      format_bytes(double(plan.gpu_bytes())).c_str(), plan.pinned ? "pinned" : "pageable",
-                      format_bytes(double(plan.pinned ? plan.pinned_bytes() : plan.pageable_bytes())).c_str()));
+  const std::string where = layout.describe();
+  log::info(
+      strprintf("offload: %lld of %lld decoder blocks updated on the %s (k = %.2f) | plan%s: device %s, %s host %s",
+                static_cast<long long>(layers), static_cast<long long>(stage_layers),
+                device.is_cuda() ? "GPU" : "device", stage_layers ? double(layers) / double(stage_layers) : 0.0,
+                where.empty() ? "" : (" of rank " + std::to_string(ranks.rank) + ", " + where).c_str(),
+                format_bytes(double(plan.gpu_bytes())).c_str(), plan.pinned ? "pinned" : "pageable",
+                format_bytes(double(plan.pinned ? plan.pinned_bytes() : plan.pageable_bytes())).c_str()));
   // The range the split solver may move within: every layer count whose plan fits both tiers.
   int64_t lo = layers, hi = layers;
   if (cap.gpu_total > 0) {
     const auto fits = [&](int64_t l) {
-      return plan_fits(plan_offload_memory(spec, cfg, seq_len, l), cap, cfg.offload);
+      return plan_fits(plan_offload_memory(spec, cfg, seq_len, l, layout), cap, cfg.offload);
     };
     while (lo > 0 && fits(lo - 1)) --lo;
-    while (hi < spec.n_layer && fits(hi + 1)) ++hi;
+    while (hi < stage_layers && fits(hi + 1)) ++hi;
   } else {
-    lo = 0, hi = spec.n_layer;  // the CPU as the device: one memory, no plan tiers to respect
+    lo = 0, hi = stage_layers;  // the CPU as the device: one memory, no plan tiers to respect
   }
-  *range = {store_blocks_of(lo), store_blocks_of(hi)};
-  return store_blocks_of(layers);
+  *range = {store_blocks_of(lo, layout), store_blocks_of(hi, layout)};
+  return store_blocks_of(layers, layout);
 }
 
 EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
@@ -108,10 +113,12 @@ EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
 }
 
 void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
-                           OffloadConfig& offload) {
-  if (ctx.comm) {
-    const auto plan0 = ctx.comm->from_rank0(
-        {double(gpu_blocks), double(offload.host_ring), double(range.first), double(range.second)});
+                           OffloadConfig& offload, const PlanLayout& layout) {
+  if (ctx.comm) {  // the stage's first replica's (stage-major ranks): stages plan their own Blocks
+    constexpr size_t kValues = 4;
+    const auto all = ctx.comm->all_gather(
+        std::vector<double>{double(gpu_blocks), double(offload.host_ring), double(range.first), double(range.second)});
+    const auto plan0 = all.begin() + static_cast<std::ptrdiff_t>(layout.stage * layout.replicas * kValues);
     gpu_blocks = static_cast<int64_t>(plan0[0]);
     offload.host_ring = static_cast<int64_t>(plan0[1]);
     range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};

@@ -12,6 +12,7 @@
 #include "tandem/core/config.h"
 #include "tandem/dist/rank_info.h"
 #include "tandem/engine/offload_engine.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
@@ -23,17 +24,18 @@ class PlacementDriver;
 struct RunContext;
 struct RunPlan;
 
-/// How many store Blocks (a prefix: the embedding, then decoder layers) the device updates, from
-/// the memory plan checked against this machine (offload.update_split, or the largest prefix that
-/// fits); resolves offload.host_ring in `cfg`. `range` receives the prefixes whose plans fit both
-/// tiers: the split solver's range. UserError when no plan fits.
+/// How many store Blocks of this rank's (a prefix: the embedding, then decoder layers) the device
+/// updates, from the memory plan of the rank's `layout` (Note [Plan layout]) checked against this machine
+/// (offload.update_split, or the largest prefix that fits); resolves offload.host_ring in `cfg`. `range` receives the
+/// prefixes whose plans fit both tiers: the split solver's range. UserError when no plan fits.
 int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, const c10::Device& device,
-                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks);
+                        std::pair<int64_t, int64_t>* range, const RankInfo& ranks, const PlanLayout& layout);
 
-/// Rank 0's offload plan on every rank of `ctx` (the split, its range and offload.host_ring): the
-/// ranks' collectives must match Block for Block. A ring turns speculation off (Note [Host ring]).
+/// The offload plan of the first replica of this rank's stage (rank 0's without a pipeline) on every
+/// replica (the split, its range and offload.host_ring): the replicas' collectives must match Block
+/// for Block. A ring turns speculation off (Note [Host ring]).
 void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
-                           OffloadConfig& offload);
+                           OffloadConfig& offload, const PlanLayout& layout = {});
 
 /// The engine's options for a config (AdamW from optim.*, clipping, speculation, delayed update, the
 /// split's range `split_range` in store Blocks, the trace under `run_dir`), for this rank.

@@ -36,8 +36,8 @@ void send_stage(Comm& comm, const std::vector<NamedTensor>& weights, const std::
 }
 
 // Rank 0: stage `stage`'s tensors; weights into the model's Blocks, states kept.
-void receive_stage(Comm& comm, const PipelineGrid& grid, Model& model, std::vector<NamedTensor>& states,
-                   int64_t round, int stage) {
+void receive_stage(Comm& comm, const PipelineGrid& grid, Model& model, std::vector<NamedTensor>& states, int64_t round,
+                   int stage) {
   const auto raw = comm.store().get(manifest_key(round, stage));
   const auto manifest = nlohmann::json::parse(std::string(raw.begin(), raw.end()));
   std::map<std::string, torch::Tensor> params;

@@ -52,7 +52,8 @@ PipelinePlan plan_from_profile(const std::vector<PipelineBlockCost>& blocks, con
                                const std::vector<PipelineDevice>& devices, bool tied, std::string* table);
 
 /// dist.pipeline_cut as stage ends (the last = `blocks`) for dist.pipeline_stages stages, or with
-/// auto for as many as it names; "even" for equal Block counts; none when it is empty. UserError naming the fix for a bad one.
+/// auto for as many as it names; "even" for equal Block counts; none when it is empty. UserError naming the fix for a
+/// bad one.
 std::optional<std::vector<int64_t>> configured_pipeline_cut(const DistConfig& dist, int64_t blocks);
 
 /// Each stage's end Block (ascending, the last = the Block count): dist.pipeline_cut when given,

@@ -125,7 +125,7 @@ void warn_of_bubble(const Config& cfg, int64_t stages) {
 
 }  // namespace
 
-PipelineParts open_pipeline(Model& model, const RunPlan& plan, RunContext& ctx) {
+PipelineParts open_pipeline(Model& model, RunPlan& plan, RunContext& ctx) {
   const Config& cfg = plan.cfg;
   const int64_t stages = pipeline_stage_count(cfg.dist);
   PipelineParts parts;
@@ -138,13 +138,13 @@ PipelineParts open_pipeline(Model& model, const RunPlan& plan, RunContext& ctx) 
   parts.predicted_step_s = cut.predicted_step_s;
   TANDEM_CHECK(!model.spec().tie_embeddings, "the model ties its embedding and head, which stages 0 and ",
                cut.stages - 1, " would hold apart; set model.tie_embeddings=false or dist.pipeline_stages=1");
+  settle_stage_plan(plan, parts.ends, ctx);  // Note [Plan layout]
   ctx.comm->split_pipeline(static_cast<int>(cut.stages));
   const int s = parts.grid.stage();
   const auto first = static_cast<size_t>(s == 0 ? 0 : parts.ends[static_cast<size_t>(s - 1)]);
   const auto end = static_cast<size_t>(parts.ends[static_cast<size_t>(s)]);
   parts.blocks = std::make_unique<StageBlocks>(model, first, end);
-  parts.link = std::make_unique<StageLink>(ctx.comm->stage_link(Comm::Link::kDown),
-                                           ctx.comm->stage_link(Comm::Link::kUp), parts.grid, ctx.device);
+  parts.link = std::make_unique<StageLink>(*ctx.comm, parts.grid, ctx.device);
   parts.step = std::make_unique<PipelineStep>(model, parts.grid, *parts.link, first, end, cfg.dist.pipeline_schedule,
                                               cfg.train.precision, ctx.device);
   if (ctx.main_rank()) warn_of_bubble(cfg, cut.stages);

@@ -21,7 +21,7 @@ struct RunPlan;
 
 struct PipelineParts {
   PipelineGrid grid;
-  std::vector<int64_t> ends;  ///< each stage's end Block
+  std::vector<int64_t> ends;    ///< each stage's end Block
   double predicted_step_s = 0;  ///< the partitioner's prediction (0 = none made)
   std::unique_ptr<StageBlocks> blocks;
   std::unique_ptr<StageLink> link;
@@ -35,7 +35,9 @@ struct PipelineParts {
 };
 
 /// Empty parts when dist.pipeline_stages resolves to 1. Every rank at once (the process groups).
-PipelineParts open_pipeline(Model& model, const RunPlan& plan, RunContext& ctx);
+/// With the partitioner's cut, the memory plan of this rank's stage is settled here
+/// (settle_stage_plan): refused with the numbers before the stage's buffers are allocated.
+PipelineParts open_pipeline(Model& model, RunPlan& plan, RunContext& ctx);
 
 /// "stage 1 of 2 (Blocks 3 .. 5 of 6: layer.2 .. head), replica 0 of 1".
 std::string describe_stage(const PipelineParts& parts, const Model& model);

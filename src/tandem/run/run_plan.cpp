@@ -12,6 +12,7 @@
 #include "tandem/io/hf.h"
 #include "tandem/memory/host_fit.h"
 #include "tandem/run/engine_setup.h"
+#include "tandem/run/pipeline_profile.h"
 #include "tandem/run/run_setup.h"
 
 namespace fs = std::filesystem;
@@ -27,6 +28,14 @@ std::string default_run_dir(const std::string& preset) {
   std::string dir = base;
   for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
   return dir;
+}
+
+// The offload engine's memory plan of this rank's layout, agreed within its stage.
+void plan_offload(RunPlan& plan, Config& cfg, const RunContext& ctx) {
+  plan.gpu_blocks =
+      plan_gpu_blocks(plan.spec, cfg, plan.seq_len, ctx.device, &plan.split_range, ctx.ranks, plan.layout);
+  if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
+  agree_on_offload_plan(ctx, plan.gpu_blocks, plan.split_range, cfg.offload, plan.layout);
 }
 
 }  // namespace
@@ -73,17 +82,23 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   TANDEM_CHECK(plan.seq_len <= spec.max_seq_len, "train.seq_len=", plan.seq_len,
                " exceeds model.max_seq_len=", spec.max_seq_len, "; lower train.seq_len or raise model.max_seq_len");
 
+  // Note [Plan layout]: this rank's stage (when the config cuts the pipeline), replicas and shards.
+  if (ctx.comm && pipeline_stage_count(cfg.dist) != 1)
+    if (auto cut = configured_pipeline_cut(cfg.dist, spec.n_layer + 2)) plan.stage_ends = *cut;
+  const bool cut_later = ctx.comm && pipeline_stage_count(cfg.dist) != 1 && plan.stage_ends.empty();
+  plan.layout = plan_layout(cfg, ranks.rank, ranks.world_size, plan.stage_ends, ctx.comm && ctx.comm->nccl());
+
   // Note [Host fit]: refused before anything is read or allocated when the host cannot hold the run
   // (the offload engine's plan is checked in plan_gpu_blocks).
   const bool cpu_device = !ctx.device.is_cuda();
-  if (!plan.offload) {
+  if (!plan.offload && !cut_later) {
     const int64_t available = cfg.offload.host_memory_gib > 0
                                   ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
                                   : host_available_bytes();
     check_host_fits(host_demand(spec, cfg, plan.seq_len, cpu_device), available / ranks.local_world_size, spec, cfg,
                     cpu_device);
     if (!cpu_device && accelerator())
-      check_gpu_fit(spec, cfg, plan.seq_len, accelerator()->memory_stats(ctx.device_index).total);
+      check_gpu_fit(spec, cfg, plan.seq_len, accelerator()->memory_stats(ctx.device_index).total, plan.layout);
   }
 
   // Run directory: explicit, the resumed run's, or a new one under runs/ (made by the trainer).
@@ -95,11 +110,8 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
 
   // The offload memory plan, checked against the machine before anything is allocated (the
   // model's own fp32 build would otherwise count against the host memory it is about to free).
-  if (plan.offload) {
-    plan.gpu_blocks = plan_gpu_blocks(spec, cfg, plan.seq_len, ctx.device, &plan.split_range, ranks);
-    if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
-    agree_on_offload_plan(ctx, plan.gpu_blocks, plan.split_range, cfg.offload);
-  }
+  if (plan.offload && cut_later) plan.gpu_blocks = -1;  // settle_stage_plan, once the partitioner has cut
+  if (plan.offload && !cut_later) plan_offload(plan, cfg, ctx);
   // Note [Adaptive micro-batch] retries a step on one rank only; the others' collectives would not match.
   if (ctx.comm && cfg.train.oom_retry) {
     cfg.train.oom_retry = false;
@@ -107,6 +119,21 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   }
   plan.cfg = std::move(cfg);
   return plan;
+}
+
+}  // namespace tandem
+
+namespace tandem {
+
+void settle_stage_plan(RunPlan& plan, const std::vector<int64_t>& ends, const RunContext& ctx) {
+  if (!plan.stage_ends.empty() || ends.empty()) return;
+  plan.stage_ends = ends;
+  plan.layout = plan_layout(plan.cfg, ctx.ranks.rank, ctx.ranks.world_size, ends, ctx.comm && ctx.comm->nccl());
+  if (plan.offload) {
+    plan_offload(plan, plan.cfg, ctx);
+  } else if (ctx.device.is_cuda() && accelerator()) {
+    check_gpu_fit(plan.spec, plan.cfg, plan.seq_len, accelerator()->memory_stats(ctx.device_index).total, plan.layout);
+  }
 }
 
 }  // namespace tandem

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tandem/core/config.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
@@ -31,12 +33,23 @@ struct RunPlan {
   /// device updates, and the range the split solver may move within (Note [ParamStore layout]).
   int64_t gpu_blocks = 0;
   std::pair<int64_t, int64_t> split_range{0, 0};
+  /// The pipeline's stage ends when the config gives the cut (dist.pipeline_cut), else empty; and
+  /// this rank's place among the processes (Note [Plan layout]). With the partitioner's cut the
+  /// layout is the stage's once settle_stage_plan() has run, and gpu_blocks is -1 until then.
+  std::vector<int64_t> stage_ends;
+  PlanLayout layout;
 
   std::string checkpoint_dir() const;  ///< <run_dir>/checkpoints
 };
 
 /// Resolves the plan for `cfg` on this rank: checks that span sections, the architecture, the host
-/// fit (Note [Host fit]), the run directory and the offload memory plan, agreed with rank 0.
+/// fit (Note [Host fit]), the run directory and the memory plan of this rank's layout (its
+/// pipeline stage when the cut is known, its data-parallel group), agreed within the stage.
 RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunContext& ctx);
+
+/// Once a pipeline's cut is known (`ends`, every rank at once): the memory plan of this rank's
+/// stage, when resolve_run_plan could not make it (the partitioner's cut); UserError when it does
+/// not fit. Nothing when the plan already has its stage.
+void settle_stage_plan(RunPlan& plan, const std::vector<int64_t>& ends, const RunContext& ctx);
 
 }  // namespace tandem

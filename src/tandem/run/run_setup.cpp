@@ -50,8 +50,9 @@ std::string device_setting(const Config& cfg, const RankInfo& ranks) {
   const std::vector<std::string> devices = split(cfg.dist.pipeline_devices, ',');
   const int64_t stages = pipeline_stage_count(cfg.dist);
   TANDEM_CHECK(stages >= 1 && static_cast<int64_t>(devices.size()) == stages, "dist.pipeline_devices='",
-               cfg.dist.pipeline_devices, "' names ", devices.size(), " devices for dist.pipeline_stages=",
-               cfg.dist.pipeline_stages, "; give one device per stage and a stage count");
+               cfg.dist.pipeline_devices, "' names ", devices.size(),
+               " devices for dist.pipeline_stages=", cfg.dist.pipeline_stages,
+               "; give one device per stage and a stage count");
   TANDEM_CHECK(ranks.world_size % stages == 0, "dist.pipeline_stages=", stages, " does not divide the world of ",
                ranks.world_size, " ranks; start a multiple of ", stages, " ranks");
   return devices[static_cast<size_t>(ranks.rank / (ranks.world_size / stages))];

@@ -6,10 +6,10 @@
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/loader.h"
+#include "tandem/dist/comm.h"
 #include "tandem/dist/grad_reducer.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/models/model.h"
-#include "tandem/dist/comm.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/run/autocast.h"
 #include "tandem/run/pipeline_step.h"
@@ -22,8 +22,7 @@ namespace tandem {
 
 StepRunner::StepRunner(const RunPlan& plan, const RunContext& ctx, Model& model, std::vector<torch::Tensor> params,
                        Optimizer& optimizer, OffloadEngine* engine, GradReducer* reducer, PipelineStep* pipeline,
-                       StepTimer& timer, std::function<void(const nlohmann::json&)> publish,
-                       const TrainerState& state)
+                       StepTimer& timer, std::function<void(const nlohmann::json&)> publish, const TrainerState& state)
     : plan_(plan),
       ctx_(ctx),
       model_(model),
@@ -72,7 +71,9 @@ StepResult StepRunner::run(int64_t step, double lr, BatchLoader& loader, double 
   update(lr, norm, found_inf);
   if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf, plan_.cfg.scaler);
   timer_.mark(StepTimer::Phase::kUpdate);
-  // One host synchronisation per step.
+  // One host synchronisation per step: where a rank waits for the GPU's work and its collectives.
+  const Comm::Waiting waiting(ctx_.comm.get(), strprintf("the end of step %lld (the GPU's work and its collectives)",
+                                                         static_cast<long long>(step + 1)));
   auto host = torch::stack({loss_sum / double(train.grad_accum), norm.to(torch::kFloat32), found_inf, scale_.squeeze()})
                   .to(torch::kCPU, torch::kFloat64);
   StepResult r;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "tandem/core/error.h"
+
+#include "tandem/dist/comm.h"
 #include "tandem/dist/grad_reducer.h"
 #include "tandem/models/model.h"
 #include "tandem/models/stage_blocks.h"
@@ -12,7 +15,6 @@
 #include "tandem/run/run_metrics.h"
 #include "tandem/run/run_plan.h"
 #include "tandem/run/run_setup.h"
-#include "tandem/dist/comm.h"
 
 namespace tandem {
 
@@ -24,13 +26,13 @@ Optimizer& Trainable::optimizer() { return gathered ? static_cast<Optimizer&>(*g
 
 namespace {
 
-// A stage's Blocks under the offload engine: the memory plan's split cut to the stage's Blocks.
+// A stage's Blocks under the offload engine, as the stage's memory plan splits them (Note [Plan layout]).
 OffloadParts build_stage_offload(Model& model, StageBlocks& stage, const RunPlan& plan, const RunContext& ctx,
                                  RunMetrics& metrics, double build_s) {
   for (auto& b : model.buffers()) b.set_data(b.to(ctx.device));
-  const auto n = static_cast<int64_t>(stage.block_count());
-  OffloadSetup setup{plan.cfg, std::min(plan.gpu_blocks, n),
-                     {std::min(plan.split_range.first, n), std::min(plan.split_range.second, n)}, plan.run_dir};
+  TANDEM_ASSERT(plan.gpu_blocks >= 0 && plan.gpu_blocks <= static_cast<int64_t>(stage.block_count()),
+                "the stage's plan updates ", plan.gpu_blocks, " of its ", stage.block_count(), " Blocks on the device");
+  OffloadSetup setup{plan.cfg, plan.gpu_blocks, plan.split_range, plan.run_dir};
   return build_offload(stage, setup, ctx, metrics.trace_counters(), build_s);
 }
 

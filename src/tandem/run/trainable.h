@@ -22,11 +22,11 @@ struct RunContext;
 struct RunPlan;
 
 struct Trainable {
-  OffloadParts offload;                        ///< with offload.optimizer=cpu
-  std::unique_ptr<Optimizer> stage_optimizer;  ///< the optimizer (or the engine's adapter)
-  std::unique_ptr<GatheredOptimizer> gathered; ///< a pipeline's: the stages' states for checkpoints
-  std::unique_ptr<GradReducer> reducer;        ///< replicas without the engine
-  std::vector<torch::Tensor> params;           ///< the tensors this process updates without the engine
+  OffloadParts offload;                         ///< with offload.optimizer=cpu
+  std::unique_ptr<Optimizer> stage_optimizer;   ///< the optimizer (or the engine's adapter)
+  std::unique_ptr<GatheredOptimizer> gathered;  ///< a pipeline's: the stages' states for checkpoints
+  std::unique_ptr<GradReducer> reducer;         ///< replicas without the engine
+  std::vector<torch::Tensor> params;            ///< the tensors this process updates without the engine
 
   Trainable();
   Trainable(Trainable&&) noexcept;

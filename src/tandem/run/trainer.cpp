@@ -184,7 +184,11 @@ DataSplits open_run_data(const RunPlan& plan) {
 std::shared_ptr<Model> build_run_model(const RunPlan& plan, double& build_s) {
   const auto t_build = Clock::now();
   torch::manual_seed(plan.cfg.train.seed);
-  auto model = build_model(plan.spec, plan.cfg.model.checkpointing);
+  // Note [Stage build]: a pipeline stage whose cut the config gives fills only its own Blocks.
+  const auto& l = plan.layout;
+  const auto fill = l.stages > 1 ? std::pair<size_t, size_t>(static_cast<size_t>(l.first), static_cast<size_t>(l.end))
+                                 : std::pair<size_t, size_t>(0, std::numeric_limits<size_t>::max());
+  auto model = build_model(plan.spec, plan.cfg.model.checkpointing, fill);
   build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
   if (!plan.cfg.model.init_from.empty() && plan.resume_dir.empty()) {
     load_hf_weights(*model, plan.cfg.model.init_from);
@@ -213,7 +217,7 @@ class TrainingRun {
   void finish();
 
   RunContext& ctx_;
-  const RunPlan plan_;
+  RunPlan plan_;  // settled by open_pipeline where the partitioner cuts (Note [Plan layout]), then read-only
   const Config& cfg_ = plan_.cfg;
   const NumericsGuard numerics_;
   const DataSplits data_;
@@ -271,6 +275,7 @@ TrainingRun::TrainingRun(RunContext& ctx, RunPlan plan)
     write_file_atomic((fs::path(plan_.run_dir) / "config.yaml").string(), config_to_yaml(cfg_));
     write_file_atomic((fs::path(plan_.run_dir) / "model_config.json").string(), hf_config_json(plan_.spec));
   }
+  if (ctx.comm) ctx.comm->set_run_dir(plan_.run_dir);  // for the heartbeat's messages
   train_loader_->seek(state_.data_position);
   // With a pipeline every rank takes part in an evaluation that any does.
   evaluates_ = pipeline_.on() ? ctx.comm->sum(val_loader_ ? 1.0 : 0.0) > 0 : val_loader_ != nullptr;

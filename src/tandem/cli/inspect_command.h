@@ -1,0 +1,29 @@
+#pragma once
+// `tandem inspect`: the model, its parameters, the memory estimate per device, and with --plan the
+// offload engine's memory plan of every rank of a layout (Note [Plan layout]).
+
+#include <cstdint>
+
+#include "tandem/cli/partition_command.h"
+#include "tandem/io/config_layers.h"
+
+namespace tandem {
+
+/// `tandem inspect` options beyond the configuration.
+struct InspectOptions {
+  bool plan = false;             ///< print the offload engine's memory plan instead of the estimate without it
+  double gpu_memory_gib = 80.0;  ///< GPU to plan for when none is visible, or when given explicitly
+  bool gpu_memory_given = false;
+  double host_memory_gib = 0.0;  ///< 0 = MemAvailable from /proc/meminfo
+  bool partition = false;        ///< profile the Blocks and print the pipeline partitioner's plan
+  PartitionInspectOptions partition_opts;
+  /// Ranks (one GPU each, on one host) to plan for: with dist.zero_stage and dist.pipeline_stages
+  /// their layout; a plan per pipeline stage.
+  int64_t ranks = 1;
+};
+
+/// Prints what `tandem inspect` shows for `resolved`; returns the exit code. UserError when a plan
+/// asked for does not fit.
+int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts);
+
+}  // namespace tandem
