@@ -35,7 +35,7 @@ import sys
 
 from run_dir import RunDirError, has_summary, read_metrics, read_summary, run_cli
 
-WORKLOAD_ORDER = ["1b-resident", "big-offload"]
+WORKLOAD_ORDER = ["1b-resident", "big-offload", "pipeline-1b", "big-pp-offload", "largest"]
 
 
 def tandem_result(run_dir, warmup):

@@ -27,7 +27,11 @@
 #          or 8; DIST_BIG_STEPS, default 8) offloaded with sharded optimizer state (offload.optimizer=cpu,
 #          dist.zero_stage=2) against DeepSpeed ZeRO-2 with offload_optimizer=cpu. DIST_PARTS (default "resident
 #          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
-#          240 / 540 s) limit each run.
+#          240 / 540 s) limit each run. DIST_PARTS may add: pipeline (1B in 2 stages, 1F1B, tandem against
+#          torch.distributed.pipelining, bench/pipelining_peer.py), pp-offload (DIST_BIG in 2 stages with the offload
+#          engine), largest (LARGEST_LAYERS, default 56, layers of LLaMA-30B's width in 2 stages with offload for
+#          LARGEST_STEPS, default 50, steps on real text; its plan and the next size's refusal first). Each run
+#          prints its GPUs' peak memory in use as nvidia-smi sees it.
 #   placement energy-aware Block placement (Note [Block placement]) on PL_MODELS (default "amx-moe 1B"): all-GPU
 #          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
 #          all-GPU run's average power, and all-GPU idled to the same budget (cost model, nothing movable);
@@ -381,9 +385,16 @@ dist_run() {
   shift 8
   local log="$OUT/dist-$name.log" tag="gpu-check-$$-$name" threads=$(( $(nproc) / n )) t0=$SECONDS rc lines
   rm -rf "$result"
+  # Each GPU's memory in use as the driver sees it (NCCL's buffers and the CUDA context included),
+  # sampled every half second: the peak against the memory plan's GPU tier.
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 >"$log.smi" 2>/dev/null &
+  local smi=$!
   GPU_CHECK_RUN=$tag OMP_NUM_THREADS=$threads timeout -k 30 "$limit" "$@" >"$log" 2>&1
   rc=$?
+  kill "$smi" 2>/dev/null
   dist_reap "$tag"
+  awk -F', *' '{ if ($2 > m[$1]) m[$1] = $2 } END { s = ""; for (g in m) s = s sprintf(" GPU %s %.1f GiB", g, m[g] / 1024);
+    print "'"$name"': peak memory used (nvidia-smi):" s }' "$log.smi"
   lines=$(wc -l <"$log")
   if (( lines > 400 )); then  # the start-up and the end
     { head -40 "$log"; echo "[... $((lines - 340)) lines left out ...]"; tail -300 "$log"; } >"$log.tmp" && mv "$log.tmp" "$log"
@@ -449,6 +460,71 @@ if dist_has offload && (( ${#dist_ns[@]} )); then
         --lr "${BIG_LR:-3e-4}" --json "$OUT/dist-deepspeed-big-n$n.jsonl"
     fi
   done
+fi
+
+if dist_has pipeline && (( G >= 2 )); then
+  # 1B (untied) cut into 2 even stages, 1F1B, PP_M micro-batches of PP_B rows: tandem against
+  # torch.distributed.pipelining on the same architecture and micro-batching (bench/pipelining_peer.py).
+  PP_M=${PP_M:-8} PP_B=${PP_B:-4} PP_STEPS=${PP_STEPS:-12} PP_WARMUP=${PP_WARMUP:-4}
+  dpp=(-p 1B --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch="$PP_B"
+       --set train.grad_accum="$PP_M" --set train.seq_len=2048 --steps "$PP_STEPS" --set train.eval_every=0
+       --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines --set train.log_every=1
+       --set dist.pipeline_stages=2 --set dist.pipeline_cut=even --set dist.pipeline_schedule=1f1b)
+  mpp="$OUT/dist-pp-model.json"
+  "$BUILD/tandem" bench step -p 1B --set model.tie_embeddings=false --steps 1 --model-json "$mpp" >/dev/null 2>&1
+  label="1B, 2 stages, 1F1B, $PP_M x $PP_B rows x 2048"
+  echo "== dist: $label, $PP_STEPS steps, tandem and torch.distributed.pipelining"
+  dist_next_port; dist_tandem 2 "$port"
+  dist_run "tandem-pp" pipeline-1b "$label" tandem 2 "$OUT/dist-tandem-pp" "$PP_WARMUP" 240 "${launch[@]}" "${dpp[@]}" \
+    --run-dir "$OUT/dist-tandem-pp"
+  grep -E "predicted step|bubble" "$OUT/dist-tandem-pp.log" | grep -v "^\[rank 1" | tail -3 | cut -c1-240
+  dist_next_port; dist_python 2 "$port"
+  dist_run "pippy-pp" pipeline-1b "$label" torch-pipelining-1f1b 2 "$OUT/dist-pippy-pp.json" "$PP_WARMUP" 240 \
+    "${launch[@]}" bench/pipelining_peer.py --model-config "$mpp" --micro-batch "$PP_B" --micro-batches "$PP_M" \
+    --seq 2048 --steps "$PP_STEPS" --warmup "$PP_WARMUP" --schedule 1f1b --json "$OUT/dist-pippy-pp.json"
+fi
+
+if dist_has pp-offload && (( G >= 2 )); then
+  # DIST_BIG in 2 even stages through the offload engine (bf16 host states), DIST_BIG_BATCH rows per
+  # micro-batch, PPO_M micro-batches: the pipeline's memory plan per stage (Note [Plan layout]).
+  PPO_M=${PPO_M:-4}
+  dppo=(-p "$DIST_BIG" --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch="$DIST_BIG_BATCH"
+        --set train.grad_accum="$PPO_M" --set train.seq_len=2048 --set model.checkpointing=true --set optim.lr="${BIG_LR:-3e-4}"
+        --steps "$DIST_BIG_STEPS" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines
+        --set train.log_every=1 --set offload.optimizer=cpu --set optim.state_dtype=bf16 --set dist.pipeline_stages=2
+        --set dist.pipeline_cut=even)
+  label="$DIST_BIG offload, 2 stages, 1F1B, $PPO_M x $DIST_BIG_BATCH rows x 2048, checkpointing"
+  echo "== dist: $label, $DIST_BIG_STEPS steps"
+  dist_next_port; dist_tandem 2 "$port"
+  dist_run "tandem-pp-offload" big-pp-offload "$label" tandem 2 "$OUT/dist-tandem-pp-offload" "$DIST_BIG_WARMUP" \
+    "${DIST_BIG_TIMEOUT:-540}" "${launch[@]}" "${dppo[@]}" --run-dir "$OUT/dist-tandem-pp-offload"
+  grep -E "offload: .*plan|model built in|bubble" "$OUT/dist-tandem-pp-offload.log" | tail -5 | cut -c1-260
+fi
+
+if dist_has largest && (( G >= 2 )); then
+  # The largest model the plan admits on this machine, LARGEST_SET's shape (default LLaMA-30B's width,
+  # 56 layers: 30.4 B) in 2 stages with the offload engine, on the Python sources as bytes, LARGEST_STEPS
+  # (default 50) steps; its plan first (tandem inspect --plan --ranks 2), and the next size's refusal.
+  corpus="$OUT/corpus.txt"
+  [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+  shape=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
+         --set model.tie_embeddings=false)
+  big=("${shape[@]}" --set model.n_layer="${LARGEST_LAYERS:-56}" --set train.precision=bf16 --set train.micro_batch=1
+       --set train.grad_accum="${LARGEST_M:-4}" --set train.seq_len=2048 --set model.checkpointing=true
+       --set offload.optimizer=cpu --set optim.state_dtype=bf16 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even
+       --set offload.host_memory_fraction="${LARGEST_HOST_FRACTION:-0.95}" --set optim.lr=1e-4 --set optim.warmup_steps=10)
+  echo "== largest: ${LARGEST_LAYERS:-56} layers of d 6656 in 2 stages, $(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 )) GiB host"
+  "$BUILD/tandem" inspect "${big[@]}" --plan --ranks 2 >"$OUT/largest-plan.log" 2>&1
+  grep -E "^parameters|GPU-updated, |total|budget|fits|error" "$OUT/largest-plan.log" | cut -c1-240
+  "$BUILD/tandem" inspect "${big[@]}" --set model.n_layer=$(( ${LARGEST_LAYERS:-56} + 4 )) --plan --ranks 2 \
+    >"$OUT/largest-next-plan.log" 2>&1
+  grep -E "^parameters|error" "$OUT/largest-next-plan.log" | cut -c1-400
+  dist_next_port; dist_tandem 2 "$port"
+  dist_run "tandem-largest" largest "largest: ${LARGEST_LAYERS:-56} x d 6656, 2 stages, offload" tandem 2 \
+    "$OUT/dist-tandem-largest" 5 "${LARGEST_TIMEOUT:-560}" "${launch[@]}" "${big[@]}" --steps "${LARGEST_STEPS:-50}" \
+    --set data.path="$corpus" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
+    --set train.log_every=5 --run-dir "$OUT/dist-tandem-largest"
+  grep -E "offload: .*plan|start-up|done:|loss" "$OUT/dist-tandem-largest.log" | grep -v "^\[rank 1" | tail -14 | cut -c1-240
 fi
 fi
 

@@ -276,3 +276,140 @@ TEST(Pipeline, BadLayoutsAreRefusedWithTheFix) {
 
 }  // namespace
 }  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+// On two GPUs (NCCL, Note [Stage links]): the arguments of a CUDA run, fp32 without TF32 (whose
+// rounding depends on the matmul shapes) and with deterministic kernels, so the stages differ from
+// one GPU only in the order of the gradient sums.
+std::string on_gpus(const std::string& dir, int steps, const std::string& extra) {
+  std::string a = train_args(dir, steps,
+                             "--set model.n_layer=4 --set model.d_model=256 --set train.deterministic=true "
+                             "--set train.tf32=false " +
+                                 extra);
+  return a.replace(a.find("--device cpu"), 12, "--device cuda");
+}
+
+Result train_one_gpu(const std::string& dir, int steps, const std::string& extra) {
+  return sh("NCCL_NVLS_ENABLE=0 " + cli_path() + " train " + on_gpus(dir, steps, extra), dir + ".log");
+}
+
+Result launch_gpus(int p, const std::string& dir, int steps, const std::string& extra, const std::string& launcher = "",
+                   const std::string& env = "") {
+  return sh("env NCCL_NVLS_ENABLE=0 " + env + " " + cli_path() + " launch --nproc-per-node 2 --master-port " +
+                std::to_string(p) + " " + launcher + " -- " + cli_path() + " train " + on_gpus(dir, steps, extra),
+            dir + ".log");
+}
+
+// GPipe and 1F1B, with and without the offload engine: 2 stages on 2 GPUs equal one GPU with the
+// same global batch within 1e-5 relative (the hang this replaces: 1F1B over one NCCL group).
+TEST(PipelineGpu, TwoGpuStagesEqualOneGpuForEverySchedule) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  int k = 0;
+  for (const std::string offload : {"", "--set offload.optimizer=cpu"}) {
+    const std::string one = tmp.file("one" + std::to_string(k));
+    const Result r1 = train_one_gpu(one, 20, kBase + "--set train.micro_batch=4 " + offload);
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    for (const std::string schedule : {"1f1b", "gpipe"}) {
+      SCOPED_TRACE(schedule + " " + offload);
+      const std::string dir = tmp.file("pp" + std::to_string(k++));
+      const Result r = launch_gpus(port(k), dir, 20,
+                                   kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 "
+                                           "--set dist.pipeline_schedule=" +
+                                       schedule + " " + offload);
+      ASSERT_EQ(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("NCCL"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("stage 1 of 2"), std::string::npos) << r.out;
+      expect_same_losses(losses(one), losses(dir), 1e-5);
+    }
+  }
+}
+
+// bf16 (no deterministic kernels): the stages' losses against one GPU's, beside two one-GPU runs'
+// own difference (the run-to-run noise); both printed for docs/benchmarks.md.
+TEST(PipelineGpu, Bf16StagesStayWithinTheRunToRunNoise) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  const std::string bf16 = kBase + "--set train.micro_batch=4 --set train.precision=bf16 --set train.deterministic=false ";
+  ASSERT_EQ(train_one_gpu(tmp.file("a"), 20, bf16).code, 0);
+  ASSERT_EQ(train_one_gpu(tmp.file("b"), 20, bf16).code, 0);
+  const Result r = launch_gpus(port(0), tmp.file("pp"), 20, bf16 + "--set dist.pipeline_stages=2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto worst = [](const std::map<int64_t, double>& x, const std::map<int64_t, double>& y) {
+    double w = 0;
+    for (const auto& [step, v] : x) w = std::max(w, std::abs(v - y.at(step)) / std::abs(v));
+    return w;
+  };
+  const auto a = losses(tmp.file("a")), b = losses(tmp.file("b")), pp = losses(tmp.file("pp"));
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(pp.size(), 20u);
+  const double noise = worst(a, b), stages = worst(a, pp);
+  std::printf("bf16, 20 steps: one GPU run to run %.3g relative at most; 2 stages against one GPU %.3g\n", noise,
+              stages);
+  EXPECT_LE(stages, std::max(4 * noise, 5e-3));
+}
+
+// A pipeline checkpoint on 2 GPUs resumes (as 2 stages again) into the uninterrupted run.
+TEST(PipelineGpu, ACheckpointOfTwoGpuStagesResumes) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  const std::string args = kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even ";
+  const Result clean = launch_gpus(port(0), tmp.file("clean"), 12, args + "--set train.checkpoint_every=6");
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Result resumed =
+      launch_gpus(port(1), tmp.file("resumed"), 12, args + "--resume " + tmp.file("clean/checkpoints/step_00000006"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  auto want = losses(tmp.file("clean"));
+  for (int64_t s = 1; s <= 6; ++s) want.erase(s);
+  expect_same_losses(want, losses(tmp.file("resumed")), 1e-6);
+}
+
+// kill -9 of one rank of a 2-GPU pipeline under --max-restarts 1 --resume auto: the launcher restarts
+// both from the newest checkpoint and the run ends as the uninterrupted one.
+TEST(PipelineGpu, AKilledGpuStageIsRestartedFromTheNewestCheckpoint) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  const std::string args = kBase +
+                           "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even "
+                           "--set train.checkpoint_every=5 --set offload.optimizer=cpu ";
+  const Result clean = launch_gpus(port(0), tmp.file("clean"), 15, args);
+  ASSERT_EQ(clean.code, 0) << clean.out;
+  const Result killed = launch_gpus(port(1), tmp.file("killed"), 15, args + "--resume auto", "--max-restarts 1",
+                                    "TANDEM_FAULTS=kill_after_step=1:8");
+  ASSERT_EQ(killed.code, 0) << killed.out;
+  EXPECT_NE(killed.out.find("rank 1 was killed by signal 9"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("restart 1 of 1"), std::string::npos) << killed.out;
+  EXPECT_NE(killed.out.find("resumed from"), std::string::npos) << killed.out;
+  expect_same_losses(losses(tmp.file("clean")), losses(tmp.file("killed")), 1e-6);
+}
+
+// A hung rank (stopped: its heartbeat too) and a stalled one (its step loop stops, its heartbeat goes
+// on) on 2 GPUs: one line naming the rank and the wait, exit 75, never NCCL's watchdog and its traces.
+TEST(PipelineGpu, AHungOrStalledGpuRankEndsTheRunWithOneLine) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  TempDir tmp;
+  const std::string args = kBase + "--set train.micro_batch=4 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even ";
+  const Result hung = launch_gpus(port(0), tmp.file("hung"), 400,
+                                  args + "--set dist.heartbeat_s=0.5 --set dist.heartbeat_timeout_s=4", "--stop-grace 2",
+                                  "TANDEM_FAULTS=stop_after_step=1:3");
+  EXPECT_EQ(hung.code, 75) << hung.out;
+  EXPECT_NE(hung.out.find("rank 1 has not sent a heartbeat"), std::string::npos) << hung.out;
+  EXPECT_NE(hung.out.find("(this rank waited"), std::string::npos) << hung.out;
+  const Result stalled = launch_gpus(port(1), tmp.file("stalled"), 400,
+                                     args + "--set dist.heartbeat_s=0.5 --set dist.timeout_s=6", "--stop-grace 2",
+                                     "TANDEM_FAULTS=stall_after_step=1:3");
+  EXPECT_EQ(stalled.code, 75) << stalled.out;
+  EXPECT_NE(stalled.out.find("rank 0: waited"), std::string::npos) << stalled.out;
+  EXPECT_NE(stalled.out.find("from rank 1 (stage 1) over the stage link"), std::string::npos) << stalled.out;
+  for (const auto* r : {&hung, &stalled}) {
+    EXPECT_EQ(r->out.find("Watchdog"), std::string::npos) << r->out;
+    EXPECT_EQ(r->out.find("WorkNCCL"), std::string::npos) << r->out;
+    EXPECT_EQ(r->out.find("internal error"), std::string::npos) << r->out;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::test
