@@ -29,8 +29,8 @@
 #          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
 #          240 / 540 s) limit each run. DIST_PARTS may add: pipeline (1B in 2 stages, 1F1B, tandem against
 #          torch.distributed.pipelining, bench/pipelining_peer.py), pp-offload (DIST_BIG in 2 stages with the offload
-#          engine), largest (LARGEST_LAYERS, default 56, layers of LLaMA-30B's width in 2 stages with offload for
-#          LARGEST_STEPS, default 50, steps on real text; its plan and the next size's refusal first). Each run
+#          engine), largest (the most of LARGEST_LAYERS, default "56 54 52", layers of LLaMA-30B's width that the
+#          plan admits, in 2 stages with offload, LARGEST_STEPS, default 50, steps on real text). Each run
 #          prints its GPUs' peak memory in use as nvidia-smi sees it.
 #   placement energy-aware Block placement (Note [Block placement]) on PL_MODELS (default "amx-moe 1B"): all-GPU
 #          (static), the threshold rule (200 W, 80 %), the cost model under a GPU power budget of 60 % of the
@@ -502,29 +502,36 @@ if dist_has pp-offload && (( G >= 2 )); then
 fi
 
 if dist_has largest && (( G >= 2 )); then
-  # The largest model the plan admits on this machine, LARGEST_SET's shape (default LLaMA-30B's width,
-  # 56 layers: 30.4 B) in 2 stages with the offload engine, on the Python sources as bytes, LARGEST_STEPS
-  # (default 50) steps; its plan first (tandem inspect --plan --ranks 2), and the next size's refusal.
+  # The largest model the plan admits on this machine among LARGEST_LAYERS (default "56 54 52") layers of
+  # LLaMA-30B's width (56: 30.4 B), in 2 stages with the offload engine (bf16 host states), on the Python
+  # sources as bytes, LARGEST_STEPS (default 50) steps; each size's plan (tandem inspect --plan --ranks 2)
+  # is kept, so the first refused one shows why. LARGEST_SET adds settings (e.g. offload.gpu_memory_fraction
+  # to plan an 80 GB GPU on a larger one).
   corpus="$OUT/corpus.txt"
   [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
-  shape=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
-         --set model.tie_embeddings=false)
-  big=("${shape[@]}" --set model.n_layer="${LARGEST_LAYERS:-56}" --set train.precision=bf16 --set train.micro_batch=1
+  big=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
+       --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch=1
        --set train.grad_accum="${LARGEST_M:-4}" --set train.seq_len=2048 --set model.checkpointing=true
        --set offload.optimizer=cpu --set optim.state_dtype=bf16 --set dist.pipeline_stages=2 --set dist.pipeline_cut=even
-       --set offload.host_memory_fraction="${LARGEST_HOST_FRACTION:-0.95}" --set optim.lr=1e-4 --set optim.warmup_steps=10)
-  echo "== largest: ${LARGEST_LAYERS:-56} layers of d 6656 in 2 stages, $(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 )) GiB host"
-  "$BUILD/tandem" inspect "${big[@]}" --plan --ranks 2 >"$OUT/largest-plan.log" 2>&1
-  grep -E "^parameters|GPU-updated, |total|budget|fits|error" "$OUT/largest-plan.log" | cut -c1-240
-  "$BUILD/tandem" inspect "${big[@]}" --set model.n_layer=$(( ${LARGEST_LAYERS:-56} + 4 )) --plan --ranks 2 \
-    >"$OUT/largest-next-plan.log" 2>&1
-  grep -E "^parameters|error" "$OUT/largest-next-plan.log" | cut -c1-400
-  dist_next_port; dist_tandem 2 "$port"
-  dist_run "tandem-largest" largest "largest: ${LARGEST_LAYERS:-56} x d 6656, 2 stages, offload" tandem 2 \
-    "$OUT/dist-tandem-largest" 5 "${LARGEST_TIMEOUT:-560}" "${launch[@]}" "${big[@]}" --steps "${LARGEST_STEPS:-50}" \
-    --set data.path="$corpus" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
-    --set train.log_every=5 --run-dir "$OUT/dist-tandem-largest"
-  grep -E "offload: .*plan|start-up|done:|loss" "$OUT/dist-tandem-largest.log" | grep -v "^\[rank 1" | tail -14 | cut -c1-240
+       --set optim.lr=1e-4 --set optim.warmup_steps=10)
+  for kv in ${LARGEST_SET:-}; do big+=(--set "$kv"); done
+  echo "== largest: layers of d 6656 in 2 stages, $(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 )) GiB host, $(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) / 1048576 )) GiB available"
+  layers=""
+  for L in ${LARGEST_LAYERS:-56 54 52}; do
+    "$BUILD/tandem" inspect "${big[@]}" --set model.n_layer="$L" --plan --ranks 2 >"$OUT/largest-plan-$L.log" 2>&1
+    rc=$?
+    echo "$L layers: $(grep -E '^parameters' "$OUT/largest-plan-$L.log" | cut -c1-40) plan rc $rc"
+    grep -E "GPU-updated, |budget|error" "$OUT/largest-plan-$L.log" | cut -c1-300
+    if (( rc == 0 )); then layers=$L; break; fi
+  done
+  if [[ -n $layers ]]; then
+    dist_next_port; dist_tandem 2 "$port"
+    dist_run "tandem-largest" largest "largest: $layers x d 6656, 2 stages, offload" tandem 2 \
+      "$OUT/dist-tandem-largest" 5 "${LARGEST_TIMEOUT:-560}" "${launch[@]}" "${big[@]}" --set model.n_layer="$layers" \
+      --steps "${LARGEST_STEPS:-50}" --set data.path="$corpus" --set train.eval_every=0 --set train.save_final=false \
+      --set train.progress=lines --set train.log_every=5 --run-dir "$OUT/dist-tandem-largest"
+    grep -E "offload: .*plan|start-up|done:|loss" "$OUT/dist-tandem-largest.log" | tail -16 | cut -c1-240
+  fi
 fi
 fi
 

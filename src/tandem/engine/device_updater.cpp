@@ -26,10 +26,13 @@ void DeviceUpdater::update(double lr, int64_t step, double grad_scale) {
     mark_on_compute(stamps_.gpu1);
     return;
   }
-  FusedLists lists = fused_lists(gpu, grad_scale);  // the gradients' widening is queued before the start stamp
   mark_on_compute(stamps_.gpu0);
-  run_fused(lists, lr, step);
+  // A Block at a time: its gradient's fp32 widening lives only through its own update, so the
+  // scratch is the largest Block's, not every GPU-updated Block's at once (26 GB for 13B's half
+  // in a pipeline stage; Note [Plan layout] counts the largest).
   for (const size_t i : gpu) {
+    FusedLists lists = fused_lists({i}, grad_scale);
+    run_fused(lists, lr, step);
     auto& b = store_.blocks()[i];
     b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
     if (store_.sharded()) store_.gather_working(i, 0);  // on the compute stream

@@ -152,8 +152,12 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   add(kTierGpu, "working weights (" + wt + "), " + whose, n_all * w);
   add(kTierGpu, "gradients (" + wt + "), " + whose, n_all * w);
   if (n_gpu > 0) {
+    int64_t largest_gpu = 0;
+    for (const auto& b : plan.blocks)
+      if (b.update == UpdateSide::kGpu) largest_gpu = std::max(largest_gpu, b.params);
     add(kTierGpu, "fp32 master, GPU-updated blocks" + slices, 4 * shard(n_gpu));
     add(kTierGpu, "optimizer states m, v (fp32), GPU-updated blocks" + slices, 2 * 4 * shard(n_gpu));
+    add(kTierGpu, "update scratch (the largest GPU-updated block's gradient in fp32)", 4 * shard(largest_gpu));
   }
   const auto a = activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);
   const int64_t in_flight = layout.in_flight();
