@@ -493,6 +493,7 @@ if dist_has pp-offload && (( G >= 2 )); then
         --steps "$DIST_BIG_STEPS" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines
         --set train.log_every=1 --set offload.optimizer=cpu --set optim.state_dtype=bf16 --set dist.pipeline_stages=2
         --set dist.pipeline_cut=even)
+  for kv in ${DIST_BIG_SET:-}; do dppo+=(--set "$kv"); done
   label="$DIST_BIG offload, 2 stages, 1F1B, $PPO_M x $DIST_BIG_BATCH rows x 2048, checkpointing"
   echo "== dist: $label, $DIST_BIG_STEPS steps"
   dist_next_port; dist_tandem 2 "$port"
