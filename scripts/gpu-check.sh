@@ -474,11 +474,11 @@ if dist_has pipeline && (( G >= 2 )); then
   "$BUILD/tandem" bench step -p 1B --set model.tie_embeddings=false --steps 1 --model-json "$mpp" >/dev/null 2>&1
   label="1B, 2 stages, 1F1B, $PP_M x $PP_B rows x 2048"
   echo "== dist: $label, $PP_STEPS steps, tandem and torch.distributed.pipelining"
-  dist_next_port; dist_tandem 2 "$port"
+  side_has tandem && dist_next_port && dist_tandem 2 "$port" && \
   dist_run "tandem-pp" pipeline-1b "$label" tandem 2 "$OUT/dist-tandem-pp" "$PP_WARMUP" 240 "${launch[@]}" "${dpp[@]}" \
     --run-dir "$OUT/dist-tandem-pp"
   grep -E "predicted step|bubble" "$OUT/dist-tandem-pp.log" | grep -v "^\[rank 1" | tail -3 | cut -c1-240
-  dist_next_port; dist_python 2 "$port"
+  side_has peer && dist_next_port && dist_python 2 "$port" && \
   dist_run "pippy-pp" pipeline-1b "$label" torch-pipelining-1f1b 2 "$OUT/dist-pippy-pp.json" "$PP_WARMUP" 240 \
     "${launch[@]}" bench/pipelining_peer.py --model-config "$mpp" --micro-batch "$PP_B" --micro-batches "$PP_M" \
     --seq 2048 --steps "$PP_STEPS" --warmup "$PP_WARMUP" --schedule 1f1b --json "$OUT/dist-pippy-pp.json"

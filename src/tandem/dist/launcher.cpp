@@ -33,7 +33,8 @@ namespace tandem {
 // RANK = node_rank * n + local rank, LOCAL_RANK, WORLD_SIZE = nnodes * n, LOCAL_WORLD_SIZE = n,
 // GROUP_RANK = NODE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT (the attempt, 0
 // first), TORCHELASTIC_MAX_RESTARTS, plus TANDEM_LAUNCHED=1, TANDEM_DEVICE_INDEX (the slot) and,
-// unless the launcher's environment sets it, OMP_NUM_THREADS = allowed cores / n. The workers'
+// unless the launcher's environment sets them, OMP_NUM_THREADS = allowed cores / n and
+// TORCH_CPP_LOG_LEVEL=ERROR (LibTorch's warnings come with stack frames). The workers'
 // stdout and stderr come back through pipes and go out whole lines at a time, "[rank R] " first.
 // One poll() loop watches the pipes and a self-pipe that the signal handlers write to.
 //  - Every worker exits 0: the launcher exits 0.
@@ -305,6 +306,9 @@ WorkerTemplate make_template(const LaunchOptions& o) {
     if (!ours) t.base_env.push_back(entry);
   }
   t.set_omp_threads = std::getenv("OMP_NUM_THREADS") == nullptr;
+  // LibTorch's own C++ warnings carry their stack frames (a store connection closing as a peer
+  // stops prints a dozen lines beside tandem's one): errors only, unless the environment says.
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) t.base_env.emplace_back("TORCH_CPP_LOG_LEVEL=ERROR");
   for (const std::string& a : o.command) t.argv.push_back(const_cast<char*>(a.c_str()));
   t.argv.push_back(nullptr);
   t.exec_failure = "tandem launch: cannot run " + o.command[0] + ": ";

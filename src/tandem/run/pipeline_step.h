@@ -4,6 +4,7 @@
 // the previous stage and sent to the next, their gradients the other way, the loss on the last
 // stage; and the stage's time split into work and waiting (the bubble).
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -22,12 +23,12 @@ class Comm;
 class Model;
 class StageLink;
 
-/// What a stage did in one step.
+/// What a stage did in one step (Note [Pipeline pass timing]).
 struct StageTimes {
   double section_s = 0;  ///< from the first pass's start to the last one's end
-  double wait_s = 0;     ///< blocked on a neighbour's activation or gradient
-  /// Each pass's start and end on the wall clock (seconds since the epoch, the host's view: a
-  /// GPU pass ends when its work is queued), in the schedule's order (pipeline_passes()).
+  double wait_s = 0;     ///< idle within the section: waiting for a neighbour's activation or gradient
+  /// Each pass's start and end on the wall clock (seconds since the epoch), in the schedule's order
+  /// (pipeline_passes()).
   std::vector<std::pair<double, double>> passes;
 };
 
@@ -48,7 +49,9 @@ class PipelineStep {
   /// Forward only, without gradients: the sum of the batches' losses, split over the stages as run()'s.
   torch::Tensor evaluate(const std::vector<Batch>& batches);
 
-  const StageTimes& last_times() const { return times_; }
+  /// The last step's times; on a GPU read from its events, so only once the step's work is done
+  /// (after the step's host synchronisation).
+  const StageTimes& last_times();
   const PipelineGrid& grid() const { return grid_; }
   PipelineSchedule schedule() const { return schedule_; }
   size_t first() const { return first_; }
@@ -63,6 +66,9 @@ class PipelineStep {
                const std::function<torch::Tensor(const torch::Tensor&, int64_t)>& scaled);
   void backward(int64_t micro, InFlight& f);
 
+  void begin_compute();  // Note [Pipeline pass timing]: the pass's start, after its message
+  void time_passes_on_device();
+
   Model& model_;
   PipelineGrid grid_;
   StageLink& link_;
@@ -71,6 +77,7 @@ class PipelineStep {
   Precision precision_;
   c10::Device device_;
   StageTimes times_;
+  std::vector<std::pair<c10::Event, c10::Event>> pass_events_;  // on a GPU: each pass's start and end, not yet read
 };
 
 /// The global gradient norm (0-d) from this stage's (equal on the stage's replicas, after their
