@@ -100,13 +100,19 @@ void PipelineStep::time_passes_on_device() {
   if (times_.passes.size() != events.size()) return;
   const c10::Event& first = events.front().first;
   const double host0 = times_.passes.front().first;
+  std::vector<std::pair<double, double>> passes;
   double busy = 0, end = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const double a = first.elapsedTime(events[i].first) / 1e3, b = first.elapsedTime(events[i].second) / 1e3;
-    times_.passes[i] = {host0 + a, host0 + b};
-    busy += b - a;
-    end = std::max(end, b);
+  try {
+    for (const auto& [start, stop] : events) {
+      const double a = first.elapsedTime(start) / 1e3, b = first.elapsedTime(stop) / 1e3;
+      passes.emplace_back(host0 + a, host0 + b);
+      busy += b - a;
+      end = std::max(end, b);
+    }
+  } catch (const c10::Error&) {  // an event the step never reached (it failed part-way): the host's times stay
+    return;
   }
+  times_.passes = std::move(passes);
   times_.section_s = end;
   times_.wait_s = std::max(0.0, end - busy);
 }
