@@ -49,11 +49,13 @@ else
   fi
   # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself;
   # tests/python/test_tokenizers_parity.py compares its tokenizers with `tokenizers` and `sentencepiece`;
-  # tests/python/test_serve.py drives `tandem serve` with the official `openai` client.
-  if ! .venv/bin/python -c "import transformers, safetensors, pytest, tokenizers, sentencepiece, openai, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
-    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, safetensors, pytest, tokenizers, sentencepiece, openai)"
-    .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" safetensors pytest tokenizers \
-      sentencepiece openai
+  # tests/python/test_serve.py drives `tandem serve` with the official `openai` client;
+  # tests/python/test_trainer.py runs transformers' Trainer (which needs accelerate).
+  # The test command also builds the package's wheel here without build isolation (scikit-build-core).
+  if ! .venv/bin/python -c "import transformers, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit_build_core, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit-build-core)"
+    .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" accelerate safetensors pytest \
+      tokenizers sentencepiece openai scikit-build-core
   fi
   prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi
@@ -77,16 +79,10 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
 fi
 say "building"
 cmake --build "$BUILD_DIR" -j"$(nproc)"
-# The Python package (Note [Python package]): the build assembles it in $BUILD_DIR/python; a .pth
-# file puts that on .venv's path, so `.venv/bin/python -c "import tandem"` works without a second
-# compilation.
+# The Python package (Note [Python package]) is installed the pip way (`pip install .`; the test
+# command does it from this build folder). A path file of earlier setups would shadow it: gone.
 if [ -x .venv/bin/python ]; then
-  if [ ! -d "$BUILD_DIR/python/tandem" ]; then
-    say "the Python package was not built: see the 'tandem: Python package' line of $BUILD_DIR.cmake.log"
-    exit 1
-  fi
   site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  realpath "$BUILD_DIR/python" >"$site/tandem.pth"
-  .venv/bin/python -c "import tandem" && say "ready: import tandem (.venv/bin/python)"
+  rm -f "$site/tandem.pth"
 fi
 say "ready: $BUILD_DIR/tandem"

@@ -5,7 +5,9 @@ layers of a model are found automatically: the ``nn.ModuleList`` holding the mos
 children are all of one class (transformers' ``model.layers``, nanoGPT's ``transformer.h``). The
 parameters outside them form the edge Blocks: those registered before the first layer the
 embedding Block, the rest the head Block. A weight tied between two modules is one parameter and
-belongs to the first Block that registers it.
+belongs to the first Block that registers it. Frozen layers (no trainable parameter) are no Blocks; a
+model without repeated layers is one Block; a layer shared by several depths (ALBERT) is one Block,
+whose forward runs several times a step.
 """
 
 from __future__ import annotations
@@ -85,8 +87,14 @@ def find_blocks(
     Raises ValueError for a parameter in two Blocks, a parameter in no Block (``edge_blocks=False``),
     or a model without repeated layers.
     """
-    if blocks is None:
-        layers = find_layers(model)
+    named = blocks is not None
+    if not named:
+        try:
+            layers = find_layers(model)
+        except ValueError:
+            # No repeated layers (an MLP, ALBERT's one layer shared by every depth): the model is one
+            # Block. It trains as any other, without overlapping layers' updates with the backward.
+            layers = [model]
     else:
         layers = list(blocks)
         for i, layer in enumerate(layers):
@@ -112,7 +120,9 @@ def find_blocks(
             spec.params.append((name, p))
             first_layer_order = order if first_layer_order is None else min(first_layer_order, order)
         if not spec.params:
-            raise ValueError(f"blocks[{i}] ({type(layer).__name__}) has no trainable parameters; leave it out")
+            if named:
+                raise ValueError(f"blocks[{i}] ({type(layer).__name__}) has no trainable parameters; leave it out")
+            continue  # a frozen layer (fine-tuning the rest): no Block, it stays as it is
         specs.append(spec)
     rest = sorted((v for k, v in trainable.items() if k not in taken), key=lambda v: v[0])
     if rest and not edge_blocks:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -196,6 +197,11 @@ class Engine:
             raise
         self._attach.core = self._core
         self.run_dir = self._core.run_dir()
+        # The persistent buffers (BatchNorm's running statistics, ...) go into checkpoints beside the weights.
+        persistent = set(model.state_dict(keep_vars=True).keys())
+        self._core.set_buffers([(n, b) for n, b in model.named_buffers() if b is not None and n in persistent])
+        if self.device.type == "cpu":
+            self._warn_gpu_only_keys(keys)
         self._loss_sum: Optional[torch.Tensor] = None
         # Note [Adaptive micro-batch] for train_step: parts per micro-batch, clean steps since.
         self._oom_parts = 1
@@ -203,6 +209,18 @@ class Engine:
         self._oom_retry = oom_retry == "true"
         self._oom_grow_after = int(oom_grow_after)
         self.oom_retries = 0  #: steps run again after an out-of-memory error
+
+    # Keys that shape only the GPU's side (its transfers, its memory tier, its matmul numerics): with the
+    # CPU as the device they change nothing. (offload.delayed_update and offload.host_ring do change a
+    # CPU run: the CPU-updated Blocks' lag and buffers.)
+    _GPU_ONLY = ("offload.pin_memory", "offload.gpu_memory_fraction", "train.tf32")
+
+    @staticmethod
+    def _warn_gpu_only_keys(keys: Sequence[Tuple[str, str]]) -> None:
+        for key, _ in keys:
+            if key in Engine._GPU_ONLY:
+                warnings.warn(f"{key} does nothing with the CPU as the device (it shapes the GPU's side); it is "
+                              "ignored here", stacklevel=3)
 
     def _place_model(self, specs: List[BlockSpec]) -> None:
         """Offload: the trainable parameters stay where they are (they become the host masters);
@@ -234,8 +252,8 @@ class Engine:
         self._backward(loss, 1.0)
 
     def _backward(self, loss: torch.Tensor, share: float) -> None:
-        (loss * (self._core.loss_multiplier() * share)).backward()
-        self._core.end_backward()
+        (loss * (self._live.loss_multiplier() * share)).backward()
+        self._live.end_backward()
         detached = loss.detach().float() * share
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
 
@@ -250,7 +268,7 @@ class Engine:
         halve again. ValueError when even one row does not fit (or train.oom_retry is off).
         """
         rows = int(batch[0].shape[0])
-        accumulation = self._core.accumulation()
+        accumulation = self._live.accumulation()
         if any(int(t.shape[0]) != rows for t in batch) or rows < accumulation:
             raise ValueError(f"train_step: the batch's tensors must share a first dimension of at least "
                              f"train.grad_accum={accumulation} rows")
@@ -291,8 +309,8 @@ class Engine:
     def step(self) -> Optional[StepInfo]:
         """The optimizer step at the accumulation boundary (every train.grad_accum backward calls;
         None before it): global-norm clipping, the non-finite check, AdamW on the CPU and the GPU."""
-        if self._core.micro() < self._core.accumulation():
-            if self._core.micro() == 0:
+        if self._live.micro() < self._live.accumulation():
+            if self._live.micro() == 0:
                 raise ValueError("engine.step() without engine.backward(loss) since the last step")
             return None
         return self._finish_step()
@@ -301,7 +319,7 @@ class Engine:
         """Gives up the open step (after an out-of-memory error in the forward or backward): nothing
         is updated, gradients are cleared, the device cache is freed; run the step again, e.g. with
         half the micro-batch and twice the accumulation."""
-        self._core.abandon()
+        self._live.abandon()
         self._loss_sum = None
         self._attach.tokens = 0
 
@@ -313,47 +331,56 @@ class Engine:
         Returns the checkpoint's directory (on rank 0)."""
         hf = getattr(self.model, "config", None)
         hf_config = hf.to_json_string() if hasattr(hf, "to_json_string") else ""
-        return self._core.save(os.fspath(path or self.run_dir), hf_config)
+        return self._live.save(os.fspath(path or self.run_dir), hf_config)
 
     def load(self, path: str) -> str:
         """Resumes exactly from a checkpoint directory, or the newest intact one in a run
         directory: weights, AdamW states, step, loss scale and RNG. Returns the checkpoint used."""
-        return self._core.load(os.fspath(path))
+        return self._live.load(os.fspath(path))
 
     def wait(self) -> None:
         """Blocks until every update is in the model's weights (before evaluation or export)."""
-        self._core.wait()
+        self._live.wait()
 
     # What it is doing.
     @property
     def global_step(self) -> int:
         """Optimizer steps completed."""
-        return self._core.step()
+        return self._live.step()
 
     @property
     def data_position(self) -> int:
         """Micro-batches trained since the start (restored by load()): where a resumed loop's data
         continues, e.g. ``TokenBatches.seek(engine.data_position)``."""
-        return self._core.data_position()
+        return self._live.data_position()
 
     @property
     def rank(self) -> int:
         """This process's rank (0 without torchrun or tandem launch)."""
-        return self._core.rank()
+        return self._live.rank()
 
     @property
     def world_size(self) -> int:
         """The number of data-parallel processes."""
-        return self._core.world()
+        return self._live.world()
 
     def stats(self) -> Dict[str, Any]:
         """The engine's counters: steps, skipped steps, rollbacks, CPU update and transfer seconds,
         the update split."""
-        return json.loads(self._core.stats_json())
+        return json.loads(self._live.stats_json())
 
     def config_yaml(self) -> str:
         """Every key as this engine resolved it (YAML)."""
-        return self._core.config_yaml()
+        return self._live.config_yaml()
+
+    @property
+    def _live(self) -> "_C.EngineCore":
+        """The engine's core; ValueError once close() has run."""
+        core = getattr(self, "_core", None)
+        if core is None:
+            raise ValueError("this engine is closed (engine.close() ran); make a new tandem.Engine, or "
+                             "tandem.optim.OffloadAdamW, to train on")
+        return core
 
     def close(self) -> None:
         """Finishes the last updates, writes summary.json and removes the engine's hooks from the model."""
@@ -372,9 +399,9 @@ class Engine:
     def _finish_step(self) -> StepInfo:
         """The update, with this step's loss and tokens for its metrics row (metrics.jsonl, the
         dashboard and /metrics, TensorBoard: the CLI's Note [Telemetry])."""
-        accumulation = max(1, self._core.accumulation())
+        accumulation = max(1, self._live.accumulation())
         loss = self._loss_sum / accumulation if self._loss_sum is not None else None
-        info = self._core.update(loss, self._attach.tokens)
+        info = self._live.update(loss, self._attach.tokens)
         self._loss_sum = None
         self._attach.tokens = 0
         return info

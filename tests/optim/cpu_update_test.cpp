@@ -329,6 +329,29 @@ TEST(CpuUpdate, RollbackRestoresTheStateBitForBit) {
   }
 }
 
+// Note [Parameter groups]: a span of a group updates exactly as a call with the group's lr, betas,
+// eps and weight decay and its own step count would; the span beside it keeps the call's.
+TEST(CpuUpdate, AGroupsSpanUpdatesAsACallWithTheGroupsHyperParameters) {
+  const Buffers base(1000, Dtype::kBF16, Dtype::kF32, true, 7);
+  UpdateHyper call = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 5);
+  GroupHyper g{3e-3, 0.8, 0.99, 1e-6, 0.3, 3};  // its step: 5 - 3 = 2
+  UpdateHyper as_group = call;
+  as_group.lr = g.lr, as_group.beta1 = g.beta1, as_group.beta2 = g.beta2, as_group.eps = g.eps;
+  as_group.weight_decay = g.weight_decay, as_group.step = 2;
+
+  Buffers grouped = base.clone(), alone = base.clone();
+  UpdateSpan first = grouped.span(0, 400), second = grouped.span(400);
+  first.group = &g;
+  cpu_update({first, second}, call);
+  cpu_update({alone.span(0, 400)}, as_group);
+  cpu_update({alone.span(400)}, call);
+  EXPECT_EQ(first_difference(grouped, alone), "");
+  // And a different group gives different values (the group is read, not ignored).
+  Buffers other = base.clone();
+  cpu_update({other.span()}, call);
+  EXPECT_NE(first_difference(grouped, other), "");
+}
+
 TEST(CpuUpdate, ByteModel) {
   EXPECT_EQ(bytes_per_element(UpdateRule::kAdamW, Dtype::kF32, Dtype::kF32, false), 28);
   EXPECT_EQ(bytes_per_element(UpdateRule::kAdamW, Dtype::kBF16, Dtype::kF32, true), 28);

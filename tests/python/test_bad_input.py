@@ -24,10 +24,33 @@ def one_line(e):
     return text
 
 
-def test_model_without_repeated_layers():
-    with pytest.raises(ValueError, match="no repeated layers") as e:
-        tandem.Engine(NoLayers(), engine_config(True))
-    assert "blocks=[...]" in one_line(e)
+def test_model_without_repeated_layers_is_one_block():
+    model = NoLayers()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        engine.backward(model(torch.ones(2, 4)).pow(2).mean())
+        assert engine.step().step == 1
+
+
+def test_named_layer_without_trainable_parameters():
+    model = NoLayers()
+    model.a.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters") as e:
+        tandem.Engine(model, engine_config(True), blocks=[model.a, model.b])
+    assert "leave it out" in one_line(e)
+
+
+def test_a_closed_engine_says_so():
+    model = tiny_gpt()
+    engine = tandem.Engine(model, engine_config(True))
+    engine.close()
+    with pytest.raises(ValueError, match="engine is closed") as e:
+        engine.step()
+    one_line(e)
+
+
+def test_a_key_that_does_nothing_on_the_cpu_warns():
+    with pytest.warns(UserWarning, match="offload.pin_memory does nothing with the CPU"):
+        tandem.Engine(tiny_gpt(), engine_config(True, **{"offload.pin_memory": False})).close()
 
 
 def test_parameter_in_two_blocks():

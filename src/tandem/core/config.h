@@ -142,6 +142,9 @@ struct OptimConfig {
   double warmup_min_lr = 0.0;
   LrSchedule schedule = LrSchedule::kCosine;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  /// Weight decay of 1-D parameters (norm scales, biases): off, as GPT and LLaMA recipes train; on,
+  /// as torch.optim.AdamW decays every parameter of its group.
+  bool decay_1d = false;
 };
 
 /// Dynamic loss scaling for fp16.

@@ -246,8 +246,13 @@ const std::vector<Field>& fields() {
       double_field("optim.beta1", "Adam first-moment decay; Lion interpolation", F(optim.beta1)),
       double_field("optim.beta2", "Adam second-moment decay; Lion momentum decay (0.99 is usual)", F(optim.beta2)),
       double_field("optim.eps", "Adam epsilon", F(optim.eps)),
-      double_field("optim.weight_decay", "decoupled weight decay (matrices and embeddings; not norms)",
+      double_field("optim.weight_decay",
+                   "decoupled weight decay (matrices and embeddings; 1-D parameters as optim.decay_1d)",
                    F(optim.weight_decay)),
+      bool_field("optim.decay_1d",
+                 "weight decay of 1-D parameters (norm scales, biases) too, as torch's AdamW; default off, as GPT "
+                 "and LLaMA recipes train",
+                 F(optim.decay_1d)),
 
       double_field("scaler.init_scale", "fp16 initial loss scale", F(scaler.init_scale)),
       double_field("scaler.growth_factor", "fp16 loss-scale growth factor", F(scaler.growth_factor)),
@@ -314,10 +319,11 @@ const std::vector<Field>& fields() {
                    "pipeline steps to draw into <run dir>/pipeline_trace.json (comma list; \"\" = none): each "
                    "stage's forward and backward passes on its own track, for Perfetto",
                    F(dist.pipeline_trace_steps)),
-      string_field("dist.pipeline_cut",
-                   "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
-                   "partitioner's cut from a profile of the Blocks and every rank's device)",
-                   F(dist.pipeline_cut)),
+      string_field(
+          "dist.pipeline_cut",
+          "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
+          "partitioner's cut from a profile of the Blocks and every rank's device)",
+          F(dist.pipeline_cut)),
       enum_field<PlacementPolicyKind>(
           "placement.policy",
           "where each block runs per step: off | static | threshold (GPU power and CPU load, seed 000's rule) "

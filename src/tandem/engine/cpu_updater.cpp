@@ -319,7 +319,7 @@ void CpuUpdater::run_update(const CpuUpdateJob& job) {
   const size_t i = job.block;
   auto& b = store_.blocks()[i];
   const auto t0 = std::chrono::steady_clock::now();
-  const auto sp = block_update_spans(b, store_.landing(i, job.slot), store_.staging(i, job.slot));
+  const auto sp = block_update_spans(b, store_.landing(i, job.slot), store_.staging(i, job.slot), job.groups.get());
   std::vector<UndoLog> logs;
   if (job.undo) {
     TANDEM_ASSERT(b.undo_master.defined(), "block ", b.name, " has no undo buffers");

@@ -33,6 +33,8 @@ struct CpuUpdateJob {
   int64_t slot = -1;        ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
   int64_t prev_owner = -1;  ///< host ring: the Block whose upload last read the slot's staging
   bool host = false;        ///< the Block ran on the CPU: its gradient was already on the host
+  /// The parameter groups' hyper-parameters when the job was queued (Note [Parameter groups]).
+  std::shared_ptr<const std::vector<GroupHyper>> groups;
 };
 
 struct CpuUpdaterOptions {

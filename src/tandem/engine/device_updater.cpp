@@ -2,6 +2,9 @@
 
 #include "tandem/engine/update_spans.h"
 
+#include <map>
+#include <utility>
+
 namespace tandem {
 
 DeviceUpdater::DeviceUpdater(ParamStore& store, AdamWOptions adam, UpdateHyper hyper, CpuThreadPool* pool,
@@ -30,9 +33,10 @@ void DeviceUpdater::update(double lr, int64_t step, double grad_scale) {
   // A Block at a time: its gradient's fp32 widening lives only through its own update, so the
   // scratch is the largest Block's, not every GPU-updated Block's at once (26 GB for 13B's half
   // in a pipeline stage; Note [Plan layout] counts the largest).
+  const auto groups = store_.group_hypers();  // Note [Parameter groups]
   for (const size_t i : gpu) {
-    FusedLists lists = fused_lists({i}, grad_scale);
-    run_fused(lists, lr, step);
+    auto buckets = fused_buckets(i, lr, grad_scale, groups.get());
+    run_fused(buckets, step);
     auto& b = store_.blocks()[i];
     b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
     if (store_.sharded()) store_.gather_working(i, 0);  // on the compute stream
@@ -40,37 +44,47 @@ void DeviceUpdater::update(double lr, int64_t step, double grad_scale) {
   mark_on_compute(stamps_.gpu1);
 }
 
-DeviceUpdater::FusedLists DeviceUpdater::fused_lists(const std::vector<size_t>& blocks, double grad_scale) {
-  FusedLists l;
-  for (const size_t i : blocks) {
-    auto& b = store_.blocks()[i];
-    const auto g = (store_.sharded() ? b.grad_shard : b.grad).to(torch::kFloat32) * grad_scale;
-    for (const auto& f : b.shard_params) {
-      const int k = f.weight_decay_scale != 0.0f ? 0 : 1;
-      l.params[k].push_back(b.master.narrow(0, f.offset, f.numel));
-      l.grads[k].push_back(g.narrow(0, f.offset, f.numel));
-      l.m[k].push_back(b.m.narrow(0, f.offset, f.numel));
-      l.v[k].push_back(b.v.narrow(0, f.offset, f.numel));
+std::vector<DeviceUpdater::FusedBucket> DeviceUpdater::fused_buckets(size_t block, double lr, double grad_scale,
+                                                                     const std::vector<GroupHyper>* groups) {
+  auto& b = store_.blocks()[block];
+  const auto g = (store_.sharded() ? b.grad_shard : b.grad).to(torch::kFloat32) * grad_scale;
+  std::vector<FusedBucket> out;
+  std::map<std::pair<int, bool>, size_t> index;  // (group, decayed) -> bucket
+  for (const auto& f : b.shard_params) {
+    const bool grouped = groups != nullptr && f.group >= 0;
+    const std::pair<int, bool> key{grouped ? f.group : -1, f.weight_decay_scale != 0.0f};
+    auto it = index.find(key);
+    if (it == index.end()) {
+      FusedBucket bucket;
+      bucket.hyper = grouped ? (*groups)[static_cast<size_t>(f.group)]
+                             : GroupHyper{lr, adam_.beta1, adam_.beta2, adam_.eps, adam_.weight_decay};
+      bucket.hyper.weight_decay *= f.weight_decay_scale;
+      it = index.emplace(key, out.size()).first;
+      out.push_back(std::move(bucket));
     }
+    FusedBucket& bucket = out[it->second];
+    bucket.params.push_back(b.master.narrow(0, f.offset, f.numel));
+    bucket.grads.push_back(g.narrow(0, f.offset, f.numel));
+    bucket.m.push_back(b.m.narrow(0, f.offset, f.numel));
+    bucket.v.push_back(b.v.narrow(0, f.offset, f.numel));
   }
-  return l;
+  return out;
 }
 
-void DeviceUpdater::run_fused(FusedLists& l, double lr, int64_t step) {
+void DeviceUpdater::run_fused(std::vector<FusedBucket>& buckets, int64_t step) {
   const auto dev = store_.options().device;
-  for (int k = 0; k < 2; ++k) {
-    if (l.params[k].empty()) continue;
+  for (auto& k : buckets) {
     // _fused_adamw_ reads its step tensors as this update's 1-based count (FusedAdamW increments
     // them before the call).
-    std::vector<torch::Tensor> steps(l.params[k].size());
-    for (auto& s : steps) s = torch::full({}, double(step), torch::TensorOptions().device(dev));
-    const double wd = k == 0 ? adam_.weight_decay : 0.0;
+    std::vector<torch::Tensor> steps(k.params.size());
+    const GroupHyper& h = k.hyper;
+    for (auto& s : steps) s = torch::full({}, double(step - h.steps_before), torch::TensorOptions().device(dev));
     if (adam_.decoupled)
-      at::_fused_adamw_(l.params[k], l.grads[k], l.m[k], l.v[k], {}, steps, lr, adam_.beta1, adam_.beta2, wd, adam_.eps,
-                        false, false, std::nullopt, std::nullopt);
+      at::_fused_adamw_(k.params, k.grads, k.m, k.v, {}, steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, false,
+                        false, std::nullopt, std::nullopt);
     else
-      at::_fused_adam_(l.params[k], l.grads[k], l.m[k], l.v[k], {}, steps, lr, adam_.beta1, adam_.beta2, wd, adam_.eps,
-                       false, false, std::nullopt, std::nullopt);
+      at::_fused_adam_(k.params, k.grads, k.m, k.v, {}, steps, h.lr, h.beta1, h.beta2, h.weight_decay, h.eps, false,
+                       false, std::nullopt, std::nullopt);
   }
 }
 
@@ -87,6 +101,7 @@ void DeviceUpdater::run_fused(FusedLists& l, double lr, int64_t step) {
 // result still depends on the split (and with offload.delayed_update, where only CPU-updated Blocks
 // lag, on any device).
 void DeviceUpdater::update_on_host(const std::vector<size_t>& blocks, double lr, int64_t step, double grad_scale) {
+  const auto groups = store_.group_hypers();  // Note [Parameter groups]
   std::vector<UpdateSpan> all;
   std::vector<torch::Tensor> keep;  // fp16 gradients widened, as the copy into the landing buffer widens them
   for (const size_t i : blocks) {
@@ -94,7 +109,7 @@ void DeviceUpdater::update_on_host(const std::vector<size_t>& blocks, double lr,
     torch::Tensor g = store_.sharded() ? b.grad_shard : b.grad;
     if (g.scalar_type() != torch::kFloat32 && g.scalar_type() != torch::kBFloat16) g = g.to(torch::kFloat32);
     keep.push_back(g);
-    const auto sp = block_update_spans(b, g, b.working.narrow(0, b.shard_offset, b.shard_numel));
+    const auto sp = block_update_spans(b, g, b.working.narrow(0, b.shard_offset, b.shard_numel), groups.get());
     all.insert(all.end(), sp.begin(), sp.end());
   }
   cpu_update(all, update_hyper(hyper_, lr, step, grad_scale), nullptr, pool_);

@@ -29,12 +29,15 @@ class DeviceUpdater {
   void update(double lr, int64_t step, double grad_scale);
 
  private:
-  /// The fused kernel's lists, [0] with weight decay and [1] without (1-D parameters).
-  struct FusedLists {
-    std::vector<torch::Tensor> params[2], grads[2], m[2], v[2];
+  /// The fused kernel's lists for one set of hyper-parameters: the engine's with or without weight
+  /// decay (1-D parameters), or a parameter group's (Note [Parameter groups]).
+  struct FusedBucket {
+    GroupHyper hyper;
+    std::vector<torch::Tensor> params, grads, m, v;
   };
-  FusedLists fused_lists(const std::vector<size_t>& blocks, double grad_scale);
-  void run_fused(FusedLists& lists, double lr, int64_t step);
+  std::vector<FusedBucket> fused_buckets(size_t block, double lr, double grad_scale,
+                                         const std::vector<GroupHyper>* groups);
+  void run_fused(std::vector<FusedBucket>& buckets, int64_t step);
   void update_on_host(const std::vector<size_t>& blocks, double lr, int64_t step, double grad_scale);
   void mark_on_compute(Stamp& st);
 

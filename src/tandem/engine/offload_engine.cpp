@@ -293,6 +293,7 @@ CpuUpdateJob OffloadEngine::job(size_t i, double grad_scale, bool undo, bool upl
   j.undo = undo;
   j.upload = upload;
   j.host = host_run_[i];
+  j.groups = store_.group_hypers();
   return j;
 }
 

@@ -87,7 +87,7 @@ BlockStore ParamStore::describe_block(BlockSequence& model, size_t bi, int64_t b
   for (auto& [name, p] : model.block_parameters(bi)) {
     TANDEM_ASSERT(p.scalar_type() == torch::kFloat32, "parameter ", name, " is ", p.scalar_type(),
                   ", the store takes fp32 masters");
-    FlatParam f{name, p, b.numel, p.numel(), p.sizes().vec(), p.dim() >= 2 ? 1.0f : 0.0f};
+    FlatParam f{name, p, b.numel, p.numel(), p.sizes().vec(), p.dim() >= 2 || options_.decay_1d ? 1.0f : 0.0f};
     b.numel += p.numel();
     b.params.push_back(std::move(f));
   }
@@ -319,6 +319,69 @@ std::vector<NamedTensor> ParamStore::state(const torch::Tensor& step) {
       out.emplace_back(f.name + ".step", step);
     }
   return out;
+}
+
+// Note [Parameter groups]
+// torch.optim's param_groups give parameters their own lr, betas, eps and weight decay, and every
+// parameter of a group is decayed by the group's weight decay (a bias or a norm scale too); the
+// engine's own convention, as GPT and LLaMA recipes train, is one set of hyper-parameters and no
+// decay of 1-D parameters. OffloadAdamW assigns each parameter its group once (assign_groups) and,
+// before each step, the groups' current values (set_group_hypers: a scheduler's lr, a group changed
+// between steps); each update span points at its group's entry of the table current when its
+// update was queued (a shared snapshot: a CPU update still running from the last step keeps its
+// values), and the CPU kernels and the GPU's fused update use those instead of the engine's.
+void ParamStore::assign_groups(const std::function<int(const torch::Tensor&)>& group_of) {
+  for (auto& b : blocks_) {
+    for (auto& f : b.params) {
+      f.group = group_of(f.param);
+      if (f.group >= 0) f.weight_decay_scale = 1.0f;
+    }
+    for (auto& f : b.shard_params) {
+      f.group = group_of(f.param);
+      if (f.group >= 0) f.weight_decay_scale = 1.0f;
+    }
+  }
+}
+
+void ParamStore::set_group_hypers(std::vector<GroupHyper> groups) {
+  groups_ = std::make_shared<const std::vector<GroupHyper>>(std::move(groups));
+}
+
+std::shared_ptr<const std::vector<GroupHyper>> ParamStore::group_hypers() const { return groups_; }
+
+std::pair<BlockStore*, const FlatParam*> ParamStore::find(const torch::Tensor& param) {
+  TANDEM_ASSERT(!sharded(), "a parameter's state from a sharded store");
+  for (auto& b : blocks_)
+    for (const auto& f : b.params)
+      if (f.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return {&b, &f};
+  TANDEM_FAIL("a parameter of shape ", param.sizes(),
+              " is not among the engine's: the optimizer's parameters must be the model's trainable ones");
+}
+
+std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
+  const auto where = find(param);
+  const BlockStore* b = where.first;
+  const FlatParam* f = where.second;
+  const auto slice = [&](const torch::Tensor& t) {
+    return t.narrow(0, f->offset, f->numel).to(torch::kCPU, torch::kFloat32, false, true).view(f->shape);
+  };
+  return {slice(b->master), slice(b->m), slice(b->v)};
+}
+
+void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
+                                  const torch::Tensor& v) {
+  torch::NoGradGuard no_grad;
+  auto [bp, f] = find(param);
+  BlockStore& b = *bp;
+  for (const auto& [dst, src, what] :
+       {std::tuple{b.master, master, "master"}, std::tuple{b.m, m, "exp_avg"}, std::tuple{b.v, v, "exp_avg_sq"}}) {
+    TANDEM_CHECK(src.numel() == f->numel, "the state's ", what, " of ", f->name, " has ", src.numel(),
+                 " elements, the parameter ", f->numel);
+    dst.narrow(0, f->offset, f->numel).copy_(src.reshape(-1));
+  }
+  const torch::Tensor new_weights = b.master.narrow(0, f->offset, f->numel);
+  view_of(b.working, *f).copy_(new_weights.view(f->shape));
+  if (b.staging.defined()) b.staging.narrow(0, f->offset, f->numel).copy_(new_weights);
 }
 
 }  // namespace tandem

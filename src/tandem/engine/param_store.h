@@ -39,6 +39,7 @@
 #include "tandem/dist/comm.h"
 #include "tandem/memory/update_side.h"
 #include "tandem/models/block_sequence.h"
+#include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 
@@ -49,6 +50,7 @@ struct FlatParam {
   int64_t offset = 0, numel = 0;
   std::vector<int64_t> shape;
   float weight_decay_scale = 1.0f;  ///< 0 for 1-D parameters (norm scales), as FusedAdamW
+  int group = -1;                   ///< its parameter group (Note [Parameter groups]); -1: none
 };
 
 /// The buffers of one Block (Note [ParamStore layout]).
@@ -91,6 +93,7 @@ struct ParamStoreOptions {
   /// the groups that gather the working weights (required when shard_count > 1).
   int shard_rank = 0, shard_count = 1;
   Comm* comm = nullptr;
+  bool decay_1d = false;  ///< optim.decay_1d: 1-D parameters decay too (else weight_decay_scale 0)
 };
 
 /// One slot of the host ring: a landing and a staging buffer the size of the largest Block.
@@ -113,6 +116,23 @@ class ParamStore {
   torch::Tensor staging(size_t i, int64_t slot) const;
   const ParamStoreOptions& options() const { return options_; }
   int64_t gpu_blocks() const;
+
+  /// Note [Parameter groups]: each parameter's group, `group_of(param)` (-1: none, the engine's
+  /// hyper-parameters and no weight decay on 1-D parameters); a parameter in a group is decayed by
+  /// its group's weight decay whatever its rank, as torch's AdamW does.
+  void assign_groups(const std::function<int(const torch::Tensor&)>& group_of);
+  /// The groups' hyper-parameters from the next update on (between steps); an update in flight
+  /// keeps the table it started with.
+  void set_group_hypers(std::vector<GroupHyper> groups);
+  /// The current table (shared with the updates that use it); null when no group was set.
+  std::shared_ptr<const std::vector<GroupHyper>> group_hypers() const;
+  /// One parameter's fp32 master and AdamW moments, fp32 host copies (an unsharded store);
+  /// UserError when the store does not hold it.
+  std::vector<torch::Tensor> param_state(const torch::Tensor& param);
+  /// Sets one parameter's master and moments (any float dtype, cast to the store's) and its
+  /// working copy from the new master (an unsharded store, between steps).
+  void load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
+                        const torch::Tensor& v);
 
   /// Moves Block i's master and states to the other side: bit for bit with fp32 host states; with
   /// bf16 host states the move to the GPU widens exactly and the move back rounds m and v to
@@ -173,11 +193,14 @@ class ParamStore {
   /// working and grad on the device, filled from the master, and the parameters rebound to them.
   void bind_to_working(BlockStore& b);
   torch::ScalarType landing_dtype() const;
+  /// The Block holding `param` and its FlatParam there; UserError when none does.
+  std::pair<BlockStore*, const FlatParam*> find(const torch::Tensor& param);
   ParamStoreOptions options_;
   std::vector<BlockStore> blocks_;
   std::vector<RingSlot> ring_;
   std::vector<bool> keep_cpu_;  // per Block: stays CPU-updated (keep_cpu_updated)
   double pin_seconds_ = 0.0;
+  std::shared_ptr<const std::vector<GroupHyper>> groups_;  // Note [Parameter groups]
 };
 
 }  // namespace tandem

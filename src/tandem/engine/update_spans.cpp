@@ -4,7 +4,8 @@
 
 namespace tandem {
 
-std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out) {
+std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out,
+                                           const std::vector<GroupHyper>* groups) {
   const bool grad_bf16 = grad.scalar_type() == torch::kBFloat16;
   TANDEM_ASSERT(grad_bf16 || grad.scalar_type() == torch::kFloat32, "gradient dtype ", grad.scalar_type(),
                 " (the CPU kernels take fp32 or bf16 gradients)");
@@ -27,6 +28,11 @@ std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& g
     s.n = f.numel;
     s.index_base = b.index_base + b.shard_offset + f.offset;
     s.weight_decay_scale = f.weight_decay_scale;
+    if (groups != nullptr && f.group >= 0) {
+      TANDEM_ASSERT(static_cast<size_t>(f.group) < groups->size(), "parameter ", f.name, " of group ", f.group,
+                    " beyond the ", groups->size(), " groups set");
+      s.group = &(*groups)[static_cast<size_t>(f.group)];
+    }
     spans.push_back(s);
   }
   return spans;

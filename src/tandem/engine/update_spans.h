@@ -17,7 +17,10 @@ namespace tandem {
 /// One span per parameter piece of b's slice (b.shard_params): the master, m and v of b, the
 /// gradient read from `grad` (fp32 or bf16), and the new weights written into `out` when it is bf16
 /// (otherwise the caller copies the master). `grad` and `out` hold at least the slice, contiguous.
-std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out);
+/// `groups` (Note [Parameter groups]): the table each grouped parameter's span points into; null:
+/// every span takes the call's hyper-parameters.
+std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& grad, const torch::Tensor& out,
+                                           const std::vector<GroupHyper>* groups = nullptr);
 
 /// The undo logs matching block_update_spans(b, ...): b's undo buffers (speculative updates).
 std::vector<UndoLog> block_undo_logs(BlockStore& b);

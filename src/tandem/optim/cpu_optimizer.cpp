@@ -22,7 +22,7 @@ CpuOptimizer::CpuOptimizer(std::vector<NamedTensor> params, CpuOptimizerOptions 
     TANDEM_CHECK(p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous(),
                  "the CPU optimizer needs contiguous fp32 CPU parameters; '", name, "' is ", p.scalar_type(), " on ",
                  p.device(), "; use optim.impl=fused for parameters on a GPU");
-    Entry e{name, p, {}, {}, p.dim() >= 2 ? 1.0f : 0.0f, base};
+    Entry e{name, p, {}, {}, p.dim() >= 2 || options.decay_1d ? 1.0f : 0.0f, base};
     if (keeps_m(options.hyper)) e.m = torch::zeros({p.numel()}, sopts);
     if (keeps_v(options.hyper)) e.v = torch::zeros({p.numel()}, sopts);
     base += p.numel();

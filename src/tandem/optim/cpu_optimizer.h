@@ -14,11 +14,12 @@ struct CpuOptimizerOptions {
   UpdateHyper hyper;  ///< rule and coefficients; lr and step are set per step
   Dtype state_dtype = Dtype::kF32;
   CpuThreadPool* pool = nullptr;  ///< null: the global pool
+  bool decay_1d = false;          ///< optim.decay_1d: 1-D parameters decay too
 };
 
 /// Updates fp32 CPU parameters in place from their fp32 or bf16 .grad with one cpu_update() call
-/// per step over all parameters. Matrices and embeddings get weight decay, 1-D parameters do not
-/// (as FusedAdamW). State names match FusedAdamW's ("<param>.exp_avg", ...), so checkpoints move
+/// per step over all parameters. Matrices and embeddings get weight decay, 1-D parameters only with
+/// decay_1d (as FusedAdamW). State names match FusedAdamW's ("<param>.exp_avg", ...), so checkpoints move
 /// between the two; bf16 states are widened or rounded on the way.
 class CpuOptimizer : public Optimizer {
  public:

@@ -157,9 +157,20 @@ CpuIsa active_cpu_isa() {
 
 namespace detail {
 
-UpdateCoeffs make_coeffs(const UpdateHyper& h, float weight_decay_scale) {
-  TANDEM_ASSERT(h.step >= 1, "update step must be >= 1, got ", h.step);
-  const double wd = h.weight_decay * weight_decay_scale;
+UpdateCoeffs make_coeffs(const UpdateHyper& call, const UpdateSpan& s) {
+  TANDEM_ASSERT(call.step >= 1, "update step must be >= 1, got ", call.step);
+  UpdateHyper h = call;
+  if (s.group != nullptr) {  // Note [Parameter groups]
+    h.lr = s.group->lr;
+    h.beta1 = s.group->beta1;
+    h.beta2 = s.group->beta2;
+    h.eps = s.group->eps;
+    h.weight_decay = s.group->weight_decay;
+    h.step = call.step - s.group->steps_before;
+    TANDEM_ASSERT(h.step >= 1, "a group's update ", h.step, " (the call's ", call.step, ", ", s.group->steps_before,
+                  " before the group)");
+  }
+  const double wd = h.weight_decay * s.weight_decay_scale;
   UpdateCoeffs c{};
   c.rule = h.rule;
   c.rounding = h.rounding;
@@ -201,7 +212,7 @@ UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper&
   const detail::KernelTable k = kernels_for(isa);
   std::vector<detail::UpdateCoeffs> coeffs;
   coeffs.reserve(spans.size());
-  for (const auto& s : spans) coeffs.push_back(detail::make_coeffs(hyper, s.weight_decay_scale));
+  for (const auto& s : spans) coeffs.push_back(detail::make_coeffs(hyper, s));
   const std::vector<Chunk> chunks = cut(spans);
 
   std::atomic<int64_t> nonfinite{0}, skipped{0};

@@ -61,6 +61,15 @@ struct UpdateHyper {
   bool check_finite = true;
 };
 
+/// The hyper-parameters a parameter group sets apart from the call's (torch.optim's param_groups:
+/// Note [Parameter groups]); the rule, gradient scale and rounding stay the call's.
+struct GroupHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  /// Updates before the group's first (a group added later counts its own steps for the bias
+  /// correction, as torch keeps a step per parameter): the group's step is the call's less this.
+  int64_t steps_before = 0;
+};
+
 /// One contiguous range of parameters and the buffers its update reads and writes. All pointers
 /// cover `n` elements; none needs any alignment.
 struct UpdateSpan {
@@ -73,7 +82,8 @@ struct UpdateSpan {
   int64_t index_base = 0;  ///< index of element 0 in the whole parameter space (stochastic rounding)
   Dtype grad_dtype = Dtype::kF32;
   Dtype state_dtype = Dtype::kF32;
-  float weight_decay_scale = 1.0f;  ///< multiplies weight_decay for this span (0 for norms and biases)
+  float weight_decay_scale = 1.0f;    ///< multiplies weight_decay for this span (0 for norms and biases)
+  const GroupHyper* group = nullptr;  ///< its group's lr, betas, eps and weight decay; null: the call's
 };
 
 /// Where an update saves the values it overwrites, for cpu_rollback(). Same layout and dtypes as
@@ -157,8 +167,9 @@ KernelTable scalar_kernels();
 KernelTable avx2_kernels();  // empty table where the compiler cannot target x86-64 SIMD
 KernelTable avx512_kernels(bool bf16_instructions);
 
-/// Per-span coefficients (weight decay scaled) from the hyper-parameters.
-UpdateCoeffs make_coeffs(const UpdateHyper& h, float weight_decay_scale);
+/// Per-span coefficients (weight decay scaled) from the hyper-parameters, with the span's group's
+/// lr, betas, eps and weight decay when it has one.
+UpdateCoeffs make_coeffs(const UpdateHyper& h, const UpdateSpan& s);
 
 }  // namespace detail
 }  // namespace tandem

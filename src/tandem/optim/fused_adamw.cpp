@@ -9,7 +9,7 @@ FusedAdamW::FusedAdamW(std::vector<NamedTensor> params, AdamWOptions options) : 
   groups_[1].weight_decay = 0.0;
   for (auto& [name, p] : params) {
     TANDEM_ASSERT(p.requires_grad(), "parameter ", name, " does not require grad");
-    auto& g = groups_[p.dim() >= 2 ? 0 : 1];
+    auto& g = groups_[p.dim() >= 2 || options_.decay_1d ? 0 : 1];
     g.names.push_back(name);
     g.params.push_back(p);
     g.exp_avg.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous));

@@ -53,6 +53,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& o, std::vector<Name
     AdamWOptions adam;
     adam.beta1 = o.beta1, adam.beta2 = o.beta2, adam.eps = o.eps;
     adam.weight_decay = o.weight_decay, adam.decoupled = o.type == OptimizerType::kAdamW;
+    adam.decay_1d = o.decay_1d;
     return std::make_unique<FusedAdamW>(std::move(params), adam);
   }
   TANDEM_CHECK(device.is_cpu(), "optim.impl=cpu needs the parameters on the CPU, but train.device is ", device.str(),
@@ -69,6 +70,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimConfig& o, std::vector<Name
   h.dampening = o.dampening, h.nesterov = o.nesterov;
   h.rounding = o.state_rounding == StateRounding::kStochastic ? Rounding::kStochastic : Rounding::kNearestEven;
   c.state_dtype = o.state_dtype == StateDtype::kBf16 ? Dtype::kBF16 : Dtype::kF32;
+  c.decay_1d = o.decay_1d;
   log::info(strprintf("optimizer: %s on tandem's CPU kernels (%s, %d threads%s), %s states", to_string(o.type),
                       to_string(active_cpu_isa()), threads, o.cpu_pin ? ", pinned" : "", to_string(o.state_dtype)));
   return std::make_unique<CpuOptimizer>(std::move(params), c);

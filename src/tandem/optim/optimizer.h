@@ -19,6 +19,7 @@ namespace tandem {
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   bool decoupled = true;  ///< false = plain Adam (L2 added to the gradient)
+  bool decay_1d = false;  ///< optim.decay_1d: 1-D parameters decay too
 };
 
 /// Updates parameters from their .grad.

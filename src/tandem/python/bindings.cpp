@@ -94,9 +94,13 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("grad_norm", &StepInfo::grad_norm, "the global gradient norm before clipping")
       .def_readonly("lr", &StepInfo::lr, "the step's learning rate")
       .def_readonly("loss_scale", &StepInfo::loss_scale, "the fp16 loss scale for the next step (1 otherwise)")
+      .def_readonly("loss", &StepInfo::loss,
+                    "the step's mean loss on this rank (NaN when the engine did not see it: loss.backward() "
+                    "under OffloadAdamW without a closure)")
       .def("__repr__", [](const StepInfo& s) {
-        return strprintf("StepInfo(step=%lld, grad_norm=%.6g, lr=%.6g, skipped=%s, loss_scale=%g)",
-                         static_cast<long long>(s.step), s.grad_norm, s.lr, s.skipped ? "True" : "False", s.loss_scale);
+        return strprintf("StepInfo(step=%lld, loss=%.6g, grad_norm=%.6g, lr=%.6g, skipped=%s, loss_scale=%g)",
+                         static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.skipped ? "True" : "False",
+                         s.loss_scale);
       });
 
   m.def("make_config_yaml",
@@ -158,7 +162,28 @@ PYBIND11_MODULE(_C, m) {
       .def("world", &EngineCore::world)
       .def("offload", &EngineCore::offload)
       .def("config_yaml", [](const EngineCore& e) { return config_to_yaml(e.config()); })
-      .def("stats_json", &EngineCore::stats_json);
+      .def("stats_json", &EngineCore::stats_json)
+      .def("assign_groups", &EngineCore::assign_groups, py::arg("params"))
+      .def(
+          "set_group_hypers",
+          [](EngineCore& e, const std::vector<std::tuple<double, double, double, double, double, int64_t>>& groups) {
+            std::vector<GroupHyper> hg;
+            for (const auto& [lr, b1, b2, eps, wd, before] : groups) hg.push_back({lr, b1, b2, eps, wd, before});
+            e.set_group_hypers(hg);
+          },
+          py::arg("groups"), "each group's (lr, beta1, beta2, eps, weight_decay, steps before its first)")
+      .def("param_state", &EngineCore::param_state, py::arg("param"), py::call_guard<py::gil_scoped_release>())
+      .def("load_param_state", &EngineCore::load_param_state, py::arg("param"), py::arg("master"), py::arg("exp_avg"),
+           py::arg("exp_avg_sq"), py::call_guard<py::gil_scoped_release>())
+      .def("set_step", &EngineCore::set_step, py::arg("step"))
+      .def(
+          "set_buffers",
+          [](EngineCore& e, const std::vector<std::tuple<std::string, torch::Tensor>>& buffers) {
+            std::vector<NamedTensor> named;
+            for (const auto& [n, t] : buffers) named.emplace_back(n, t);
+            e.set_buffers(std::move(named));
+          },
+          py::arg("buffers"));
 
   bind_tokenizer(m);
 }

@@ -176,7 +176,17 @@ void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> las
     }
     open_ = true;
     micro_ = 0;
+    forwards_ = 0;
   }
+  // A further backward into gradients the engine is already updating would race with the update
+  // (the Blocks were dispatched by the last micro-batch's backward): refused.
+  TANDEM_CHECK(last_micro || forwards_ < cfg_.train.grad_accum, "a forward that records gradients after the step's ",
+               cfg_.train.grad_accum,
+               " micro-batch(es) and before the optimizer's step: the engine updates the gradients as the last "
+               "backward completes them, so another backward cannot add to them; call opt.step() (engine.step()) "
+               "after each backward, run other forwards under torch.no_grad(), or set train.grad_accum to the "
+               "backward passes of a step (tandem.Engine)");
+  ++forwards_;
   const bool last = last_micro ? *last_micro : micro_ + 1 >= cfg_.train.grad_accum;
   if (offload_) offload_->engine->begin_micro(last);
   if (reducer_) reducer_->begin_micro(last);
@@ -226,6 +236,11 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
   info.skipped = host[1].item<double>() != 0.0;
   info.loss_scale = loss_scale_ = host[2].item<double>();
   info.lr = lr_;
+  info.loss = host[3].item<double>();
+  if (info.skipped)
+    log::warn(strprintf("step %lld skipped: non-finite gradients (norm %g); nothing was updated%s",
+                        static_cast<long long>(step_), info.grad_norm,
+                        fp16_ ? strprintf(", the loss scale is now %g", info.loss_scale).c_str() : ""));
   if (step_times_.size() + 1 == kMeasuredPlanStep) widen_split_range();  // this engine's steps (a resumed run too)
   publish_step(info, host[3].item<double>(), tokens);
   return info;
@@ -278,6 +293,7 @@ void EngineCore::write_run_summary() {
                                   {"blocks", blocks_->block_count()},
                                   {"precision", to_string(cfg_.train.precision)},
                                   {"device", ctx_->device.str()}};
+    std::filesystem::create_directories(run_dir_);  // nothing else may have written there (monitor.enabled=false)
     metrics_->write_summary(summary_, model, run_dir_, tokens_run_, tokens_per_step_, metrics_->since_start_s(),
                             offload_ && offload_->placement ? offload_->placement->summary() : nlohmann::json());
   } catch (const std::exception& e) {
@@ -304,15 +320,21 @@ void EngineCore::wait() {
   if (!open_) offload_->engine->finish_trace();
 }
 
-// The Python model's side of a checkpoint: its parameters under their names, and copied back in
-// by name (every one must be in the checkpoint, with its shape).
+// The Python model's side of a checkpoint: its parameters and persistent buffers (BatchNorm's
+// running statistics, ...) under their names, as the module's state_dict names them, and copied
+// back in by name (every one must be in the checkpoint, with its shape).
 CheckpointModel EngineCore::checkpoint_model(const std::string& hf_config) {
   CheckpointModel m;
-  m.weights = [this] { return blocks_->all_parameters(); };
+  const auto tensors = [this] {
+    std::vector<NamedTensor> all = blocks_->all_parameters();
+    all.insert(all.end(), buffers_.begin(), buffers_.end());
+    return all;
+  };
+  m.weights = tensors;
   m.hf_config = hf_config;
-  m.load = [this](const auto& lookup, const std::string& source) {
+  m.load = [tensors](const auto& lookup, const std::string& source) {
     torch::NoGradGuard no_grad;
-    for (auto& [name, p] : blocks_->all_parameters()) {
+    for (auto& [name, p] : tensors()) {
       const auto t = lookup(name);
       TANDEM_CHECK(t.has_value(), source, " has no tensor '", name,
                    "'; the checkpoint is of another model (compare its config.json with this one)");
@@ -383,6 +405,42 @@ std::string EngineCore::stats_json() const {
     j["split_k"] = split.k;
   }
   return j.dump();
+}
+
+void EngineCore::assign_groups(const std::vector<std::pair<torch::Tensor, int64_t>>& params) {
+  TANDEM_CHECK(offload_ && !offload_->store->sharded(),
+               "parameter groups need the offload engine in one process (offload.optimizer=cpu, no dist.zero_stage)");
+  std::map<const c10::TensorImpl*, int> group;
+  for (const auto& [p, g] : params) group[p.unsafeGetTensorImpl()] = static_cast<int>(g);
+  offload_->store->assign_groups([&](const torch::Tensor& p) {
+    const auto it = group.find(p.unsafeGetTensorImpl());
+    return it == group.end() ? -1 : it->second;
+  });
+}
+
+void EngineCore::set_group_hypers(const std::vector<GroupHyper>& groups) {
+  TANDEM_CHECK(offload_, "parameter groups need the offload engine (offload.optimizer=cpu)");
+  offload_->store->set_group_hypers(groups);
+}
+
+std::vector<torch::Tensor> EngineCore::param_state(const torch::Tensor& param) {
+  TANDEM_CHECK(offload_, "a parameter's optimizer state lives in the offload engine (offload.optimizer=cpu)");
+  wait();
+  return offload_->store->param_state(param);
+}
+
+void EngineCore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& exp_avg,
+                                  const torch::Tensor& exp_avg_sq) {
+  TANDEM_CHECK(offload_, "a parameter's optimizer state lives in the offload engine (offload.optimizer=cpu)");
+  TANDEM_CHECK(!open_, "an optimizer state loaded in the middle of a step; load between steps");
+  wait();
+  offload_->store->load_param_state(param, master, exp_avg, exp_avg_sq);
+}
+
+void EngineCore::set_step(int64_t step) {
+  TANDEM_CHECK(!open_ && step >= 0, "the step count set in the middle of a step, or negative (", step, ")");
+  step_ = step;
+  if (offload_) offload_->engine->set_step_count(step);
 }
 
 }  // namespace tandem

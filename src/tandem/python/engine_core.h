@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,7 @@ struct StepInfo {
   double grad_norm = 0.0;   ///< the global norm before clipping
   double lr = 0.0;          ///< the step's learning rate
   double loss_scale = 1.0;  ///< the loss scale for the next step (fp16)
+  double loss = NAN;        ///< the step's mean loss on this rank; NaN when the engine did not see it
 };
 
 class EngineCore {
@@ -97,6 +99,20 @@ class EngineCore {
   /// endpoints and the sampler stopped. The destructor calls it when Python did not.
   void finish_run();
 
+  /// Note [Parameter groups] (OffloadAdamW, the offload engine in one process): each parameter's
+  /// group (the rest: none), and between steps the groups' lr, betas, eps and weight decay for the
+  /// next step's updates.
+  void assign_groups(const std::vector<std::pair<torch::Tensor, int64_t>>& params);
+  void set_group_hypers(const std::vector<GroupHyper>& groups);
+  /// One parameter's fp32 master and AdamW moments (host fp32 copies), and setting them (its working
+  /// copy from the master) with the update count, between steps.
+  std::vector<torch::Tensor> param_state(const torch::Tensor& param);
+  void load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& exp_avg,
+                        const torch::Tensor& exp_avg_sq);
+  void set_step(int64_t step);
+  /// The module's persistent buffers under their state_dict names: saved and loaded with the weights.
+  void set_buffers(std::vector<NamedTensor> buffers) { buffers_ = std::move(buffers); }
+
  private:
   void check_data_parallel_start();
   void publish_step(const StepInfo& info, double loss, int64_t tokens);
@@ -118,10 +134,12 @@ class EngineCore {
   std::unique_ptr<Optimizer> optimizer_;  // the resident optimizer, or the engine's adapter
   std::unique_ptr<GradReducer> reducer_;  // several ranks without the offload engine
   std::vector<torch::Tensor> params_;     // every trainable tensor once
+  std::vector<NamedTensor> buffers_;      // the module's persistent buffers (checkpoints)
   torch::Tensor scale_, growth_tracker_;  // fp16 loss scale, on the device
   double loss_scale_ = 1.0;               // scale_ as the last step's host copy read it
   bool fp16_ = false;
-  bool open_ = false;  // a step has begun
+  bool open_ = false;     // a step has begun
+  int64_t forwards_ = 0;  // forwards that record gradients in the open step (counted toward train.grad_accum)
   int64_t micro_ = 0, step_ = 0, data_position_ = 0;
   double lr_ = 0.0;
   int64_t tokens_seen_ = 0;

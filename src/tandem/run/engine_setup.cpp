@@ -166,6 +166,7 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
   so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
   so.ring_slots = cfg.offload.host_ring;
   so.undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
+  so.decay_1d = cfg.optim.decay_1d;
   if (ctx.comm && cfg.dist.zero_stage == 2) {  // over the stage's replicas (the world without a pipeline)
     so.shard_rank = ctx.comm->replica();
     so.shard_count = ctx.comm->replicas();
