@@ -124,3 +124,41 @@ def test_recipe_follows_the_module_size():
     # The tiny Llama is far below 95M parameters: Pythia-70M's row, lr 1e-3 (the generic row is 3e-4).
     assert resolved_lr(config) == pytest.approx(1e-3)
     assert resolved_lr(dict(config, **{"optim.lr": 5e-4})) == pytest.approx(5e-4)
+
+
+class BatchNormNet(torch.nn.Module):
+    """Layers with BatchNorm: running statistics are state the optimizer does not hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh()) for _ in range(3))
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x)
+
+
+def test_save_load_restores_the_module_buffers(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(16, 8) * 3 + 1
+    model = BatchNormNet()
+    with tandem.Engine(model, engine_config(True)) as engine:
+        for _ in range(3):
+            engine.backward(model(x).pow(2).mean())
+            engine.step()
+        engine.save(str(tmp_path / "run"))
+        model.eval()
+        want = model(x).detach()
+        stats = model.layers[1][1].running_var.clone()
+    assert not torch.allclose(stats, torch.ones(8))  # they moved
+    torch.manual_seed(1)
+    fresh = BatchNormNet()
+    with tandem.Engine(fresh, engine_config(True)) as engine:
+        engine.load(str(tmp_path / "run"))
+        fresh.eval()
+        assert torch.equal(fresh.layers[1][1].running_var, stats)
+        assert torch.equal(fresh.layers[2][1].num_batches_tracked, torch.tensor(3))
+        assert torch.allclose(fresh(x), want, rtol=1e-6, atol=1e-7)
