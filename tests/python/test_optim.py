@@ -207,6 +207,10 @@ def test_a_second_backward_before_the_step_is_refused():
     with torch.no_grad():  # evaluation between backward and step is fine
         net_loss(model, 2)
     assert opt.step().step == 1
+    loss = net_loss(model, 3)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second backward into .* before the optimizer's step"):
+        loss.backward()  # through the retained graph: refused too, never a race
     opt.engine.close()
 
 

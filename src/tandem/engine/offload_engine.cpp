@@ -237,6 +237,11 @@ void OffloadEngine::on_gradient_arriving(size_t i) {
 
 void OffloadEngine::on_param_ready(size_t block) {
   in_forward_ = false;  // a recomputed forward (checkpointing) is not timed as forward
+  // A gradient into a Block already dispatched (a second backward through a retained graph) would
+  // race with its update: refused.
+  TANDEM_CHECK(!(last_micro_ && dispatched_[block]), "a second backward into ", store_.blocks()[block].name,
+               " before the optimizer's step: the engine is already updating it from the first; call the "
+               "step after each backward, or accumulate through train.grad_accum (tandem.Engine)");
   if (--remaining_[block] == 0 && last_micro_ && !dispatched_[block]) dispatch(block);
 }
 
