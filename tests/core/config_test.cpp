@@ -35,6 +35,19 @@ TEST(Config, UnknownKeyNamesClosestValidKeyAndLine) {
   EXPECT_NE(msg2.find("--set"), std::string::npos) << msg2;
 }
 
+// YAML parsers keep the last of two equal keys; a config that sets one twice is refused with both lines.
+TEST(Config, AKeySetTwiceIsRefusedWithBothLines) {
+  Config c;
+  const std::string twice =
+      error_of([&] { load_yaml_config_text(c, "train:\n  steps: 5\n  seq_len: 8\n  steps: 7\n", "run.yaml"); });
+  EXPECT_NE(twice.find("run.yaml:4: 'train.steps' is set twice (lines 2 and 4); keep one"), std::string::npos) << twice;
+  const std::string spelled =
+      error_of([&] { load_yaml_config_text(c, "train:\n  steps: 5\ntrain.steps: 7\n", "run.yaml"); });
+  EXPECT_NE(spelled.find("'train.steps' is set twice (lines 2 and 3)"), std::string::npos) << spelled;
+  const std::string empty = error_of([&] { load_yaml_config_text(c, "model:\n  n_layer:\n  n_layer: 2\n", "m.yaml"); });
+  EXPECT_NE(empty.find("'model.n_layer' is set twice"), std::string::npos) << empty;
+}
+
 TEST(Config, BadValuesAreUserErrors) {
   Config c;
   EXPECT_NE(error_of([&] { apply_override(c, "train.steps=ten"); }).find("expects an integer"), std::string::npos);

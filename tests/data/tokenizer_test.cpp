@@ -371,5 +371,36 @@ TEST(TokenizeCorpus, BadInputNamesFileLineAndFix) {
   EXPECT_EQ(held_out_path("data/train.bin"), "data/train_val.bin");
 }
 
+// Binary files are refused before anything is written; a text with a few latin-1 bytes is read and
+// its malformed bytes counted.
+TEST(TokenizeCorpus, BinaryInputIsRefusedAndStrayBytesAreCounted) {
+  test::TempDir dir;
+  const auto t = bpe(gpt2_style_json());
+  TokenizeCorpusOptions o;
+  o.out = dir.file("train.bin");
+  o.val_fraction = 0;
+  std::string binary;
+  for (int i = 0; i < 4096; ++i) binary.push_back(static_cast<char>((i * 37) & 0xFF));
+  write_text(dir.file("image.txt"), binary);
+  o.inputs = {dir.file("image.txt")};
+  const std::string refused = error_of([&] { tokenize_corpus(*t, o); });
+  EXPECT_NE(refused.find("'" + dir.file("image.txt") + "' does not look like text"), std::string::npos) << refused;
+  EXPECT_FALSE(std::filesystem::exists(o.out));
+  std::string nul_only = "ab ab ab";
+  nul_only.push_back('\0');
+  write_text(dir.file("nul.txt"), nul_only);
+  o.inputs = {dir.file("nul.txt")};
+  EXPECT_NE(error_of([&] { tokenize_corpus(*t, o); }).find("1 NUL"), std::string::npos);
+  std::string latin1;
+  for (int i = 0; i < 200; ++i) latin1 += "abc ab ba d d ";
+  latin1 += "caf\xe9 d\xe9j\xe0";  // three latin-1 bytes, each malformed as UTF-8
+  latin1 += " h\xc3\xa9";          // and one well-formed character
+  write_text(dir.file("latin1.txt"), latin1);
+  o.inputs = {dir.file("latin1.txt")};
+  const TokenizeSummary s = tokenize_corpus(*t, o);
+  EXPECT_EQ(s.malformed_utf8_bytes, 3);
+  EXPECT_GT(s.train_tokens, 0);
+}
+
 }  // namespace
 }  // namespace tandem

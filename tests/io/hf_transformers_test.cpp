@@ -117,7 +117,7 @@ TEST_F(HfTransformers, TransformersLoadsWhatTandemWrites) {
   llama3.n_layer = 2, llama3.d_model = 64, llama3.n_head = 4, llama3.n_kv_head = 2, llama3.d_ff = 176;
   llama3.vocab_size = 97, llama3.max_seq_len = 128, llama3.tie_embeddings = false;
   llama3.rope_theta = 500000.0;
-  llama3.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 32};
+  llama3.rope_scaling = RopeScaling{RopeType::kLlama3, 8.0, 1.0, 4.0, 32};
   ModelSpec tied = llama3;
   tied.n_kv_head = 4, tied.d_ff = 128, tied.vocab_size = 101, tied.tie_embeddings = true;
   tied.rope_theta = 10000.0;

@@ -61,6 +61,11 @@ TEST(Recipe, EveryPresetGetsThePublishedRateOfItsSize) {
       {"mlp", 3e-3, 1e-3, "Pythia-70M"},
       {"amx-moe", 3e-4, 3e-4, "GPT-3 Medium"},
       {"amx-moe-tiny", 3e-3, 1e-3, "Pythia-70M"},
+      {"qwen2.5-0.5B", 3e-4, 3e-4, "GPT-3 Medium"},
+      {"qwen2.5-1.5B", 2e-4, 2e-4, "GPT-3 XL"},
+      {"qwen2.5-7B", 1.2e-4, 1.2e-4, "GPT-3 6.7B"},
+      {"mistral-7B", 1.2e-4, 1.2e-4, "GPT-3 6.7B"},
+      {"gemma2-2B", 1.6e-4, 1.6e-4, "GPT-3 2.7B"},
   };
   ASSERT_EQ(std::size(kExpected), preset_names().size()) << "a new preset needs its expected recipe here";
   for (const auto& e : kExpected) {

@@ -96,9 +96,25 @@ TEST(Spec, PresetParameterCountsByHand) {
   for (int64_t i = 0; i < s7.n_layer; ++i) EXPECT_EQ(s7.layer_params(i), k7BLayer) << i;
 }
 
+// The presets of the other families count what their published checkpoints hold (the sum of the
+// safetensors' tensor sizes of Qwen2.5-0.5B/1.5B/7B, Mistral-7B-v0.1 and gemma-2-2b).
+TEST(Spec, FamilyPresetsCountThePublishedCheckpoints) {
+  EXPECT_EQ(preset_spec("qwen2.5-0.5B").num_params_unpadded(), 494032768);
+  EXPECT_EQ(preset_spec("qwen2.5-1.5B").num_params_unpadded(), 1543714304);
+  EXPECT_EQ(preset_spec("qwen2.5-7B").num_params_unpadded(), 7615616512);
+  EXPECT_EQ(preset_spec("mistral-7B").num_params_unpadded(), 7241732096);
+  EXPECT_EQ(preset_spec("gemma2-2B").num_params_unpadded(), 2614341888);
+  const ModelSpec g = preset_spec("gemma2-2B");
+  EXPECT_EQ(g.head_dim(), 256);  // not d_model / n_head = 288
+  EXPECT_EQ(g.window(0), 4096);
+  EXPECT_EQ(g.window(1), 0);
+  EXPECT_EQ(preset_spec("mistral-7B").window(31), 4096);
+}
+
 TEST(Spec, PresetNamesAreTheZooAndLookupIgnoresCase) {
-  const std::vector<std::string> expected = {"tiny",    "125M",    "1B",  "3B",      "7B",          "13B",
-                                             "bk-tiny", "bk-125M", "mlp", "amx-moe", "amx-moe-tiny"};
+  const std::vector<std::string> expected = {
+      "tiny", "125M",    "1B",           "3B",           "7B",           "13B",        "bk-tiny",    "bk-125M",
+      "mlp",  "amx-moe", "amx-moe-tiny", "qwen2.5-0.5B", "qwen2.5-1.5B", "qwen2.5-7B", "mistral-7B", "gemma2-2B"};
   EXPECT_EQ(preset_names(), expected);
   for (const auto& n : expected) EXPECT_EQ(preset_spec(n).name, n);
   EXPECT_EQ(preset_spec("BK-Tiny").name, "bk-tiny");
@@ -106,8 +122,9 @@ TEST(Spec, PresetNamesAreTheZooAndLookupIgnoresCase) {
   EXPECT_EQ(preset_spec("bk-125M").arch, Arch::kResNetBk);
   EXPECT_EQ(preset_spec("mlp").arch, Arch::kMlp);
   EXPECT_EQ(preset_spec("amx-moe").arch, Arch::kAmxMoe);
-  EXPECT_EQ(preset_spec("13B").arch, Arch::kLlama);
-  EXPECT_STREQ(to_string(Arch::kLlama), "llama");
+  EXPECT_EQ(preset_spec("13B").arch, Arch::kDecoder);
+  EXPECT_STREQ(to_string(Arch::kDecoder), "decoder");
+  EXPECT_EQ(preset_spec("Qwen2.5-7B").family, Family::kQwen2);
   EXPECT_STREQ(to_string(Arch::kMlp), "mlp");
   EXPECT_STREQ(to_string(Arch::kResNetBk), "resnet_bk");
   EXPECT_STREQ(to_string(Arch::kAmxMoe), "amx_moe");
@@ -124,7 +141,7 @@ TEST(Spec, PaddedSizesRoundUpToSixtyFour) {
   for (const auto& [ff, padded] :
        std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {48, 64}, {300, 320}, {320, 320}, {11008, 11008}}) {
     s.d_ff = ff;
-    s.arch = Arch::kLlama;
+    s.arch = Arch::kDecoder;
     EXPECT_EQ(s.padded_d_ff(), padded) << ff;
     s.arch = Arch::kMlp;
     EXPECT_EQ(s.padded_d_ff(), padded) << ff;
@@ -181,9 +198,9 @@ TEST(Spec, ValidateSpecRefusesOutOfRangeSizesNamingTheBound) {
        "model.max_seq_len must be within 1 .. 16777216, got 16777217"},
       {"norm eps", [](ModelSpec& s) { s.norm_eps = 0; }, "model.norm_eps must be > 0, got 0"},
       {"heads divide", [](ModelSpec& s) { s.n_head = 3; }, "model.d_model (128) must be divisible by model.n_head (3)"},
-      {"no heads", [](ModelSpec& s) { s.n_head = 0; }, "model.d_model (128) must be divisible by model.n_head (0)"},
+      {"no heads", [](ModelSpec& s) { s.n_head = 0; }, "model.n_head must be within 1 .. 1048576, got 0"},
       {"odd head_dim", [](ModelSpec& s) { s.d_model = 12, s.n_head = 4, s.n_kv_head = 4; },
-       "head dimension d_model/n_head = 3 must be even for RoPE"},
+       "RoPE's dimension (head_dim 3 x partial_rotary_factor 1 = 3) must be even"},
       {"kv heads divide", [](ModelSpec& s) { s.n_kv_head = 3; },
        "model.n_head (4) must be divisible by model.n_kv_head (3)"},
       {"no kv heads", [](ModelSpec& s) { s.n_kv_head = 0; },
@@ -282,7 +299,7 @@ TEST(Spec, ResolveModelSpecAppliesEveryOverride) {
   c.tie_embeddings = false, c.rope_theta = 500000.0, c.norm_eps = 1e-6;
   const ModelSpec s = resolve_model_spec(c);
   EXPECT_EQ(s.name, "tiny+custom");
-  EXPECT_EQ(s.arch, Arch::kLlama);
+  EXPECT_EQ(s.arch, Arch::kDecoder);
   EXPECT_EQ(s.n_layer, 3);
   EXPECT_EQ(s.d_model, 64);
   EXPECT_EQ(s.n_head, 8);
@@ -361,15 +378,15 @@ TEST(Spec, MatrixShapesListEveryRoleOnce) {
   const auto shapes = matrix_shapes(s);
   std::set<std::string> names;
   for (const auto& m : shapes) EXPECT_TRUE(names.insert(m.name).second) << m.name;
-  ASSERT_EQ(shapes.size(), 7u);
+  ASSERT_EQ(shapes.size(), 8u);
   EXPECT_EQ(shapes[0].name, "embed_tokens");
   EXPECT_EQ(shapes[1].name, "lm_head") << "untied";
-  EXPECT_EQ(shapes[3].name, "k_proj, v_proj");
-  EXPECT_EQ(shapes[3].rows, 1024);  // 8 kv heads of 128
-  EXPECT_EQ(shapes[3].cols, 2048);
-  EXPECT_EQ(shapes[4].rows, 5632);
+  EXPECT_EQ(shapes[4].name, "k_proj, v_proj");
+  EXPECT_EQ(shapes[4].rows, 1024);  // 8 kv heads of 128
+  EXPECT_EQ(shapes[4].cols, 2048);
+  EXPECT_EQ(shapes[5].rows, 5632);
   s.tie_embeddings = true;
-  EXPECT_EQ(matrix_shapes(s).size(), 6u) << "a tied head has no matrix of its own";
+  EXPECT_EQ(matrix_shapes(s).size(), 7u) << "a tied head has no matrix of its own";
   ModelSpec odd = preset_spec("tiny");
   odd.vocab_size = 50, odd.d_ff = 300;
   // Stored sizes: vocabulary and feed-forward padded, so only the unpadded head_dim 32 can be named.

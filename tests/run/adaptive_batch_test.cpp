@@ -66,6 +66,8 @@ TEST(AdaptiveMicroBatch, AtMicroBatchOneItEndsWithTheFix) {
   });
   EXPECT_NE(err.find("even at micro-batch 1"), std::string::npos) << err;
   EXPECT_NE(err.find("model.checkpointing=true"), std::string::npos) << err;
+  test::TempDir again;  // a run directory holds one run
+  c.train.run_dir = again.path();
   c.train.oom_retry = false;
   const std::string off = test::error_of([&] {
     const FaultScope oom("oom_above_tokens=100");

@@ -59,7 +59,8 @@ TEST(Checkpointer, WritesAndResumesIntoAFreshModel) {
   const TrainerState got = b.checkpointer->resume(b.plan.resume_dir);
   EXPECT_EQ(got.step, 2);
   EXPECT_EQ(got.data_position, 7);
-  Rig fresh(c);
+  test::TempDir other;
+  Rig fresh(test::tiny_cpu_config(other.path(), 4));
   for (auto& [n, p] : b.model->hf_parameters()) {
     torch::Tensor f;
     for (auto& [m, q] : fresh.model->hf_parameters())

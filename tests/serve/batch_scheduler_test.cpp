@@ -22,7 +22,7 @@ namespace {
 /// A random model, its decoder and a cache of `pages` pages of 4 tokens.
 struct Rig {
   std::shared_ptr<Model> model;
-  std::unique_ptr<LlamaDecoder> decoder;
+  std::unique_ptr<Decoder> decoder;
   std::unique_ptr<KvCache> cache;
   Rig(int64_t pages, int64_t vocab = 61, c10::Device device = c10::kCPU) {
     model = test::random_llama(test::small_llama_spec(vocab), 21);

@@ -1,4 +1,4 @@
-// Decode steps through DecodeGraphs (Note [Decode graphs]) against LlamaDecoder::forward on the
+// Decode steps through DecodeGraphs (Note [Decode graphs]) against Decoder::forward on the
 // same weights: the padded step (batch and page tables padded, padded rows in the scratch page)
 // gives the eager step's logits for batches that cross buckets and sequences that cross pages; a
 // recorder is asked once per shape, each recording after the first in the first's memory pool, and
@@ -51,8 +51,7 @@ struct Seq {
 // Sequences of the given prompt lengths, prefilled eagerly into `cache`, then `steps` decode steps
 // each through `decode` (the step's logits (B, V)); the next token of each is drawn from `rng`, the
 // same on every run. Returns each step's logits.
-std::vector<torch::Tensor> decode_run(LlamaDecoder& decoder, KvCache& cache, const std::vector<int64_t>& prompts,
-                                      int steps,
+std::vector<torch::Tensor> decode_run(Decoder& decoder, KvCache& cache, const std::vector<int64_t>& prompts, int steps,
                                       const std::function<torch::Tensor(const std::vector<SequenceChunk>&)>& decode) {
   std::mt19937 rng(5);
   const int64_t V = decoder.spec().vocab_size;

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "tandem/models/model.h"
+#include "tandem/serve/decoder.h"
 #include "tandem/serve/decoder_weights.h"
-#include "tandem/serve/llama_decoder.h"
 #include "tandem/serve/residency_plan.h"
 
 namespace tandem::test {
@@ -51,14 +51,13 @@ inline TensorLookup lookup_of(Model& model) {
 
 /// A decoder over `model`'s weights on `device`, every layer resident (budget < 0) or streamed
 /// through `prefetch` + 1 slots as `budget` bytes allow.
-inline std::unique_ptr<LlamaDecoder> decoder_of(Model& model, torch::ScalarType dtype = torch::kFloat32,
-                                                int64_t budget = -1, int64_t prefetch = 1,
-                                                c10::Device device = c10::kCPU) {
+inline std::unique_ptr<Decoder> decoder_of(Model& model, torch::ScalarType dtype = torch::kFloat32, int64_t budget = -1,
+                                           int64_t prefetch = 1, c10::Device device = c10::kCPU) {
   WeightPlacement p;
   p.device = device;
   p.dtype = dtype;
   p.plan = plan_residency(model.spec(), dtype, budget, prefetch);
-  return std::make_unique<LlamaDecoder>(std::make_shared<DecoderWeights>(model.spec(), p, lookup_of(model), "test"));
+  return std::make_unique<Decoder>(std::make_shared<DecoderWeights>(model.spec(), p, lookup_of(model), "test"));
 }
 
 }  // namespace tandem::test

@@ -133,7 +133,9 @@ class Conversation {
 
 ChatCommand::ChatCommand(CLI::App& app) {
   sampling_.temperature = 0;  // greedy unless asked, as `tandem generate`
-  command_ = app.add_subcommand("chat", "a conversation in the terminal with a checkpoint or an HF Llama folder");
+  command_ = app.add_subcommand("chat",
+                                "a conversation in the terminal with a checkpoint or an HF model folder (Llama, Qwen2, "
+                                "Mistral, Gemma, Gemma2, Phi-3, GPT-2)");
   auto* c = command_;
   add_model_options(c, service_.model);
   c->add_option("--system", system_, "the system message that opens the conversation (kept by /reset)");

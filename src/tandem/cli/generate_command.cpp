@@ -76,7 +76,9 @@ std::string peak_memory(const c10::Device& device) {
 
 GenerateCommand::GenerateCommand(CLI::App& app) {
   sampling_.temperature = 0;  // greedy unless asked
-  command_ = app.add_subcommand("generate", "generate text from a checkpoint or an HF Llama folder");
+  command_ = app.add_subcommand(
+      "generate",
+      "generate text from a checkpoint or an HF model folder (Llama, Qwen2, Mistral, Gemma, Gemma2, Phi-3, GPT-2)");
   auto* c = command_;
   add_model_options(c, model_);
   c->add_option("--prompt", prompt_, "the prompt");

@@ -15,6 +15,7 @@
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/host_fit.h"
 #include "tandem/memory/plan.h"
+#include "tandem/models/family.h"
 #include "tandem/models/recipe.h"
 #include "tandem/models/spec.h"
 #include "tandem/run/pipeline_profile.h"
@@ -119,6 +120,27 @@ int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const I
   return 0;
 }
 
+// What the family adds to Llama's decoder, in one line; "" for Llama's own.
+std::string decoder_parts_line(const ModelSpec& s) {
+  const DecoderParts& p = s.parts;
+  std::vector<std::string> parts;
+  if (p.qkv_bias || p.o_bias || p.mlp_bias) parts.push_back(p.mlp_bias ? "biases" : "q/k/v biases");
+  if (p.norm == NormKind::kRmsPlusOne) parts.push_back("(1 + w) RMSNorm");
+  if (p.norm == NormKind::kLayerNorm) parts.push_back("LayerNorm");
+  if (p.act != Activation::kSilu) parts.push_back(p.gated_ffn ? "GeGLU" : "GELU feed-forward");
+  if (p.scale_embedding) parts.push_back("embeddings x sqrt(d_model)");
+  if (p.learned_positions) parts.push_back("learned positions");
+  if (p.rotary_fraction < 1) parts.push_back(strprintf("RoPE on %g of each head", p.rotary_fraction));
+  if (s.rope_scaling.type != RopeType::kDefault) parts.push_back(strprintf("RoPE scaled x%g", s.rope_scaling.factor));
+  if (p.sliding_window > 0)
+    parts.push_back(strprintf("sliding window %lld (%s)", (long long)p.sliding_window,
+                              p.sliding_layers.empty() ? "every layer" : "some layers"));
+  if (p.sandwich_norms) parts.push_back("norms after attention and feed-forward");
+  if (p.attn_softcap > 0) parts.push_back(strprintf("scores capped at %g", p.attn_softcap));
+  if (p.final_softcap > 0) parts.push_back(strprintf("logits capped at %g", p.final_softcap));
+  return parts.empty() ? "" : "decoder parts: " + join(parts, ", ");
+}
+
 }  // namespace
 
 int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
@@ -126,12 +148,14 @@ int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
   const ModelSpec s = spec_for(cfg);
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
   std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
-              s.name.c_str(), to_string(s.arch), (long long)s.n_layer, (long long)s.d_model, (long long)s.d_ff,
-              (long long)s.vocab_size, (long long)s.padded_vocab(), s.tie_embeddings ? "tied" : "untied");
-  if (s.arch == Arch::kLlama)
+              s.name.c_str(), s.arch == Arch::kDecoder ? to_string(s.family) : to_string(s.arch), (long long)s.n_layer,
+              (long long)s.d_model, (long long)s.d_ff, (long long)s.vocab_size, (long long)s.padded_vocab(),
+              s.tie_embeddings ? "tied" : "untied");
+  if (s.arch == Arch::kDecoder)
     std::printf("attention: %lld heads, %lld key/value heads, head_dim %lld, RoPE theta %g, max_seq_len %lld\n",
                 (long long)s.n_head, (long long)s.n_kv_head, (long long)s.head_dim(), s.rope_theta,
                 (long long)s.max_seq_len);
+  if (s.arch == Arch::kDecoder && !decoder_parts_line(s).empty()) std::printf("%s\n", decoder_parts_line(s).c_str());
   if (s.arch == Arch::kResNetBk)
     std::printf(
         "ResNet-BK: %lld BK heads (causal BK-core mixing), MoE of %lld experts (d_ff %lld), top-%lld, "

@@ -317,6 +317,7 @@ int main(int argc, char** argv) {
       install_stop_handlers();
       TrainOptions opts;
       opts.resume = resume_dir;
+      opts.resume_asked = !resume.empty();
       const TrainSummary summary = train(cfg, opts);
       if (summary.unsaved) {
         std::fprintf(stderr,

@@ -5,7 +5,9 @@
 namespace tandem {
 
 void add_model_options(CLI::App* c, GenerationModelOptions& model) {
-  c->add_option("--checkpoint", model.checkpoint, "a tandem checkpoint (or run) directory, or an HF Llama folder")
+  c->add_option("--checkpoint", model.checkpoint,
+                "a tandem checkpoint (or run) directory, or an HF model folder (Llama, Qwen2, Mistral, Gemma, Gemma2, "
+                "Phi-3, GPT-2)")
       ->required();
   c->add_option("--tokenizer", model.tokenizer,
                 "tokenizer.json, tokenizer.model, a folder or 'byte' (default: beside the weights)");

@@ -120,6 +120,11 @@ int TokenizeCommand::run() {
   }
   bar.finish();
   print_summary(summary, options_.val_fraction, *tokenizer);
+  if (summary.malformed_utf8_bytes > 0)
+    log::warn(
+        strprintf("%lld bytes of the inputs were malformed UTF-8 (not text in that encoding: latin-1, a "
+                  "binary part); the tokenizer encoded them as it encodes unknown bytes",
+                  static_cast<long long>(summary.malformed_utf8_bytes)));
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "tandem/core/config_enums.h"
@@ -390,23 +391,35 @@ const Field& find_field(const std::string& key, const std::string& origin) {
               did_you_mean(key, config_key_names()).empty() ? "; `tandem config --keys` lists the valid keys" : "");
 }
 
-void flatten_yaml(Config& cfg, const YAML::Node& node, const std::string& prefix, const std::string& origin) {
+// A key set twice in one file (`steps:` twice under `train:`, or `train: {steps: ..}` beside
+// `train.steps: ..`) is refused: YAML parsers keep one of them silently. `seen`: key -> line.
+void flatten_yaml(Config& cfg, const YAML::Node& node, const std::string& prefix, const std::string& origin,
+                  std::map<std::string, int>& seen) {
   const auto where = [&](const YAML::Node& n) { return origin + ":" + std::to_string(n.Mark().line + 1); };
+  const auto once = [&](const YAML::Node& n) {
+    const int line = n.Mark().line + 1;
+    const auto [it, fresh] = seen.emplace(prefix, line);
+    TANDEM_CHECK(fresh, origin, ":", line, ": '", prefix, "' is set twice (lines ", it->second, " and ", line,
+                 "); keep one");
+  };
   switch (node.Type()) {
     case YAML::NodeType::Map:
       for (const auto& kv : node) {
         TANDEM_CHECK(kv.first.IsScalar(), where(kv.first),
                      ": a config key must be a plain name such as train.steps, not a mapping or a list");
         const std::string k = kv.first.Scalar();
-        flatten_yaml(cfg, kv.second, prefix.empty() ? k : prefix + "." + k, origin);
+        flatten_yaml(cfg, kv.second, prefix.empty() ? k : prefix + "." + k, origin, seen);
       }
       break;
     case YAML::NodeType::Scalar:
       TANDEM_CHECK(!prefix.empty(), origin, ": expected a mapping of config keys, got a scalar");
+      once(node);
       set_config_key(cfg, prefix, node.Scalar(), where(node));
       break;
     case YAML::NodeType::Null:
-      if (!prefix.empty()) set_config_key(cfg, prefix, "", where(node));
+      if (prefix.empty()) break;
+      once(node);
+      set_config_key(cfg, prefix, "", where(node));
       break;
     case YAML::NodeType::Sequence:
       find_field(prefix, where(node));  // unknown keys first
@@ -480,7 +493,8 @@ void load_yaml_config_text(Config& cfg, const std::string& text, const std::stri
   if (root.IsNull()) return;
   TANDEM_CHECK(root.IsMap(), origin, ": expected a mapping of config keys at the top level");
   try {
-    flatten_yaml(cfg, root, "", origin);
+    std::map<std::string, int> seen;
+    flatten_yaml(cfg, root, "", origin, seen);
   } catch (const YAML::Exception& e) {
     TANDEM_FAIL(origin, ":", e.mark.line + 1, ": ", e.msg, "; fix the file");
   }

@@ -48,7 +48,36 @@ struct ChunkTokens {
   std::vector<TokenId> ids;
   std::vector<size_t> doc_ends;
   int64_t empty_documents = 0;
+  int64_t malformed_utf8_bytes = 0;
 };
+
+// Bytes of `text` inside malformed UTF-8 sequences (a stray continuation byte, a truncated or
+// overlong sequence, a surrogate, a code point past U+10FFFF). A sequence cut by the end of the text
+// counts as malformed: the reader cuts tasks at piece boundaries, never inside a character.
+int64_t malformed_utf8_bytes(std::string_view text) {
+  int64_t bad = 0;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
+    if (ok && len > 1) {
+      uint32_t cp = c & (0xFF >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
+      const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= min[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      i += len;
+    } else {
+      ++bad;
+      ++i;
+    }
+  }
+  return bad;
+}
 
 bool has_extension(const fs::path& p, std::initializer_list<const char*> extensions) {
   const std::string ext = to_lower(p.extension().string());
@@ -234,6 +263,7 @@ ChunkTokens encode_chunk(const Tokenizer& tokenizer, const Chunk& chunk, const s
     out.ids = tokenizer.encode(chunk.bytes);
     if (chunk.ends_document) end_document(out, eos);
   }
+  out.malformed_utf8_bytes = malformed_utf8_bytes(chunk.bytes);
   return out;
 }
 
@@ -397,6 +427,25 @@ std::string held_out_path(const std::string& out) {
   return (p.parent_path() / (p.stem().string() + "_val" + p.extension().string())).string();
 }
 
+// Refuses an input that is not text: NUL bytes, or malformed UTF-8 beyond 16 bytes and 1 % of its
+// first 64 KiB (an image, an archive, a token file given by mistake would otherwise become tokens;
+// a few latin-1 bytes in a text are counted and reported instead).
+void check_text(const std::string& file) {
+  constexpr size_t kSample = 64 * 1024;
+  std::ifstream in(file, std::ios::binary);
+  std::string head(kSample, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(kSample));
+  head.resize(static_cast<size_t>(in.gcount()));
+  // The sample may end inside a character: leave its last incomplete one out.
+  const std::string_view text(head.data(), head.size() < kSample ? head.size() : utf8_complete_length(head));
+  const auto nul = std::count(text.begin(), text.end(), '\0');
+  const int64_t bad = malformed_utf8_bytes(text);
+  TANDEM_CHECK(nul == 0 && bad <= 16 + static_cast<int64_t>(text.size()) / 100, "input '", file,
+               "' does not look like text (", nul, " NUL and ", bad, " malformed UTF-8 bytes in its first ",
+               format_bytes(double(text.size())),
+               "); leave it out of the inputs: tandem tokenize reads text and .jsonl files");
+}
+
 std::vector<std::string> corpus_files(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;
   for (const auto& input : inputs) {
@@ -407,6 +456,7 @@ std::vector<std::string> corpus_files(const std::vector<std::string>& inputs) {
       files.push_back(input);
     }
   }
+  for (const auto& f : files) check_text(f);
   return files;
 }
 
@@ -440,6 +490,7 @@ TokenizeSummary tokenize_corpus(const Tokenizer& tokenizer, const TokenizeCorpus
     for (const auto& r : results) {
       writer.add(r);
       s.empty_documents += r.empty_documents;
+      s.malformed_utf8_bytes += r.malformed_utf8_bytes;
     }
     if (o.on_progress)
       o.on_progress({reader.bytes_read(), s.input_bytes, writer.documents(), writer.tokens(), seconds()});

@@ -50,6 +50,7 @@ struct TokenizeSummary {
   std::optional<TokenId> eos;  ///< the separator; none when the tokenizer has no EOS
   HeldOut held_out = HeldOut::kNone;
   std::string train_path, val_path;  ///< val_path is "" when nothing was held out
+  int64_t malformed_utf8_bytes = 0;  ///< bytes of the text inputs in malformed UTF-8 sequences
   int64_t tokens() const { return train_tokens + val_tokens; }
 };
 

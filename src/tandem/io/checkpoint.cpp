@@ -1,4 +1,5 @@
 #include "tandem/io/checkpoint.h"
+#include "tandem/io/tensor_use.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -28,6 +29,7 @@ namespace {
 // step_XXXXXXXX/
 //   model.safetensors      weights under HF names (real vocabulary rows), fp32
 //   config.json            HF config, so the directory loads in transformers
+//   tokenizer files        those of the model.init_from folder (Note [Checkpoint companions])
 //   optimizer.safetensors  "<param>.exp_avg", "<param>.exp_avg_sq", "<param>.step"
 //   rng.safetensors        CPU (and CUDA) generator states as U8
 //   tandem.yaml            the full run configuration
@@ -72,6 +74,25 @@ CheckpointSnapshot take_checkpoint_snapshot(Model& model, Optimizer& optimizer, 
   return take_checkpoint_snapshot(checkpoint_model(model), optimizer, state, config, device_index, copy);
 }
 
+// Note [Checkpoint companions]
+// A run started from a model folder (model.init_from) writes checkpoints that are that folder
+// trained: its tokenizer files go into each one, so that `tandem generate`, `tandem serve` and
+// transformers' AutoTokenizer find the tokenizer beside the weights. A folder that is gone by a
+// later resume is passed over.
+namespace {
+std::vector<std::string> checkpoint_companions(const Config& config) {
+  std::vector<std::string> out;
+  if (config.model.init_from.empty()) return out;
+  std::error_code ec;
+  for (const char* f :
+       {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+        "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"})
+    if (fs::is_regular_file(fs::path(config.model.init_from) / f, ec))
+      out.push_back((fs::path(config.model.init_from) / f).string());
+  return out;
+}
+}  // namespace
+
 CheckpointSnapshot take_checkpoint_snapshot(const CheckpointModel& model, Optimizer& optimizer,
                                             const TrainerState& state, const Config& config, int device_index,
                                             bool copy) {
@@ -92,6 +113,7 @@ CheckpointSnapshot take_checkpoint_snapshot(const CheckpointModel& model, Optimi
     s.rng.emplace_back("cuda", bytes_tensor(accelerator()->rng_state(device_index)));
   s.hf_config = model.hf_config;
   s.tandem_yaml = config_to_yaml(config);
+  s.companions = checkpoint_companions(config);
   s.state = state;
   return s;
 }
@@ -124,6 +146,8 @@ std::string write_checkpoint(const std::string& parent, const CheckpointSnapshot
     fault_in_checkpoint(state.step);  // Note [Test faults]: a kill -9 in the middle of a write
     if (snap.zero_world == 0) write_safetensors((tmp_dir / "optimizer.safetensors").string(), snap.optimizer);
     for (const auto& f : snap.adopt) fs::rename(f, tmp_dir / fs::path(f).filename());
+    for (const auto& f : snap.companions)  // Note [Checkpoint companions]
+      write_file_synced((tmp_dir / fs::path(f).filename()).string(), read_file(f, "tokenizer file"));
     write_safetensors((tmp_dir / "rng.safetensors").string(), snap.rng);
     write_file_synced((tmp_dir / "tandem.yaml").string(), snap.tandem_yaml);
 
@@ -381,12 +405,13 @@ TrainerState load_checkpoint(const std::string& dir, const CheckpointModel& mode
                "size (1 included)");
   {
     SafetensorsFile weights((d / "model.safetensors").string());
-    model.load(
-        [&](const std::string& n) -> std::optional<torch::Tensor> {
-          if (!weights.contains(n)) return std::nullopt;
-          return weights.tensor(n);
-        },
-        (d / "model.safetensors").string());
+    const TensorUse use(weights.names(), (d / "model.safetensors").string());  // Note [Every tensor used]
+    model.load(use.recording([&](const std::string& n) -> std::optional<torch::Tensor> {
+      if (!weights.contains(n)) return std::nullopt;
+      return weights.tensor(n);
+    }),
+               (d / "model.safetensors").string());
+    use.check_all_used();
   }
   {
     SafetensorsFile opt((d / "optimizer.safetensors").string());

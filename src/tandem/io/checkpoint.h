@@ -37,6 +37,9 @@ struct CheckpointSnapshot {
   /// and moved into it; zero_world > 0 replaces optimizer.safetensors by them.
   int zero_world = 0;
   std::vector<std::string> adopt;
+  /// Files copied in as they are: the tokenizer of the model.init_from folder (Note [Checkpoint
+  /// companions]).
+  std::vector<std::string> companions;
 };
 
 /// The name of rank r's shard file in a sharded checkpoint (Note [Sharded checkpoints]).

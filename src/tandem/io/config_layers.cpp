@@ -27,6 +27,7 @@ ConfigLayer config_file_layer(const std::string& path) {
 ConfigLayer deepspeed_layer(const std::string& path) {
   return {path, [path](Config& cfg, std::vector<std::string>& warnings) {
             const auto r = load_deepspeed_config(cfg, path);
+            for (const auto& note : r.notes) warnings.push_back(path + ": " + note);
             if (!r.ignored_keys.empty())
               warnings.push_back(
                   path + ": DeepSpeed keys without a tandem equivalent were ignored: " + join(r.ignored_keys, ", "));

@@ -19,6 +19,7 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
   TANDEM_CHECK(root.is_object(), origin, ": a DeepSpeed config must be a JSON object");
   DeepSpeedImport result;
   auto& ignored = result.ignored_keys;
+  auto& notes = result.notes;
   const auto is_auto = [](const json& v) { return v.is_string() && v.get<std::string>() == "auto"; };
   const auto num = [&](const json& v, const std::string& key) -> double {
     TANDEM_CHECK(v.is_number(), origin, ": '", key, "' must be a number, got ", v.dump());
@@ -184,12 +185,23 @@ DeepSpeedImport load_deepspeed_config_text(Config& cfg, const std::string& text,
     }
   }
   // ZeRO: stages 1-3 shard the optimizer state and gradients, tandem's dist.zero_stage=2, which works
-  // on the offload engine's masters; without offload_optimizer (or at stage 3, whose parameter
-  // sharding tandem does not do) the stage is listed as not mapped.
+  // on the offload engine's masters. Without offload_optimizer it does not apply, and stage 3's
+  // parameter sharding tandem does not do: both said, with what was set.
   if (zero_stage) {
-    if (*zero_stage >= 1 && cfg.offload.optimizer == OffloadTarget::kCpu) cfg.dist.zero_stage = 2;
-    if (*zero_stage == 3 || (*zero_stage >= 1 && cfg.offload.optimizer != OffloadTarget::kCpu))
-      ignored.push_back("zero_optimization.stage");
+    TANDEM_CHECK(*zero_stage >= 0 && *zero_stage <= 3, origin, ": zero_optimization.stage ", *zero_stage,
+                 " is not a ZeRO stage; use 0 to 3");
+    const bool offload = cfg.offload.optimizer == OffloadTarget::kCpu;
+    if (*zero_stage >= 1 && offload) cfg.dist.zero_stage = 2;
+    if (*zero_stage >= 1 && !offload)
+      notes.push_back(strprintf(
+          "zero_optimization.stage=%lld: tandem's ZeRO (dist.zero_stage=2) shards the offload engine's fp32 masters, "
+          "states and gradients over the ranks, so without offload_optimizer.device=cpu it was not set; add that to "
+          "shard (stages 1, 2 and 3 all map to it)",
+          static_cast<long long>(*zero_stage)));
+    else if (*zero_stage == 3)
+      notes.push_back(
+          "zero_optimization.stage=3: set as dist.zero_stage=2 (masters, states and gradients sharded); the bf16 "
+          "working weights stay whole on every GPU, as tandem does not shard parameters");
   }
   // Batch arithmetic: train_batch_size counts every rank (WORLD_SIZE under a launcher, else 1).
   const char* ws = std::getenv("WORLD_SIZE");

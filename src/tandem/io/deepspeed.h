@@ -11,9 +11,11 @@
 
 namespace tandem {
 
-/// Result of reading a DeepSpeed JSON config: the keys it could not map.
+/// Result of reading a DeepSpeed JSON config: the keys it could not map, and how the ones mapped
+/// only in part were read (one line each).
 struct DeepSpeedImport {
   std::vector<std::string> ignored_keys;
+  std::vector<std::string> notes;
 };
 
 /// Loads the DeepSpeed keys that map onto tandem's; returns the ones it ignored. UserError naming

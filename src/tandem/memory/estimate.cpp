@@ -28,11 +28,17 @@ ActivationCost activation_cost(const ModelSpec& s, int64_t B, int64_t T, Precisi
   // Tensors saved for backward per token of one decoder layer (counted from the layer's ops):
   // residual inputs and norm statistics in fp32, normalised inputs, q/k/v and their rotated
   // copies, attention output, gate/up/activation/product of the SwiGLU.
-  const long double kv = s.arch == Arch::kLlama ? static_cast<long double>(s.n_kv_head) * s.head_dim() : 0;
+  const bool decoder = s.arch == Arch::kDecoder;
+  const long double kv = decoder ? static_cast<long double>(s.n_kv_head) * s.head_dim() : 0;
+  const long double q = decoder ? static_cast<long double>(s.n_head) * s.head_dim() : 0;
+  // Soft-capped attention (Gemma2) keeps its scores: T per head and token, before and after the
+  // cap in the compute dtype and the softmax in fp32.
+  const long double scores =
+      decoder && s.parts.attn_softcap > 0 ? s.n_head * static_cast<long double>(T) * (2 * act + 4) : 0;
   // ResNet-BK: norms and projections, fp32 sweeps (a, b, c, and complex r, s, G per head), and
   // top_k expert inputs and SwiGLU intermediates per token (capacity slack not counted).
   const long double per_token_layer =
-      s.arch == Arch::kLlama ? 2 * 4 * d + act * (2 * d + 3 * (d + 2 * kv) + d) + act * 4 * s.padded_d_ff()
+      decoder ? 2 * 4 * d + act * (2 * d + 3 * (q + 2 * kv) + q) + act * 4 * s.padded_d_ff() + scores
       : s.arch == Arch::kResNetBk
           ? 2 * 4 * d + act * 2 * d + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) + s.top_k * act * (d + 4.0L * s.d_ff)
           : 4 * d + act * (d + 2.0L * s.padded_d_ff());

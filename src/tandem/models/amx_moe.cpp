@@ -4,7 +4,7 @@ namespace tandem {
 
 MoeFfnLayer::MoeFfnLayer(const ModelSpec& spec, int64_t index)
     : Block(BlockKind::kLayer, "layer." + std::to_string(index), "model.layers." + std::to_string(index) + ".") {
-  norm_ = register_module("input_layernorm", RMSNorm(spec.d_model, spec.norm_eps));
+  norm_ = register_module("input_layernorm", Norm(spec.d_model, spec.norm_eps));
   MoeOptions o;
   o.d_model = spec.d_model;
   o.d_ff = spec.d_ff;

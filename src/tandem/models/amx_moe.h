@@ -4,6 +4,7 @@
 
 #include "tandem/models/block.h"
 #include "tandem/models/moe.h"
+#include "tandem/models/norm.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
@@ -17,7 +18,7 @@ class MoeFfnLayer : public Block {
   const torch::Tensor& aux_loss() const { return moe_->last_aux_loss(); }
 
  private:
-  RMSNorm norm_{nullptr};
+  Norm norm_{nullptr};
   MoeLayer moe_{nullptr};
 };
 

@@ -28,6 +28,13 @@ class Block : public torch::nn::Module {
     return out;
   }
 
+  /// The shape `param` (one of hf_parameters(), named `name`) has in an HF checkpoint: its own, less
+  /// the padding (vocabulary rows, feed-forward units: Note [Zero padding keeps the function]).
+  virtual std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const {
+    (void)name;
+    return param.sizes().vec();
+  }
+
   BlockKind kind() const { return kind_; }
   /// Short display name: "embed", "layer.3", "head".
   const std::string& name() const { return name_; }
@@ -37,18 +44,5 @@ class Block : public torch::nn::Module {
   std::string name_;
   std::string hf_prefix_;
 };
-
-/// RMSNorm with a learned scale: y = x / rms(x) * weight (weight initialised to ones).
-class RMSNormImpl : public torch::nn::Module {
- public:
-  RMSNormImpl(int64_t dim, double eps);
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight;
-
- private:
-  int64_t dim_;
-  double eps_;
-};
-TORCH_MODULE(RMSNorm);
 
 }  // namespace tandem

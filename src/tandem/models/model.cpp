@@ -9,8 +9,10 @@
 #include "tandem/core/error.h"
 #include "tandem/models/amx_moe.h"
 #include "tandem/models/checkpointing.h"
+#include "tandem/models/decoder.h"
+#include "tandem/models/family.h"
 #include "tandem/models/init.h"
-#include "tandem/models/llama.h"
+#include "tandem/models/mlp_layer.h"
 #include "tandem/models/resnet_bk.h"
 
 namespace tandem {
@@ -35,12 +37,13 @@ Model::Model(const ModelSpec& spec, bool checkpointing, std::pair<size_t, size_t
     embed = std::make_shared<EmbeddingBlock>(spec_);
   }
   blocks_.push_back(register_module("embed", embed));
-  auto rope = spec_.arch == Arch::kLlama ? std::make_shared<RopeTable>(spec_) : nullptr;
+  const bool decoder = spec_.arch == Arch::kDecoder;
+  auto rope = decoder && !spec_.parts.learned_positions ? std::make_shared<RopeTable>(spec_) : nullptr;
   for (int64_t i = 0; i < spec_.n_layer; ++i) {
     const SkipInitialFill skip(outside(static_cast<size_t>(i) + 1));
     std::shared_ptr<Block> layer;
-    if (spec_.arch == Arch::kLlama)
-      layer = std::make_shared<LlamaLayer>(spec_, i, rope);
+    if (decoder)
+      layer = std::make_shared<DecoderLayer>(spec_, i, rope);
     else if (spec_.arch == Arch::kResNetBk)
       layer = std::make_shared<ResNetBkLayer>(spec_, i);
     else if (spec_.arch == Arch::kAmxMoe && i >= spec_.n_dense)
@@ -52,6 +55,8 @@ Model::Model(const ModelSpec& spec, bool checkpointing, std::pair<size_t, size_t
   const SkipInitialFill skip(outside(static_cast<size_t>(spec_.n_layer) + 1));
   auto head = std::make_shared<HeadBlock>(spec_, spec_.tie_embeddings ? embed->embed_tokens->weight : torch::Tensor());
   blocks_.push_back(register_module("head", head));
+  const auto& names = family_names(spec_.family);
+  vocab_names_ = {names.base + names.embed + ".weight", "lm_head.weight"};
 }
 
 namespace {
@@ -182,52 +187,44 @@ std::vector<NamedTensor> Model::hf_parameters() {
   return out;
 }
 
-std::vector<int64_t> Model::hf_shape(const std::string& name, const torch::Tensor& param) const {
-  auto shape = param.sizes().vec();
-  const auto ends_with = [&](const char* suffix) {
-    const std::string s(suffix);
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") shape[0] = spec_.vocab_size;
-  if (spec_.padded_d_ff() != spec_.d_ff) {  // Note [Zero padding keeps the function]
-    if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight")) shape[0] = spec_.d_ff;
-    if (ends_with("mlp.down_proj.weight")) shape[1] = spec_.d_ff;
-  }
-  return shape;
-}
-
 std::vector<NamedTensor> Model::hf_state_dict() {
   std::vector<NamedTensor> out;
-  for (auto& [name, p] : hf_parameters()) {
-    const auto shape = hf_shape(name, p);
-    auto t = p.detach();
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (shape[d] != t.size(d)) t = t.narrow(d, 0, shape[d]);
-    out.emplace_back(name, t);
-  }
+  for (auto& b : blocks_)
+    for (auto& [name, p] : b->hf_parameters()) {
+      const auto shape = b->hf_shape(name, p);
+      auto t = p.detach();
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (shape[d] != t.size(d)) t = t.narrow(d, 0, shape[d]);
+      out.emplace_back(name, t);
+    }
   return out;
 }
 
 void Model::load_hf_state_dict(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                                const std::string& source) {
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : hf_parameters()) {
-    const auto expected = hf_shape(name, p);
-    auto t = lookup(name);
-    TANDEM_CHECK(t.has_value(), source, ": tensor '", name,
-                 "' is missing; the checkpoint does not match this architecture (check model.* settings)");
-    TANDEM_CHECK(t->sizes().vec() == expected, source, ": tensor '", name, "' has shape ", t->sizes(),
-                 " but the model expects ", c10::IntArrayRef(expected),
-                 "; the checkpoint was made for a different architecture (check model.* settings)");
-    TANDEM_CHECK(t->is_floating_point(), source, ": tensor '", name, "' has dtype ", t->scalar_type(),
-                 "; expected a floating-point tensor");
-    const bool vocab = name == "model.embed_tokens.weight" || name == "lm_head.weight";
-    if (!vocab && expected != p.sizes().vec()) p.zero_();  // feed-forward padding stays zero
-    auto dst = p;
-    for (size_t d = 0; d < expected.size(); ++d)
-      if (expected[d] != dst.size(d)) dst = dst.narrow(d, 0, expected[d]);
-    dst.copy_(*t);
-  }
+  for (auto& b : blocks_)
+    for (auto& [name, p] : b->hf_parameters()) {
+      const auto expected = b->hf_shape(name, p);
+      auto t = lookup(name);
+      TANDEM_CHECK(t.has_value(), source, ": tensor '", name,
+                   "' is missing; the checkpoint does not match this architecture (check model.* settings)");
+      const bool vocab = vocab_names_.count(name) > 0;
+      if (vocab && t->dim() == 2 && t->size(1) == expected[1] && t->size(0) < expected[0]) {
+        p.narrow(0, 0, t->size(0)).copy_(*t);  // Note [Folder overrides]: a grown vocabulary keeps its new rows
+        continue;
+      }
+      TANDEM_CHECK(t->sizes().vec() == expected, source, ": tensor '", name, "' has shape ", t->sizes(),
+                   " but the model expects ", c10::IntArrayRef(expected),
+                   "; the checkpoint was made for a different architecture (check model.* settings)");
+      TANDEM_CHECK(t->is_floating_point(), source, ": tensor '", name, "' has dtype ", t->scalar_type(),
+                   "; expected a floating-point tensor");
+      if (!vocab && expected != p.sizes().vec()) p.zero_();  // feed-forward padding stays zero
+      auto dst = p;
+      for (size_t d = 0; d < expected.size(); ++d)
+        if (expected[d] != dst.size(d)) dst = dst.narrow(d, 0, expected[d]);
+      dst.copy_(*t);
+    }
 }
 
 std::shared_ptr<Model> build_model(const ModelSpec& spec, bool checkpointing, std::pair<size_t, size_t> fill) {

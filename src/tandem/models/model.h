@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,15 +77,13 @@ class Model : public torch::nn::Module, public BlockSequence {
   /// parameters are.
   void set_host_blocks(std::vector<bool> host) override { host_blocks_ = std::move(host); }
 
-  /// The HF shape a named parameter has in a checkpoint.
-  std::vector<int64_t> hf_shape(const std::string& name, const torch::Tensor& param) const;
-
  private:
   ModelSpec spec_;
   bool checkpointing_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::function<void(size_t)> before_block_;
   std::vector<bool> host_blocks_;
+  std::set<std::string> vocab_names_;  // the embedding's and lm_head's names: rows of the vocabulary
 };
 
 /// x on `device` inside autograd: a device-to-host copy lands in pinned memory (the calling thread

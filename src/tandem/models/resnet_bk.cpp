@@ -10,8 +10,8 @@ ResNetBkLayer::ResNetBkLayer(const ModelSpec& spec, int64_t index)
     : Block(BlockKind::kLayer, "layer." + std::to_string(index), "model.layers." + std::to_string(index) + "."),
       heads_(spec.n_head) {
   const double std_in = 0.02, std_out = 0.02 / std::sqrt(2.0 * spec.n_layer);
-  norm1_ = register_module("input_layernorm", RMSNorm(spec.d_model, spec.norm_eps));
-  norm2_ = register_module("post_mixing_layernorm", RMSNorm(spec.d_model, spec.norm_eps));
+  norm1_ = register_module("input_layernorm", Norm(spec.d_model, spec.norm_eps));
+  norm2_ = register_module("post_mixing_layernorm", Norm(spec.d_model, spec.norm_eps));
   auto bk = register_module("bk", std::make_shared<torch::nn::Module>());
   in_proj_ =
       bk->register_module("in_proj", torch::nn::Linear(torch::nn::LinearOptions(spec.d_model, 3 * heads_).bias(true)));

@@ -12,6 +12,7 @@
 
 #include "tandem/models/block.h"
 #include "tandem/models/moe.h"
+#include "tandem/models/norm.h"
 #include "tandem/models/spec.h"
 
 namespace tandem {
@@ -26,7 +27,7 @@ class ResNetBkLayer : public Block {
 
  private:
   int64_t heads_;
-  RMSNorm norm1_{nullptr}, norm2_{nullptr};
+  Norm norm1_{nullptr}, norm2_{nullptr};
   torch::nn::Linear in_proj_{nullptr}, out_proj_{nullptr};
   torch::Tensor z_re_, z_im_;  // (K)
   MoeLayer moe_{nullptr};

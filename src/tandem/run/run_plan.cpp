@@ -7,6 +7,7 @@
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
+#include "tandem/core/strings.h"
 #include "tandem/dist/comm.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
@@ -28,6 +29,27 @@ std::string default_run_dir(const std::string& preset) {
   std::string dir = base;
   for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
   return dir;
+}
+
+// Note [Run directory]
+// A run writes metrics.jsonl, config.yaml, checkpoints and the rest into its directory. A second
+// run into a directory that holds one would append its rows to the first's and put its checkpoints
+// beside the old ones, and a later --resume auto would take the old run's; a folder that is not a
+// run may hold anything. So without --resume a run directory must be new or empty; the refusal
+// names --resume auto and a fresh directory.
+std::string run_dir_refusal(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec) || fs::is_empty(dir, ec)) return "";
+  if (!fs::is_directory(dir, ec)) return "run directory '" + dir + "' is a file; give a new --run-dir";
+  std::vector<std::string> found;
+  for (const char* f : {"metrics.jsonl", "config.yaml", "checkpoints", "summary.json"})
+    if (fs::exists(fs::path(dir) / f, ec)) found.push_back(f);
+  if (!found.empty())
+    return "run directory '" + dir + "' already holds a run (" + join(found, ", ") +
+           "); continue it with --resume auto --run-dir " + dir + ", or give a new --run-dir";
+  return "'" + dir +
+         "' is not empty and holds no tandem run; give an empty or new --run-dir (a run writes "
+         "only into its own directory)";
 }
 
 // The offload engine's memory plan of this rank's layout, agreed within its stage.
@@ -72,7 +94,8 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   // Architecture: the preset with overrides, or an HF directory's config.json.
   if (!cfg.model.init_from.empty()) {
     const std::string src = plan.resume_dir.empty() ? cfg.model.init_from : plan.resume_dir;
-    plan.spec = spec_from_hf_config((fs::path(src) / "config.json").string());
+    plan.spec = spec_with_folder_overrides(spec_from_hf_config((fs::path(src) / "config.json").string()), cfg.model,
+                                           src);  // Note [Folder overrides]
     plan.spec.name = "hf";
   } else {
     plan.spec = resolve_model_spec(cfg.model);
@@ -107,6 +130,11 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
     plan.run_dir = fs::path(plan.resume_dir).parent_path().parent_path().string();
   if (plan.run_dir.empty()) plan.run_dir = default_run_dir(spec.name);
   if (ctx.comm) plan.run_dir = ctx.comm->broadcast_string("run_dir", plan.run_dir);  // named by rank 0
+  if (options.resume.empty() && !options.resume_asked) {  // Note [Run directory]: rank 0 looks, all refuse alike
+    std::string why = ctx.main_rank() ? run_dir_refusal(plan.run_dir) : "";
+    if (ctx.comm) why = ctx.comm->broadcast_string("run_dir_refusal", why);
+    if (!why.empty()) throw UserError(why);
+  }
 
   // The offload memory plan, checked against the machine before anything is allocated (the
   // model's own fp32 build would otherwise count against the host memory it is about to free).

@@ -19,7 +19,8 @@ struct RunContext;
 
 /// What the CLI adds to a config for one invocation.
 struct TrainOptions {
-  std::string resume;  ///< checkpoint or run directory to continue from
+  std::string resume;         ///< checkpoint or run directory to continue from
+  bool resume_asked = false;  ///< --resume was given (auto may still find no checkpoint: a fresh start)
 };
 
 struct RunPlan {

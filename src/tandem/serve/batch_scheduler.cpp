@@ -20,7 +20,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // One prefill, one decode step and a sampled token, on the thread that will run the steps: the
 // first request then does not pay for lazy initialisation (kernels loaded, the thread's cuBLAS
 // handle and workspace). Best effort: a failure here shows again, with its cause, in a real step.
-void warm_up(LlamaDecoder& decoder, KvCache& cache) {
+void warm_up(Decoder& decoder, KvCache& cache) {
   PageTable a, b;
   if (cache.reserve(a, 3) && cache.reserve(b, 5)) {
     try {  // every attention path of Note [Generation forward]: prefills together, a decode, a continuation
@@ -78,8 +78,7 @@ struct BatchScheduler::Request {
   explicit Request(uint64_t seed) : rng(seed) {}
 };
 
-BatchScheduler::BatchScheduler(LlamaDecoder& decoder, KvCache& cache, const Tokenizer* tokenizer,
-                               SchedulerOptions options)
+BatchScheduler::BatchScheduler(Decoder& decoder, KvCache& cache, const Tokenizer* tokenizer, SchedulerOptions options)
     : decoder_(decoder), cache_(cache), tokenizer_(tokenizer), options_(std::move(options)) {
   TANDEM_CHECK(options_.max_batch >= 1, "--max-batch must be at least 1; got ", options_.max_batch);
   TANDEM_CHECK(options_.max_queue >= 0, "--max-queue must be >= 0; got ", options_.max_queue);

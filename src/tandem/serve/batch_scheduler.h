@@ -32,8 +32,8 @@
 
 #include "tandem/data/tokenizer.h"
 #include "tandem/serve/decode_graphs.h"
+#include "tandem/serve/decoder.h"
 #include "tandem/serve/kv_cache.h"
-#include "tandem/serve/llama_decoder.h"
 #include "tandem/serve/sampler.h"
 
 namespace tandem {
@@ -122,7 +122,7 @@ class BatchScheduler {
   /// time to first token then excludes the device's lazy start). `decoder`, `cache` and `tokenizer`
   /// (null: no text, no stop strings) must outlive the scheduler; nothing else may use the decoder
   /// or cache meanwhile.
-  BatchScheduler(LlamaDecoder& decoder, KvCache& cache, const Tokenizer* tokenizer, SchedulerOptions options);
+  BatchScheduler(Decoder& decoder, KvCache& cache, const Tokenizer* tokenizer, SchedulerOptions options);
   /// stop().
   ~BatchScheduler();
   BatchScheduler(const BatchScheduler&) = delete;
@@ -161,7 +161,7 @@ class BatchScheduler {
   void emit(Request& r, const GenerationEvent& event);
   void preempt(RequestPtr r);
 
-  LlamaDecoder& decoder_;
+  Decoder& decoder_;
   KvCache& cache_;
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;

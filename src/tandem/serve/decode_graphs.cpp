@@ -18,7 +18,7 @@ struct DecodeGraphs::Recording {
   std::unique_ptr<DeviceGraph> graph;
 };
 
-DecodeGraphs::DecodeGraphs(LlamaDecoder& decoder, KvCache& cache, GraphRecorder* recorder)
+DecodeGraphs::DecodeGraphs(Decoder& decoder, KvCache& cache, GraphRecorder* recorder)
     : decoder_(decoder), cache_(cache), recorder_(recorder) {
   max_pages_ = cache_.pages_for(std::min(decoder_.spec().max_seq_len, cache_.tokens_total()));
 }
@@ -41,7 +41,9 @@ int64_t DecodeGraphs::pages_bucket(int64_t pages, int64_t max_pages) {
 }
 
 bool DecodeGraphs::takes(const std::vector<SequenceChunk>& batch) const {
-  return !failed_ && !batch.empty() &&
+  // A dynamic RoPE's table follows the sequences' length, which a recording cannot.
+  const bool dynamic_rope = decoder_.spec().rope_scaling.type == RopeType::kDynamic;
+  return !failed_ && !dynamic_rope && !batch.empty() &&
          std::all_of(batch.begin(), batch.end(), [](const SequenceChunk& c) { return c.tokens.size() == 1; });
 }
 

@@ -14,9 +14,10 @@
 // - Memory. The recordings of one DecodeGraphs share one pool (the first recording's); each step
 //   reads its logits before the next replay.
 // - Inputs. A step's tokens, positions, write places, lengths and page tables go to the device in
-//   one copy, into the tensors the recording reads (LlamaDecoder::decode_layout).
-// - What runs eagerly. Steps that prefill (a chunk of several tokens) and models with streamed
-//   layers (a streamed layer waits on the host) run through LlamaDecoder::forward. A recording that
+//   one copy, into the tensors the recording reads (Decoder::decode_layout).
+// - What runs eagerly. Steps that prefill (a chunk of several tokens), models with streamed
+//   layers (a streamed layer waits on the host) and models with dynamic RoPE (whose table follows
+//   the sequences' length) run through Decoder::forward. A recording that
 //   fails turns recording off for the rest of the run with one warning; the step then runs eagerly.
 // Padding changes only which masked keys the attention skips, so a replayed step's logits equal
 // the eager step's up to summation order (tests/serve/decode_graphs_test.cpp).
@@ -30,8 +31,8 @@
 #include <vector>
 
 #include "tandem/core/device_graph.h"
+#include "tandem/serve/decoder.h"
 #include "tandem/serve/kv_cache.h"
-#include "tandem/serve/llama_decoder.h"
 
 namespace tandem {
 
@@ -40,7 +41,7 @@ class DecodeGraphs {
  public:
   /// Records with `recorder`; nullptr runs the same padded step eagerly (no recording: the CPU,
   /// and the tests of the padding). `decoder` and `cache` must outlive this object.
-  DecodeGraphs(LlamaDecoder& decoder, KvCache& cache, GraphRecorder* recorder);
+  DecodeGraphs(Decoder& decoder, KvCache& cache, GraphRecorder* recorder);
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
   ~DecodeGraphs();
@@ -48,7 +49,7 @@ class DecodeGraphs {
   /// Whether forward() takes `batch`: every chunk adds one token, and recording has not failed.
   bool takes(const std::vector<SequenceChunk>& batch) const;
   /// The step's fp32 logits (B, V) in the order of `batch`, valid until the next forward(). Writes
-  /// each chunk's keys and values into the cache, as LlamaDecoder::forward does.
+  /// each chunk's keys and values into the cache, as Decoder::forward does.
   torch::Tensor forward(const std::vector<SequenceChunk>& batch);
 
   /// Recordings made so far, and steps replayed from them.
@@ -65,7 +66,7 @@ class DecodeGraphs {
   Recording& recording_for(int64_t batch, int64_t pages);
   void write_inputs(const std::vector<SequenceChunk>& batch, Recording& r) const;
 
-  LlamaDecoder& decoder_;
+  Decoder& decoder_;
   KvCache& cache_;
   GraphRecorder* recorder_;
   int64_t max_pages_ = 0;

@@ -2,88 +2,108 @@
 
 #include "tandem/core/error.h"
 #include "tandem/memory/pinned.h"
+#include "tandem/models/family.h"
 
 namespace tandem {
 
 namespace {
 
-// One tensor of a layer's flat buffer, in buffer order: the matrices first, so that each starts at
-// an offset that is a multiple of d_model elements.
-struct LayerPart {
-  const char* name;
-  int64_t rows, cols;  // cols 0: a vector of `rows`
-};
+using Part = DecoderWeights::Part;
 
-std::vector<LayerPart> layer_parts(const ModelSpec& spec) {
-  const int64_t C = spec.d_model, kv = spec.n_kv_head * spec.head_dim(), F = spec.d_ff;
-  return {
-      {"self_attn.q_proj.weight", C, C}, {"self_attn.k_proj.weight", kv, C}, {"self_attn.v_proj.weight", kv, C},
-      {"self_attn.o_proj.weight", C, C}, {"mlp.gate_proj.weight", F, C},     {"mlp.up_proj.weight", F, C},
-      {"mlp.down_proj.weight", C, F},    {"input_layernorm.weight", C, 0},   {"post_attention_layernorm.weight", C, 0}};
+// A layer's flat buffer in order, matrices first (each then starts at an offset that is a multiple
+// of d_model elements), with the family's tensors that fill each part.
+std::vector<Part> layer_parts(const ModelSpec& spec) {
+  const FamilyNames& n = family_names(spec.family);
+  const DecoderParts& p = spec.parts;
+  const int64_t C = spec.d_model, q = spec.n_head * spec.head_dim(), kv = spec.n_kv_head * spec.head_dim();
+  const int64_t F = spec.d_ff, ff_in = p.gated_ffn ? 2 * F : F;
+  const std::string attn = n.attn + ".", mlp = n.mlp + ".";
+  // The q/k/v (or gate/up) sources of a stacked part, for the suffix "weight" or "bias".
+  const auto qkv = [&](const std::string& suffix) -> std::vector<Part::Source> {
+    if (!n.qkv.empty()) return {{attn + n.qkv + "." + suffix, 0, q + 2 * kv}};
+    return {
+        {attn + n.q + "." + suffix, 0, q}, {attn + n.k + "." + suffix, q, kv}, {attn + n.v + "." + suffix, q + kv, kv}};
+  };
+  const auto gate_up = [&](const std::string& suffix) -> std::vector<Part::Source> {
+    if (!n.gate_up.empty()) return {{mlp + n.gate_up + "." + suffix, 0, 2 * F}};
+    if (!p.gated_ffn) return {{mlp + n.up + "." + suffix, 0, F}};
+    return {{mlp + n.gate + "." + suffix, 0, F}, {mlp + n.up + "." + suffix, F, F}};
+  };
+  const auto one = [](const std::string& name, int64_t rows) { return std::vector<Part::Source>{{name, 0, rows}}; };
+  std::vector<Part> parts = {
+      {&LayerWeights::qkv, q + 2 * kv, C, 0, qkv("weight")},
+      {&LayerWeights::o, C, q, 0, one(attn + n.o + ".weight", C)},
+      {&LayerWeights::gate_up, ff_in, C, 0, gate_up("weight")},
+      {&LayerWeights::down, C, F, 0, one(mlp + n.down + ".weight", C)},
+  };
+  if (p.qkv_bias) parts.push_back({&LayerWeights::qkv_bias, q + 2 * kv, 0, 0, qkv("bias")});
+  if (p.o_bias) parts.push_back({&LayerWeights::o_bias, C, 0, 0, one(attn + n.o + ".bias", C)});
+  if (p.mlp_bias) {
+    parts.push_back({&LayerWeights::gate_up_bias, ff_in, 0, 0, gate_up("bias")});
+    parts.push_back({&LayerWeights::down_bias, C, 0, 0, one(mlp + n.down + ".bias", C)});
+  }
+  const auto norm = [&](torch::Tensor LayerWeights::*weight, torch::Tensor LayerWeights::*bias,
+                        const std::string& name) {
+    parts.push_back({weight, C, 0, 0, one(name + ".weight", C)});
+    if (p.norm == NormKind::kLayerNorm) {
+      TANDEM_ASSERT(bias != nullptr, "a LayerNorm without a place for its bias");
+      parts.push_back({bias, C, 0, 0, one(name + ".bias", C)});
+    }
+  };
+  norm(&LayerWeights::attn_norm, &LayerWeights::attn_norm_bias, n.attn_norm);
+  norm(&LayerWeights::ff_norm, &LayerWeights::ff_norm_bias, n.ff_norm);
+  if (p.sandwich_norms) {
+    norm(&LayerWeights::attn_out_norm, nullptr, n.attn_out_norm);
+    norm(&LayerWeights::ff_out_norm, nullptr, n.ff_out_norm);
+  }
+  int64_t offset = 0;
+  for (auto& part : parts) {
+    part.offset = offset;
+    offset += part.rows * std::max<int64_t>(part.cols, 1);
+  }
+  TANDEM_ASSERT(offset == decoder_layer_numel(spec), "layer buffer of ", offset, " elements, the plan counts ",
+                decoder_layer_numel(spec));
+  return parts;
 }
 
-torch::Tensor view_at(const torch::Tensor& flat, int64_t& offset, int64_t rows, int64_t cols) {
-  const int64_t n = rows * (cols > 0 ? cols : 1);
-  auto v = flat.narrow(0, offset, n);
-  offset += n;
-  return cols > 0 ? v.view({rows, cols}) : v;
-}
-
-void copy_weight(const torch::Tensor& dst, const TensorLookup& lookup, const std::string& name,
+// The tensor `name` of `lookup` into `dst` (rows of a part), converted; input-major matrices
+// (GPT-2's Conv1D) transposed to (out, in).
+void copy_weight(const torch::Tensor& dst, const TensorLookup& lookup, const std::string& name, bool input_major,
                  const std::string& source) {
   const auto t = lookup(name);
   TANDEM_CHECK(t.has_value(), source, ": tensor '", name,
-               "' is missing; give a Llama checkpoint (tandem's, or a Hugging Face folder with safetensors)");
-  TANDEM_CHECK(t->sizes() == dst.sizes(), source, ": tensor '", name, "' has shape ", t->sizes(), " but config.json ",
-               "implies ", dst.sizes(), "; the weights and config.json do not belong together");
+               "' is missing; the folder's weights do not match its config.json (a checkpoint of another family?)");
+  const auto w = input_major && t->dim() == 2 ? t->t() : *t;
+  TANDEM_CHECK(w.sizes() == dst.sizes(), source, ": tensor '", name, "' has shape ", t->sizes(), " but config.json ",
+               "implies ", input_major && t->dim() == 2 ? dst.t().sizes() : dst.sizes(),
+               "; the weights and config.json do not belong together");
   TANDEM_CHECK(t->is_floating_point(), source, ": tensor '", name, "' has dtype ", t->scalar_type(),
                "; expected floating-point weights");
-  dst.copy_(*t);
+  dst.copy_(w);
 }
 
 }  // namespace
 
-std::vector<std::pair<std::string, torch::Tensor>> layer_named_views(const torch::Tensor& flat, const ModelSpec& spec) {
-  TANDEM_ASSERT(flat.numel() == decoder_layer_numel(spec), "layer buffer of ", flat.numel(), " elements, expected ",
-                decoder_layer_numel(spec));
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  int64_t offset = 0;
-  for (const auto& p : layer_parts(spec)) out.emplace_back(p.name, view_at(flat, offset, p.rows, p.cols));
-  return out;
-}
-
-LayerWeights layer_views(const torch::Tensor& flat, const ModelSpec& spec) {
-  TANDEM_ASSERT(flat.numel() == decoder_layer_numel(spec), "layer buffer of ", flat.numel(), " elements, expected ",
-                decoder_layer_numel(spec));
-  const int64_t C = spec.d_model, kv = spec.n_kv_head * spec.head_dim(), F = spec.d_ff;
-  int64_t offset = 0;
-  LayerWeights w;
-  w.qkv = view_at(flat, offset, C + 2 * kv, C);
-  w.o = view_at(flat, offset, C, C);
-  w.gate_up = view_at(flat, offset, 2 * F, C);
-  w.down = view_at(flat, offset, C, F);
-  w.input_norm = view_at(flat, offset, C, 0);
-  w.post_norm = view_at(flat, offset, C, 0);
-  return w;
-}
-
 DecoderWeights::DecoderWeights(const ModelSpec& spec, WeightPlacement placement, const TensorLookup& lookup,
                                const std::string& source)
-    : spec_(spec), placement_(std::move(placement)) {
+    : spec_(spec), placement_(std::move(placement)), parts_(layer_parts(spec)) {
   TANDEM_ASSERT(static_cast<int64_t>(placement_.plan.layers.size()) == spec_.n_layer, "residency plan of ",
                 placement_.plan.layers.size(), " layers for a model of ", spec_.n_layer);
   torch::NoGradGuard no_grad;
+  const FamilyNames& n = family_names(spec_.family);
   const auto options = torch::TensorOptions().dtype(placement_.dtype).device(placement_.device);
-  embed_ = torch::empty({spec_.vocab_size, spec_.d_model}, options);
-  copy_weight(embed_, lookup, "model.embed_tokens.weight", source);
-  final_norm_ = torch::empty({spec_.d_model}, options);
-  copy_weight(final_norm_, lookup, "model.norm.weight", source);
-  if (spec_.tie_embeddings) {
-    lm_head_ = embed_;
-  } else {
-    lm_head_ = torch::empty({spec_.vocab_size, spec_.d_model}, options);
-    copy_weight(lm_head_, lookup, "lm_head.weight", source);
-  }
+  const auto fixed = [&](std::vector<int64_t> shape, const std::string& name) {
+    auto t = torch::empty(shape, options);
+    copy_weight(t, lookup, name, false, source);
+    return t;
+  };
+  embed_ = fixed({spec_.vocab_size, spec_.d_model}, n.base + n.embed + ".weight");
+  if (spec_.parts.learned_positions)
+    positions_ = fixed({spec_.max_seq_len, spec_.d_model}, n.base + n.positions + ".weight");
+  final_norm_ = fixed({spec_.d_model}, n.base + n.final_norm + ".weight");
+  if (spec_.parts.norm == NormKind::kLayerNorm)
+    final_norm_bias_ = fixed({spec_.d_model}, n.base + n.final_norm + ".bias");
+  lm_head_ = spec_.tie_embeddings ? embed_ : fixed({spec_.vocab_size, spec_.d_model}, "lm_head.weight");
 
   const int64_t numel = decoder_layer_numel(spec_);
   // Host buffers are pinned only when there is a device to copy them to.
@@ -93,17 +113,37 @@ DecoderWeights::DecoderWeights(const ModelSpec& spec, WeightPlacement placement,
   for (int64_t i = 0; i < spec_.n_layer; ++i) {
     const bool streamed = placement_.plan.layers[static_cast<size_t>(i)] == LayerHome::kHost;
     auto flat = streamed ? host_tensor(numel, placement_.dtype, host_memory) : torch::empty({numel}, options);
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    for (const auto& [name, view] : layer_named_views(flat, spec_)) copy_weight(view, lookup, prefix + name, source);
+    load_layer(flat, i, lookup, source);
     (streamed ? host : resident_)[static_cast<size_t>(i)] = flat;
   }
   if (placement_.plan.streamed() > 0)
     stream_ = std::make_unique<LayerStream>(std::move(host), placement_.plan.slots, placement_.device);
 }
 
+void DecoderWeights::load_layer(const torch::Tensor& flat, int64_t layer, const TensorLookup& lookup,
+                                const std::string& source) {
+  const FamilyNames& n = family_names(spec_.family);
+  const std::string prefix = n.base + n.layers + "." + std::to_string(layer) + ".";
+  for (const auto& part : parts_) {
+    auto view = flat.narrow(0, part.offset, part.rows * std::max<int64_t>(part.cols, 1));
+    if (part.cols > 0) view = view.view({part.rows, part.cols});
+    for (const auto& s : part.sources)
+      copy_weight(view.narrow(0, s.row0, s.rows), lookup, prefix + s.name, n.input_major && part.cols > 0, source);
+  }
+}
+
+LayerWeights DecoderWeights::views(const torch::Tensor& flat) const {
+  LayerWeights w;
+  for (const auto& part : parts_) {
+    auto v = flat.narrow(0, part.offset, part.rows * std::max<int64_t>(part.cols, 1));
+    w.*(part.field) = part.cols > 0 ? v.view({part.rows, part.cols}) : v;
+  }
+  return w;
+}
+
 LayerWeights DecoderWeights::acquire(int64_t layer) {
   const auto& flat = resident_.at(static_cast<size_t>(layer));
-  return layer_views(flat.defined() ? flat : stream_->acquire(layer), spec_);
+  return views(flat.defined() ? flat : stream_->acquire(layer));
 }
 
 void DecoderWeights::release(int64_t layer) {

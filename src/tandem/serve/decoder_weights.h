@@ -1,43 +1,36 @@
 #pragma once
-// The weights generation reads, under a residency plan: the embedding, the final norm and the output
-// projection on the device; each decoder layer's weights in one flat buffer, on the device or in
-// pinned host memory streamed up per use (Note [Streamed layers]). Read from HF-named tensors
-// (a tandem checkpoint or a Hugging Face folder) straight into their final place and dtype.
+// The weights generation reads, under a residency plan: the embedding (and GPT-2's position table),
+// the final norm and the output projection on the device; each decoder layer's weights in one flat
+// buffer, on the device or in pinned host memory streamed up per use (Note [Streamed layers]). Read
+// from a folder's HF-named tensors (models/family.h: any family's names, fused or separate q/k/v,
+// input-major GPT-2 weights) straight into their final place, layout and dtype.
 
 #include <torch/torch.h>
 
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "tandem/io/weight_files.h"
 #include "tandem/models/spec.h"
 #include "tandem/serve/layer_stream.h"
 #include "tandem/serve/residency_plan.h"
 
 namespace tandem {
 
-/// Views of one decoder layer's weights into its flat buffer, in the compute dtype. The feed-forward
-/// has the checkpoint's (unpadded) d_ff: tandem's zero padding adds nothing to the function (Note
-/// [Zero padding keeps the function]).
+/// Views of one decoder layer's weights into its flat buffer, in the compute dtype, (out, in) and
+/// with q/k/v and gate/up stacked whatever the family stores. The feed-forward has the checkpoint's
+/// (unpadded) d_ff: tandem's zero padding adds nothing to the function (Note [Zero padding keeps
+/// the function]). A part the model does not have is undefined.
 struct LayerWeights {
-  torch::Tensor qkv;         // (C + 2 KV hd, C): q_proj, k_proj and v_proj stacked
-  torch::Tensor o;           // (C, C)
-  torch::Tensor gate_up;     // (2 F, C): gate_proj and up_proj stacked
-  torch::Tensor down;        // (C, F)
-  torch::Tensor input_norm;  // (C)
-  torch::Tensor post_norm;   // (C)
+  torch::Tensor qkv, qkv_bias;               // (H hd + 2 KV hd, C), (H hd + 2 KV hd)
+  torch::Tensor o, o_bias;                   // (C, H hd), (C)
+  torch::Tensor gate_up, gate_up_bias;       // (2 F, C): gate and up stacked; ungated (GPT-2): (F, C), up only
+  torch::Tensor down, down_bias;             // (C, F), (C)
+  torch::Tensor attn_norm, attn_norm_bias;   // (C): before the attention (the bias: LayerNorm)
+  torch::Tensor ff_norm, ff_norm_bias;       // (C): before the feed-forward
+  torch::Tensor attn_out_norm, ff_out_norm;  // (C): Gemma2's norms of the two outputs
 };
-
-/// The views of `flat` (decoder_layer_numel(spec) elements).
-LayerWeights layer_views(const torch::Tensor& flat, const ModelSpec& spec);
-
-/// HF tensor name suffixes ("self_attn.q_proj.weight") of a layer and their views into `flat`.
-std::vector<std::pair<std::string, torch::Tensor>> layer_named_views(const torch::Tensor& flat, const ModelSpec& spec);
-
-/// A tensor by its HF name (any float dtype, on the CPU), or nullopt when absent.
-using TensorLookup = std::function<std::optional<torch::Tensor>(const std::string& name)>;
 
 /// Where the weights go.
 struct WeightPlacement {
@@ -58,9 +51,11 @@ class DecoderWeights {
   const ModelSpec& spec() const { return spec_; }
   const WeightPlacement& placement() const { return placement_; }
   /// The always-resident weights on the device.
-  const torch::Tensor& embed() const { return embed_; }            // (V, C)
-  const torch::Tensor& final_norm() const { return final_norm_; }  // (C)
-  const torch::Tensor& lm_head() const { return lm_head_; }        // (V, C); the embedding when tied
+  const torch::Tensor& embed() const { return embed_; }                      // (V, C)
+  const torch::Tensor& positions() const { return positions_; }              // (max_seq_len, C); undefined without
+  const torch::Tensor& final_norm() const { return final_norm_; }            // (C)
+  const torch::Tensor& final_norm_bias() const { return final_norm_bias_; }  // (C); LayerNorm only
+  const torch::Tensor& lm_head() const { return lm_head_; }                  // (V, C); the embedding when tied
 
   /// Layer `layer`'s weights on the device, ready for work queued after this call.
   LayerWeights acquire(int64_t layer);
@@ -69,10 +64,26 @@ class DecoderWeights {
   /// Streamed layers copied to the device so far (0 when every layer is resident).
   int64_t uploads() const { return stream_ ? stream_->uploads() : 0; }
 
+  /// One part of a layer's flat buffer: its place, and the HF tensors that fill its rows.
+  struct Part {
+    torch::Tensor LayerWeights::*field;
+    int64_t rows, cols;  // cols 0: a vector of `rows`
+    int64_t offset = 0;  // in elements, within the flat buffer
+    struct Source {
+      std::string name;  // after the layer's prefix: "self_attn.q_proj.weight"
+      int64_t row0, rows;
+    };
+    std::vector<Source> sources;
+  };
+
  private:
+  LayerWeights views(const torch::Tensor& flat) const;
+  void load_layer(const torch::Tensor& flat, int64_t layer, const TensorLookup& lookup, const std::string& source);
+
   ModelSpec spec_;
   WeightPlacement placement_;
-  torch::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Part> parts_;  // a layer's buffer, matrices first
+  torch::Tensor embed_, positions_, final_norm_, final_norm_bias_, lm_head_;
   std::vector<torch::Tensor> resident_;  // per layer: the device flat buffer, undefined when streamed
   std::unique_ptr<LayerStream> stream_;  // null when every layer is resident
 };

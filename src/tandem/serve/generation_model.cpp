@@ -8,6 +8,9 @@
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/tokenizer_files.h"
+#include "tandem/io/tensor_use.h"
+#include "tandem/io/weight_files.h"
+#include "tandem/models/family.h"
 
 namespace tandem {
 
@@ -146,9 +149,13 @@ GenerationModel load_generation_model(const GenerationModelOptions& o) {
   placement.device = g.device;
   placement.dtype = dtype;
   placement.plan = memory.weights;
-  const WeightFiles files(g.folder.dir);
-  auto weights = std::make_shared<DecoderWeights>(g.folder.spec, placement, files.lookup(), files.source());
-  g.decoder = std::make_unique<LlamaDecoder>(std::move(weights));
+  const WeightFiles files(g.folder.dir, family_names(g.folder.spec.family).base);
+  const TensorUse use(files.names(), files.source());  // Note [Every tensor used]
+  if (g.folder.spec.tie_embeddings) use.mark_used("lm_head.weight");
+  auto weights =
+      std::make_shared<DecoderWeights>(g.folder.spec, placement, use.recording(files.lookup()), files.source());
+  use.check_all_used();
+  g.decoder = std::make_unique<Decoder>(std::move(weights));
   g.cache = std::make_unique<KvCache>(shape, memory.kv_bytes);
   g.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return g;
@@ -158,8 +165,8 @@ std::string GenerationModel::description() const {
   const auto& s = folder.spec;
   const auto& placement = decoder->weights().placement();
   std::string out = strprintf(
-      "model %s: Llama, %lld layers, d_model %lld, %lld heads (%lld key/value), context %lld, %s parameters\n",
-      folder.dir.c_str(), static_cast<long long>(s.n_layer), static_cast<long long>(s.d_model),
+      "model %s: %s, %lld layers, d_model %lld, %lld heads (%lld key/value), context %lld, %s parameters\n",
+      folder.dir.c_str(), to_string(s.family), static_cast<long long>(s.n_layer), static_cast<long long>(s.d_model),
       static_cast<long long>(s.n_head), static_cast<long long>(s.n_kv_head), static_cast<long long>(s.max_seq_len),
       format_count(double(s.num_params_unpadded())).c_str());
   out += strprintf("device %s (%s), %s; weights: %s\n", device.str().c_str(), device_choice.c_str(),

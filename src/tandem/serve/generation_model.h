@@ -11,15 +11,15 @@
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
+#include "tandem/serve/decoder.h"
 #include "tandem/serve/kv_cache.h"
-#include "tandem/serve/llama_decoder.h"
 #include "tandem/serve/model_folder.h"
 
 namespace tandem {
 
 /// How to load (the flags of `tandem generate` and `tandem serve`).
 struct GenerationModelOptions {
-  std::string checkpoint;        ///< tandem checkpoint, run directory or HF Llama folder
+  std::string checkpoint;        ///< tandem checkpoint, run directory or HF model folder
   std::string tokenizer;         ///< "" = found beside the weights
   std::string device = "auto";   ///< auto | cpu | cuda | cuda:N (auto, cuda: the GPU with the most free memory)
   std::string dtype = "auto";    ///< auto (bf16 on a GPU, fp32 on the CPU) | fp32 | bf16 | fp16
@@ -38,7 +38,7 @@ struct GenerationModel {
   c10::Device device{c10::kCPU};
   std::string device_choice;  ///< why this device ("the GPU with the most free memory, 70.1 GiB")
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<LlamaDecoder> decoder;
+  std::unique_ptr<Decoder> decoder;
   std::unique_ptr<KvCache> cache;
   std::vector<TokenId> eos_ids;  ///< the tokenizer's EOS and config.json's eos_token_id
   double load_seconds = 0;

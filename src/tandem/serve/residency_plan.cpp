@@ -24,14 +24,11 @@ std::string ResidencyPlan::describe() const {
       format_bytes(double(device_bytes())).c_str());
 }
 
-int64_t decoder_layer_numel(const ModelSpec& spec) {
-  const int64_t C = spec.d_model, kv = spec.n_kv_head * spec.head_dim(), F = spec.d_ff;
-  return (C + 2 * kv) * C + C * C + 3 * F * C + 2 * C;
-}
+int64_t decoder_layer_numel(const ModelSpec& spec) { return spec.params_per_layer(/*padded=*/false); }
 
 int64_t decoder_fixed_numel(const ModelSpec& spec) {
   const int64_t embed = spec.vocab_size * spec.d_model;
-  return embed + spec.d_model + (spec.tie_embeddings ? 0 : embed);
+  return embed + spec.position_params() + spec.norm_params() + (spec.tie_embeddings ? 0 : embed);
 }
 
 ResidencyPlan plan_residency(const ModelSpec& spec, torch::ScalarType dtype, int64_t device_budget_bytes,

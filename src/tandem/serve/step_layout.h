@@ -1,8 +1,8 @@
 #pragma once
-// Where each new token of a generation step goes: the device tensors one forward of LlamaDecoder
+// Where each new token of a generation step goes: the device tensors one forward of Decoder
 // reads besides the weights and the KV cache (Note [Generation forward]). Built on the host from the
-// sequences' chunks (LlamaDecoder::layout), or on the device from a recorded decode step's inputs
-// (LlamaDecoder::decode_layout, Note [Decode graphs]).
+// sequences' chunks (Decoder::layout), or on the device from a recorded decode step's inputs
+// (Decoder::decode_layout, Note [Decode graphs]).
 
 #include <torch/torch.h>
 
@@ -16,16 +16,19 @@ namespace tandem {
 struct StepLayout {
   int64_t rows = 0;
   torch::Tensor tokens;                  // (N) int64
-  torch::Tensor cos, sin;                // (N, 1, hd) compute dtype
+  torch::Tensor positions;               // (N) int64
+  torch::Tensor cos, sin;                // (N, 1, rotary_dim) compute dtype; undefined with learned positions
   torch::Tensor write_page, write_slot;  // (N) int64: where each token's keys and values go
   int64_t decodes = 0;                   // rows [0, decodes) are one-token chunks
   torch::Tensor decode_pages;            // (B_d, P) int64, padded with any page
   torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens) bool: key within the sequence
+  torch::Tensor decode_window_mask;      // the same, and within the sliding window (models with one)
   struct Prefill {
     int64_t row = 0, count = 0, start = 0;
-    bool grouped = false;  // attends in `fresh` with the other new sequences
-    torch::Tensor pages;   // (1, P) int64 (start > 0 only)
-    torch::Tensor mask;    // (1, 1, count, start + count) bool (start > 0 only)
+    bool grouped = false;       // attends in `fresh` with the other new sequences
+    torch::Tensor pages;        // (1, P) int64 (start > 0 only)
+    torch::Tensor mask;         // (1, 1, count, start + count) bool (start > 0 only)
+    torch::Tensor window_mask;  // mask within the sliding window; (count, count) causal when start = 0
   };
   std::vector<Prefill> prefills;
   /// Several sequences starting at 0 attend together, padded to the longest (B, T).
@@ -33,6 +36,7 @@ struct StepLayout {
     int64_t count = 0, width = 0;  // B, T
     torch::Tensor gather;          // (B * T) int64: the step row of each padded place (padding: the first)
     torch::Tensor mask;            // (B, 1, T, T) bool: key s <= min(t, length - 1)
+    torch::Tensor window_mask;     // mask within the sliding window
     torch::Tensor places, rows;    // (M) int64: the padded places of real tokens and their step rows
   } fresh;
   torch::Tensor logit_rows;  // (B) or (N) int64: the rows whose logits are returned, in batch order

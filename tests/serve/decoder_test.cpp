@@ -3,7 +3,7 @@
 // different lengths joining at different steps, prompts continued in chunks, pages out of order and
 // spanning page boundaries; and streaming layers from host memory changes nothing.
 
-#include "tandem/serve/llama_decoder.h"
+#include "tandem/serve/decoder.h"
 
 #include <gtest/gtest.h>
 
@@ -47,7 +47,7 @@ std::vector<Seq> schedule(int64_t vocab) {
 
 /// Runs the schedule for `steps` steps; per step the logits of every new token (kAll), and checks
 /// them against the full forward of `reference` when given.
-std::vector<torch::Tensor> run_schedule(LlamaDecoder& decoder, Model* reference, int steps, double rtol = kRtol,
+std::vector<torch::Tensor> run_schedule(Decoder& decoder, Model* reference, int steps, double rtol = kRtol,
                                         double atol = kAtol) {
   const int64_t V = decoder.spec().vocab_size;
   KvCache cache(decoder.cache_shape(4), 64 * decoder.cache_shape(4).page_bytes());
@@ -95,7 +95,7 @@ std::vector<torch::Tensor> run_schedule(LlamaDecoder& decoder, Model* reference,
   return out;
 }
 
-TEST(ServeLlamaDecoder, IncrementalDecodingEqualsTheFullForward) {
+TEST(ServeDecoder, IncrementalDecodingEqualsTheFullForward) {
   const auto model = test::random_llama(test::small_llama_spec(), 3);
   auto decoder = test::decoder_of(*model);
   const auto logits = run_schedule(*decoder, model.get(), 9);
@@ -104,7 +104,7 @@ TEST(ServeLlamaDecoder, IncrementalDecodingEqualsTheFullForward) {
   EXPECT_GT((logits[0][0] - logits[0][1]).abs().max().item<double>(), 1.0);
 }
 
-TEST(ServeLlamaDecoder, TiedEmbeddingsAndOneKeyValueHead) {
+TEST(ServeDecoder, TiedEmbeddingsAndOneKeyValueHead) {
   auto spec = test::small_llama_spec();
   spec.tie_embeddings = true, spec.n_kv_head = 1, spec.d_ff = 64;
   const auto model = test::random_llama(spec, 4);
@@ -112,7 +112,7 @@ TEST(ServeLlamaDecoder, TiedEmbeddingsAndOneKeyValueHead) {
   run_schedule(*decoder, model.get(), 6);
 }
 
-TEST(ServeLlamaDecoder, Bf16StaysNearTheFp32Forward) {
+TEST(ServeDecoder, Bf16StaysNearTheFp32Forward) {
   const auto model = test::random_llama(test::small_llama_spec(), 5);
   auto fp32 = test::decoder_of(*model);
   auto bf16 = test::decoder_of(*model, torch::kBFloat16);
@@ -123,7 +123,7 @@ TEST(ServeLlamaDecoder, Bf16StaysNearTheFp32Forward) {
   }
 }
 
-TEST(ServeLlamaDecoder, StreamedLayersEqualResidentOnes) {
+TEST(ServeDecoder, StreamedLayersEqualResidentOnes) {
   const auto spec = test::small_llama_spec();
   const auto model = test::random_llama(spec, 6);
   const int64_t layer = decoder_layer_numel(spec) * 4, fixed = decoder_fixed_numel(spec) * 4;
@@ -184,14 +184,14 @@ TEST(ServeDecoderWeights, MissingOrMisshapenTensorsAreNamed) {
 // The same on a GPU: the CUDA kernels against the CPU's full forward (cuBLAS and the attention
 // kernels sum in other orders: a looser bound), and layers streamed through pinned host memory on
 // a side stream, ordered by events, against resident ones, bit for bit.
-TEST(ServeLlamaDecoderGpu, IncrementalDecodingOnCudaEqualsTheCpuForward) {
+TEST(ServeDecoderGpu, IncrementalDecodingOnCudaEqualsTheCpuForward) {
   REQUIRE_CUDA();
   const auto model = test::random_llama(test::small_llama_spec(), 3);
   auto decoder = test::decoder_of(*model, torch::kFloat32, -1, 1, c10::Device(c10::kCUDA, 0));
   run_schedule(*decoder, model.get(), 9, 1e-4, 1e-4);
 }
 
-TEST(ServeLlamaDecoderGpu, StreamedLayersOnCudaEqualResidentOnes) {
+TEST(ServeDecoderGpu, StreamedLayersOnCudaEqualResidentOnes) {
   REQUIRE_CUDA();
   const auto spec = test::small_llama_spec();
   const auto model = test::random_llama(spec, 6);

@@ -1,13 +1,16 @@
 #pragma once
-// A LLaMA forward for generation over DecoderWeights and a paged KV cache: the prompts of sequences
-// that join (prefill) and one new token of each running sequence (decode) in one pass over the
-// weights, so a streamed layer crosses the bus once per step whatever the batch.
+// The decoder's forward for generation (every family of Note [Decoder families]) over
+// DecoderWeights and a paged KV cache: the prompts of sequences that join (prefill) and one new
+// token of each running sequence (decode) in one pass over the weights, so a streamed layer crosses
+// the bus once per step whatever the batch.
 //
 // Note [Generation forward]
-// The numerics are those of models/llama.cpp's LlamaLayer under autocast, as tandem trains: an fp32
-// residual stream; RMSNorm in fp32 (the scale converted to fp32) and its output cast to the compute
-// dtype; matrix products in the compute dtype; RoPE from the same RopeTable, applied in the compute
-// dtype; attention through scaled_dot_product_attention. Projections and the feed-forward see every
+// The numerics are those of models/decoder.cpp's DecoderLayer under autocast, as tandem trains: an
+// fp32 residual stream; norms in fp32 (the scale converted to fp32) and their output cast to the
+// compute dtype; matrix products in the compute dtype; RoPE from the same RopeTable, applied in the
+// compute dtype; attention through models/attention.h's attend (scaled_dot_product_attention, or
+// the soft-capped scores of Gemma2). A sliding window masks keys more than the window behind each
+// query; their pages stay in the cache until the sequence ends. Projections and the feed-forward see every
 // new token of the step as one (N, C) matrix. Attention is grouped: sequences adding one token
 // attend together over their gathered pages, padded to the longest and masked by length; a
 // sequence adding several tokens attends causally: those starting at 0 together, over their fresh
@@ -20,7 +23,8 @@
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
-#include "tandem/models/llama.h"
+#include "tandem/models/attention.h"
+#include "tandem/models/rope.h"
 #include "tandem/serve/decoder_weights.h"
 #include "tandem/serve/kv_cache.h"
 #include "tandem/serve/step_layout.h"
@@ -41,9 +45,9 @@ enum class LogitRows {
 };
 
 /// The decoder (Note [Generation forward]); one thread calls forward() at a time.
-class LlamaDecoder {
+class Decoder {
  public:
-  explicit LlamaDecoder(std::shared_ptr<DecoderWeights> weights);
+  explicit Decoder(std::shared_ptr<DecoderWeights> weights);
 
   /// The model's shapes (from its config.json).
   const ModelSpec& spec() const { return weights_->spec(); }
@@ -76,13 +80,16 @@ class LlamaDecoder {
   void layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, const KvCache& cache,
                        StepLayout& step) const;
   void layout_fresh(StepLayout& step) const;
-  void set_rope(StepLayout& step, const torch::Tensor& positions);  // cos and sin of the rows' positions
+  void set_positions(StepLayout& step, const torch::Tensor& positions);  // and their cos and sin
+  void set_dynamic_rope(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, StepLayout& step);
+  void set_decode_window(StepLayout& step, const torch::Tensor& lengths, int64_t keys) const;
   torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
 
   std::shared_ptr<DecoderWeights> weights_;
-  RopeTable rope_;
+  std::unique_ptr<RopeTable> rope_;  // null with learned positions
+  AttentionOptions attention_options_;
 };
 
 }  // namespace tandem

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "../test_util.h"
-#include "tandem/models/llama.h"
+#include "tandem/models/decoder.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 
@@ -17,7 +17,7 @@ ModelSpec small_spec() {
   return s;
 }
 
-TEST(Llama, HfParameterNames) {
+TEST(Decoder, HfParameterNames) {
   ModelSpec s = small_spec();
   s.tie_embeddings = false;
   Model m(s, false);
@@ -42,7 +42,7 @@ TEST(Llama, HfParameterNames) {
   for (auto& [n, p] : tied.hf_parameters()) EXPECT_NE(n, "lm_head.weight");
 }
 
-TEST(Llama, RopeMatchesRotationDefinition) {
+TEST(Decoder, RopeMatchesRotationDefinition) {
   // Position p rotates pair (i, i + hd/2) by angle p * theta^(-2i/hd).
   ModelSpec s = small_spec();
   RopeTable rope(s);
@@ -56,7 +56,7 @@ TEST(Llama, RopeMatchesRotationDefinition) {
   EXPECT_NEAR(y[0][0][p][i + hd / 2].item<double>(), b * std::cos(angle) + a * std::sin(angle), 1e-6);
 }
 
-TEST(Llama, CausalityFutureTokensDoNotChangePast) {
+TEST(Decoder, CausalityFutureTokensDoNotChangePast) {
   torch::manual_seed(1);
   Model m(small_spec(), false);
   auto t = torch::randint(0, 50, {1, 8}, torch::kInt64);
@@ -67,12 +67,12 @@ TEST(Llama, CausalityFutureTokensDoNotChangePast) {
   EXPECT_FALSE(torch::allclose(a.narrow(1, 6, 1), b.narrow(1, 6, 1)));
 }
 
-TEST(Llama, FiniteDifferenceGradientOfOneBlockInDouble) {
+TEST(Decoder, FiniteDifferenceGradientOfOneBlockInDouble) {
   torch::manual_seed(2);
   ModelSpec s = small_spec();
   s.d_model = 16, s.n_head = 4, s.n_kv_head = 2, s.d_ff = 24;
   auto rope = std::make_shared<RopeTable>(s);
-  LlamaLayer layer(s, 0, rope);
+  DecoderLayer layer(s, 0, rope);
   layer.to(torch::kFloat64);
   auto x = torch::randn({2, 5, 16}, torch::kFloat64).requires_grad_(true);
   auto w = torch::randn({2, 5, 16}, torch::kFloat64);  // fixed projection to a scalar

@@ -1,10 +1,13 @@
-#include "tandem/serve/llama_decoder.h"
+#include "tandem/serve/decoder.h"
 
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "tandem/core/error.h"
+#include "tandem/models/decoder.h"
+#include "tandem/models/norm.h"
 
 namespace tandem {
 
@@ -30,20 +33,21 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-// RMSNorm in fp32 (Note [Generation forward]), cast to the compute dtype.
-torch::Tensor norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::ScalarType dtype) {
-  return at::rms_norm(x, {x.size(-1)}, weight.to(torch::kFloat32), eps).to(dtype);
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  return torch::nn::functional::linear(x, w, b);
 }
 
 }  // namespace
 
-LlamaDecoder::LlamaDecoder(std::shared_ptr<DecoderWeights> weights)
-    : weights_(std::move(weights)), rope_(weights_->spec()) {
-  TANDEM_CHECK(spec().arch == Arch::kLlama, "generation needs a Llama model; this checkpoint is ",
+Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(weights)) {
+  TANDEM_CHECK(spec().arch == Arch::kDecoder, "generation runs decoder models; this checkpoint is ",
                to_string(spec().arch));
+  if (!spec().parts.learned_positions) rope_ = std::make_unique<RopeTable>(spec());
+  attention_options_.scale = spec().parts.query_scale;
+  attention_options_.softcap = spec().parts.attn_softcap;
 }
 
-KvCacheShape LlamaDecoder::cache_shape(int64_t page_tokens) const {
+KvCacheShape Decoder::cache_shape(int64_t page_tokens) const {
   KvCacheShape s;
   s.n_layer = spec().n_layer;
   s.n_kv_head = spec().n_kv_head;
@@ -54,7 +58,7 @@ KvCacheShape LlamaDecoder::cache_shape(int64_t page_tokens) const {
   return s;
 }
 
-StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const KvCache& cache, LogitRows rows) {
+StepLayout Decoder::layout(const std::vector<SequenceChunk>& batch, const KvCache& cache, LogitRows rows) {
   const int64_t pt = cache.page_tokens();
   std::vector<size_t> order;  // step order: the one-token chunks, then the others
   for (size_t b = 0; b < batch.size(); ++b)
@@ -86,7 +90,8 @@ StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const K
   s.rows = static_cast<int64_t>(tokens.size());
   const auto device = this->device();
   s.tokens = int64_tensor(tokens, device);
-  set_rope(s, int64_tensor(positions, device));
+  set_positions(s, int64_tensor(positions, device));
+  if (rope_ && rope_->depends_on_length()) set_dynamic_rope(batch, order, s);
   s.write_page = int64_tensor(page, device);
   s.write_slot = int64_tensor(slot, device);
   layout_decodes(batch, order, cache, s);
@@ -101,8 +106,8 @@ StepLayout LlamaDecoder::layout(const std::vector<SequenceChunk>& batch, const K
   return s;
 }
 
-void LlamaDecoder::layout_decodes(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
-                                  const KvCache& cache, StepLayout& s) const {
+void Decoder::layout_decodes(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
+                             const KvCache& cache, StepLayout& s) const {
   if (s.decodes == 0) return;
   int64_t widest = 0;  // pages of the longest one-token chunk
   for (int64_t i = 0; i < s.decodes; ++i) {
@@ -119,21 +124,38 @@ void LlamaDecoder::layout_decodes(const std::vector<SequenceChunk>& batch, const
   const auto device = this->device();
   const int64_t keys = widest * cache.page_tokens();
   s.decode_pages = int64_tensor(pages, device).view({s.decodes, widest});
-  s.decode_mask = length_mask(int64_tensor(lengths, device), keys);
+  const auto length = int64_tensor(lengths, device);
+  s.decode_mask = length_mask(length, keys);
+  set_decode_window(s, length, keys);
 }
 
-void LlamaDecoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
-                                   const KvCache& cache, StepLayout& s) const {
+// Keys within the window of each one-token chunk's query (at position length - 1).
+void Decoder::set_decode_window(StepLayout& s, const torch::Tensor& lengths, int64_t keys) const {
+  const int64_t window = spec().parts.sliding_window;
+  if (window <= 0) return;
+  const auto key = torch::arange(keys, lengths.options()).unsqueeze(0);        // (1, S)
+  const auto inside = within_window(key, (lengths - 1).unsqueeze(1), window);  // (B, S)
+  s.decode_window_mask = s.decode_mask & inside.view({lengths.size(0), 1, 1, keys});
+}
+
+void Decoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
+                              const KvCache& cache, StepLayout& s) const {
   const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device());
+  const int64_t window = spec().parts.sliding_window;
   for (size_t j = 0; j < s.prefills.size(); ++j) {
     auto& p = s.prefills[j];
-    if (p.start == 0) continue;  // attends over its fresh keys, causally
+    if (p.start == 0) {  // attends over its fresh keys, causally
+      if (window > 0) p.window_mask = causal_mask(p.count, window, device());
+      continue;
+    }
     const auto& c = batch[order[static_cast<size_t>(s.decodes) + j]];
     const int64_t n = cache.pages_for(p.start + p.count);
     p.pages =
         int64_tensor(std::vector<int64_t>(c.pages->pages.begin(), c.pages->pages.begin() + n), device()).view({1, n});
     const auto q_pos = torch::arange(p.start, p.start + p.count, opts).unsqueeze(1);  // (T, 1)
-    p.mask = (torch::arange(p.start + p.count, opts).unsqueeze(0) <= q_pos).view({1, 1, p.count, p.start + p.count});
+    const auto key = torch::arange(p.start + p.count, opts).unsqueeze(0);             // (1, L)
+    p.mask = (key <= q_pos).view({1, 1, p.count, p.start + p.count});
+    if (window > 0) p.window_mask = p.mask & within_window(key, q_pos, window).view(p.mask.sizes());
   }
   layout_fresh(s);
 }
@@ -142,7 +164,7 @@ void LlamaDecoder::layout_prefills(const std::vector<SequenceChunk>& batch, cons
 // Sequences that join in the same step (their chunk starts at 0) attend in one call, padded to the
 // longest: a padded query row attends to its sequence's keys (never to none, which would give NaN)
 // and is dropped after. One alone attends causally without a mask, as Model::forward does.
-void LlamaDecoder::layout_fresh(StepLayout& s) const {
+void Decoder::layout_fresh(StepLayout& s) const {
   std::vector<StepLayout::Prefill*> fresh;
   for (auto& p : s.prefills)
     if (p.start == 0) fresh.push_back(&p);
@@ -166,14 +188,18 @@ void LlamaDecoder::layout_fresh(StepLayout& s) const {
   const auto t = torch::arange(g.width, opts);
   const auto query_end = torch::minimum(t.view({1, g.width}), int64_tensor(last, device()).view({g.count, 1}));
   g.mask = (t.view({1, 1, g.width}) <= query_end.unsqueeze(2)).unsqueeze(1);  // (B, 1, T, T)
+  if (spec().parts.sliding_window > 0)  // a padded row's query end is the last real one's
+    g.window_mask = g.mask & within_window(t.view({1, 1, 1, g.width}), query_end.view({g.count, 1, g.width, 1}),
+                                           spec().parts.sliding_window);
   g.gather = int64_tensor(gather, device());
   g.places = int64_tensor(places, device());
   g.rows = int64_tensor(rows, device());
 }
 
-torch::Tensor LlamaDecoder::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      int64_t index, const StepLayout& step, KvCache& cache) {
-  const bool gqa = spec().n_kv_head != spec().n_head;
+torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
+                                 const StepLayout& step, KvCache& cache) {
+  const bool windowed = spec().window(index) > 0;  // the step's window masks, else its plain ones
+  const auto& o = attention_options_;
   auto kc = cache.keys(index);  // (P, KV, page_tokens, hd), shared with the cache
   auto vc = cache.values(index);
   kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
@@ -183,8 +209,7 @@ torch::Tensor LlamaDecoder::attention(const torch::Tensor& q, const torch::Tenso
     const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
     const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
     const auto vd = gather_pages(vc, step.decode_pages);
-    const auto a =
-        at::scaled_dot_product_attention(qd, kd, vd, step.decode_mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+    const auto a = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o);
     y.narrow(0, 0, step.decodes).copy_(a.squeeze(2));
   }
   if (step.fresh.count > 0) {
@@ -192,7 +217,7 @@ torch::Tensor LlamaDecoder::attention(const torch::Tensor& q, const torch::Tenso
     const auto pad = [&](const torch::Tensor& t) {  // (N, heads, hd) -> (B, heads, T, hd)
       return t.index_select(0, g.gather).view({g.count, g.width, t.size(1), t.size(2)}).transpose(1, 2);
     };
-    const auto a = at::scaled_dot_product_attention(pad(q), pad(k), pad(v), g.mask, 0.0, false, std::nullopt, gqa);
+    const auto a = attend(pad(q), pad(k), pad(v), windowed ? g.window_mask : g.mask, o);
     y.index_copy_(0, g.rows, a.transpose(1, 2).reshape({-1, q.size(1), q.size(2)}).index_select(0, g.places));
   }
   for (const auto& p : step.prefills) {
@@ -202,72 +227,111 @@ torch::Tensor LlamaDecoder::attention(const torch::Tensor& q, const torch::Tenso
     if (p.start == 0) {
       const auto kp = k.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);  // (1, KV, T, hd)
       const auto vp = v.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);
-      a = at::scaled_dot_product_attention(qp, kp, vp, {}, 0.0, /*is_causal=*/true, std::nullopt, gqa);
+      a = attend(qp, kp, vp, windowed ? p.window_mask : torch::Tensor(), o);  // undefined: causal
     } else {
       const int64_t L = p.start + p.count;
       const auto kp = gather_pages(kc, p.pages).narrow(2, 0, L);  // (1, KV, L, hd)
       const auto vp = gather_pages(vc, p.pages).narrow(2, 0, L);
-      a = at::scaled_dot_product_attention(qp, kp, vp, p.mask, 0.0, /*is_causal=*/false, std::nullopt, gqa);
+      a = attend(qp, kp, vp, windowed ? p.window_mask : p.mask, o);
     }
     y.narrow(0, p.row, p.count).copy_(a.squeeze(0).transpose(0, 1));
   }
   return y;
 }
 
-torch::Tensor LlamaDecoder::layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache) {
+torch::Tensor Decoder::layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache) {
   const auto& s = spec();
-  const int64_t N = step.rows, C = s.d_model, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), F = s.d_ff;
+  const NormKind kind = s.parts.norm;
+  const int64_t N = step.rows, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), Q = H * hd;
+  const auto norm = [&](const torch::Tensor& t, const torch::Tensor& w, const torch::Tensor& b) {
+    return norm_fp32(t, w, b, s.norm_eps, kind);  // Note [Generation forward]
+  };
   const LayerWeights w = weights_->acquire(index);
   // Attention. x: (N, C) fp32 residual stream.
-  const auto qkv = torch::nn::functional::linear(norm(x, w.input_norm, s.norm_eps, dtype()), w.qkv);    // (N, C+2KVhd)
-  const auto qk = apply_rope(qkv.narrow(1, 0, C + KV * hd).view({N, H + KV, hd}), step.cos, step.sin);  // q and k
+  const auto qkv = linear(norm(x, w.attn_norm, w.attn_norm_bias).to(dtype()), w.qkv, w.qkv_bias);  // (N, Q+2KVhd)
+  auto qk = qkv.narrow(1, 0, Q + KV * hd).view({N, H + KV, hd});
+  if (rope_) qk = apply_rope(qk, step.cos, step.sin);  // q and k
   const auto q = qk.narrow(1, 0, H), k = qk.narrow(1, H, KV);
-  const auto v = qkv.narrow(1, C + KV * hd, KV * hd).view({N, KV, hd});
+  const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
   const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
-  const auto r = x + torch::nn::functional::linear(y.view({N, C}), w.o).to(torch::kFloat32);
-  // SwiGLU feed-forward.
-  const auto gu = torch::nn::functional::linear(norm(r, w.post_norm, s.norm_eps, dtype()), w.gate_up);  // (N, 2F)
-  const auto f = torch::nn::functional::linear(torch::silu(gu.narrow(1, 0, F)) * gu.narrow(1, F, F), w.down);
-  auto out = r + f.to(torch::kFloat32);
+  auto a = linear(y.view({N, Q}), w.o, w.o_bias).to(torch::kFloat32);
+  if (w.attn_out_norm.defined()) a = norm(a, w.attn_out_norm, {});
+  const auto r = x + a;
+  // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
+  const auto h = norm(r, w.ff_norm, w.ff_norm_bias).to(dtype());
+  const auto gu = linear(h, w.gate_up, w.gate_up_bias);  // (N, 2F) or (N, F)
+  const int64_t F = s.d_ff;
+  const auto inner =
+      s.parts.gated_ffn ? activate(gu.narrow(1, 0, F), s.parts.act) * gu.narrow(1, F, F) : activate(gu, s.parts.act);
+  auto f = linear(inner, w.down, w.down_bias).to(torch::kFloat32);
+  if (w.ff_out_norm.defined()) f = norm(f, w.ff_out_norm, {});
+  auto out = r + f;
   weights_->release(index);
   return out;
 }
 
-torch::Tensor LlamaDecoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {
+torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {
   TANDEM_ASSERT(!batch.empty(), "a step without sequences");
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
   return run(layout(batch, cache, rows), cache);
 }
 
-void LlamaDecoder::set_rope(StepLayout& s, const torch::Tensor& positions) {
-  auto [cos, sin] = rope_.get(spec().max_seq_len, device(), dtype());
+void Decoder::set_positions(StepLayout& s, const torch::Tensor& positions) {
+  s.positions = positions;
+  if (!rope_ || rope_->depends_on_length()) return;  // dynamic: set_dynamic_rope
+  auto [cos, sin] = rope_->get(spec().max_seq_len, device(), dtype());
   s.cos = cos.index_select(0, positions).unsqueeze(1);
   s.sin = sin.index_select(0, positions).unsqueeze(1);
 }
 
-StepLayout LlamaDecoder::decode_layout(const DecodeInputs& in, const KvCache& cache) {
+// Dynamic RoPE: each chunk's rows from the table of its sequence's length with them, as
+// transformers computes a sequence's new tokens (Note [Generation forward]).
+void Decoder::set_dynamic_rope(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
+                               StepLayout& s) {
+  std::vector<torch::Tensor> cos, sin;
+  for (const size_t b : order) {
+    const auto& c = batch[b];
+    const auto T = static_cast<int64_t>(c.tokens.size());
+    auto [tc, ts] = rope_->get(c.start + T, device(), dtype());
+    cos.push_back(tc.narrow(0, c.start, T));
+    sin.push_back(ts.narrow(0, c.start, T));
+  }
+  s.cos = torch::cat(cos).unsqueeze(1);
+  s.sin = torch::cat(sin).unsqueeze(1);
+}
+
+StepLayout Decoder::decode_layout(const DecodeInputs& in, const KvCache& cache) {
   StepLayout s;
   s.rows = s.decodes = in.tokens.size(0);
   s.tokens = in.tokens;
-  set_rope(s, in.positions);
+  TANDEM_ASSERT(!(rope_ && rope_->depends_on_length()), "a recorded step with dynamic RoPE");
+  set_positions(s, in.positions);
   s.write_page = in.write_page;
   s.write_slot = in.write_slot;
   s.decode_pages = in.pages;
   s.decode_mask = length_mask(in.lengths, in.pages.size(1) * cache.page_tokens());
+  set_decode_window(s, in.lengths, in.pages.size(1) * cache.page_tokens());
   s.logit_rows = torch::arange(s.rows, in.tokens.options());
   return s;
 }
 
-torch::Tensor LlamaDecoder::run(const StepLayout& step, KvCache& cache) {
+torch::Tensor Decoder::run(const StepLayout& step, KvCache& cache) {
   TANDEM_ASSERT(cache.shape().n_layer == spec().n_layer && cache.shape().dtype == dtype(),
                 "KV cache of another shape or dtype");
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
-  auto x = torch::embedding(weights_->embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32
+  const auto& w = *weights_;
+  const auto& p = spec().parts;
+  auto x = torch::embedding(w.embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32
+  if (w.positions().defined()) x = x + torch::embedding(w.positions(), step.positions).to(torch::kFloat32);
+  if (p.scale_embedding) x = x * std::sqrt(double(spec().d_model));
   for (int64_t i = 0; i < spec().n_layer; ++i) x = layer(x, i, step, cache);
-  const auto h = norm(x.index_select(0, step.logit_rows), weights_->final_norm(), spec().norm_eps, dtype());
-  return torch::nn::functional::linear(h, weights_->lm_head()).to(torch::kFloat32);  // (B or N, V) fp32
+  const auto h =
+      norm_fp32(x.index_select(0, step.logit_rows), w.final_norm(), w.final_norm_bias(), spec().norm_eps, p.norm)
+          .to(dtype());
+  auto logits = torch::nn::functional::linear(h, w.lm_head()).to(torch::kFloat32);  // (B or N, V) fp32
+  return p.final_softcap > 0 ? torch::tanh(logits / p.final_softcap) * p.final_softcap : logits;
 }
 
 }  // namespace tandem
