@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../test_util.h"
+#include "../transformers_fixture.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
@@ -29,23 +30,8 @@ constexpr const char* kVersion = "1";
 // fp32 on both sides: what is left is summation order and transcendental functions.
 constexpr double kRtol = 1e-4, kAtol = 1e-4;
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-/// Runs the fixture script with `args`, its output in `log`; "" on success, else what went wrong.
 std::string run_fixture(const std::string& args, const std::string& log) {
-  const std::string script = std::string(TANDEM_SOURCE_DIR) + "/tests/io/hf_transformers_fixture.py";
-  const std::string cmd = quoted(TANDEM_PYTHON) + " " + quoted(script) + " " + args + " >" + quoted(log) + " 2>&1";
-  if (std::system(cmd.c_str()) == 0) return "";
-  return cmd + " failed:\n" + test::read_text(log);
-}
-
-/// Why the fixture cannot run here, or "" when it can.
-std::string python_missing() {
-  if (!fs::exists(TANDEM_PYTHON)) return std::string("no Python at ") + TANDEM_PYTHON + " (scripts/setup.sh makes it)";
-  const std::string probe = quoted(TANDEM_PYTHON) + " -c 'import transformers, safetensors' >/dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0)
-    return std::string("transformers is not installed in ") + TANDEM_PYTHON + " (scripts/setup.sh installs it)";
-  return "";
+  return test::run_python_fixture("tests/io/hf_transformers_fixture.py", args, log);
 }
 
 /// A fixture file, checked to be one the script wrote in the version this test reads.
@@ -66,7 +52,7 @@ torch::Tensor logits_of(Model& model, const torch::Tensor& ids) {
 
 class HfTransformers : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { skip_ = python_missing(); }
+  static void SetUpTestSuite() { skip_ = test::transformers_missing(); }
   void SetUp() override {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
   }
@@ -77,7 +63,7 @@ std::string HfTransformers::skip_;
 
 TEST_F(HfTransformers, CheckpointsLoadIntoTheModelTransformersComputes) {
   test::TempDir dir;  // the fixture's checkpoints and reference.safetensors
-  ASSERT_EQ(run_fixture("write " + quoted(dir.path()), dir.file("write.log")), "");
+  ASSERT_EQ(run_fixture("write " + test::shell_quoted(dir.path()), dir.file("write.log")), "");
   const auto ref = open_reference(dir.file("reference.safetensors"));
   for (const std::string name : {"llama3", "default_tied"}) {
     const auto ids = ref->tensor(name + ".input_ids");    // (B, T) int64
@@ -141,7 +127,8 @@ TEST_F(HfTransformers, TransformersLoadsWhatTandemWrites) {
     fs::create_directories(ckpt);
     save_hf_model(model, ckpt);
     const std::string out = ckpt + "/transformers.safetensors";
-    ASSERT_EQ(run_fixture("forward " + quoted(ckpt) + " " + quoted(out), ckpt + "/forward.log"), "");
+    ASSERT_EQ(run_fixture("forward " + test::shell_quoted(ckpt) + " " + test::shell_quoted(out), ckpt + "/forward.log"),
+              "");
     const auto ref = open_reference(out);
     EXPECT_TRUE(test::AllClose(logits_of(model, ref->tensor("input_ids")), ref->tensor("logits"), kRtol, kAtol));
   }

@@ -15,6 +15,7 @@
 
 #include "../cli/cli_run.h"
 #include "../test_util.h"
+#include "../transformers_fixture.h"
 #include "tandem/io/hf.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
@@ -31,21 +32,8 @@ constexpr const char* kVersion = "1";
 const std::vector<std::string> kCases = {"qwen2", "qwen2_window", "mistral",      "gemma",         "gemma2",    "phi3",
                                          "gpt2",  "llama_bias",   "llama_linear", "llama_dynamic", "llama_yarn"};
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-std::string python_missing() {
-  if (!fs::exists(TANDEM_PYTHON)) return std::string("no Python at ") + TANDEM_PYTHON + " (scripts/setup.sh makes it)";
-  const std::string probe = quoted(TANDEM_PYTHON) + " -c 'import transformers, safetensors' >/dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0)
-    return std::string("transformers is not installed in ") + TANDEM_PYTHON + " (scripts/setup.sh installs it)";
-  return "";
-}
-
-/// Runs the fixture with `args`; "" on success, else the command and its output.
 std::string run_fixture(const std::string& args, const std::string& log) {
-  const std::string script = std::string(TANDEM_SOURCE_DIR) + "/tests/models/families_fixture.py";
-  const std::string cmd = quoted(TANDEM_PYTHON) + " " + quoted(script) + " " + args + " >" + quoted(log) + " 2>&1";
-  return std::system(cmd.c_str()) == 0 ? "" : cmd + " failed:\n" + test::read_text(log);
+  return test::run_python_fixture("tests/models/families_fixture.py", args, log);
 }
 
 /// max |a - b| over max |b|: fp32 on both sides leaves summation order and transcendentals.
@@ -53,11 +41,6 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
 }
 constexpr double kRelative = 1e-5;
-
-std::vector<TokenId> ids_of(const torch::Tensor& t) {
-  const auto c = t.to(torch::kInt64).contiguous();
-  return std::vector<TokenId>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
 
 std::shared_ptr<Model> load_folder(const std::string& dir) {
   const ModelSpec spec = spec_from_hf_config((fs::path(dir) / "config.json").string());
@@ -75,10 +58,10 @@ torch::Tensor logits_of(Model& model, const torch::Tensor& ids) {
 class Families : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    skip_ = python_missing();
+    skip_ = test::transformers_missing();
     if (!skip_.empty()) return;
     dir_ = new test::TempDir;
-    error_ = run_fixture("write " + quoted(dir_->path()), dir_->file("write.log"));
+    error_ = run_fixture("write " + test::shell_quoted(dir_->path()), dir_->file("write.log"));
     if (error_.empty()) ref_ = new SafetensorsFile(dir_->file("reference.safetensors"));
   }
   static void TearDownTestSuite() {
@@ -127,8 +110,9 @@ TEST_F(Families, TransformersLoadsWhatTandemWritesWithTheSameLogits) {
     const auto written = nlohmann::json::parse(test::read_text(out.file(c) + "/config.json"));
     EXPECT_EQ(written.at("model_type"), original.at("model_type"));
     EXPECT_EQ(written.at("architectures"), original.at("architectures"));
-    ASSERT_EQ(run_fixture("forward " + quoted(out.file(c)) + " " + quoted(out.file(c + ".safetensors")),
-                          out.file(c + ".log")),
+    ASSERT_EQ(run_fixture(
+                  "forward " + test::shell_quoted(out.file(c)) + " " + test::shell_quoted(out.file(c + ".safetensors")),
+                  out.file(c + ".log")),
               "");
     SafetensorsFile theirs(out.file(c + ".safetensors"));
     const auto ids = theirs.tensor("input_ids");
@@ -149,9 +133,9 @@ TEST_F(Families, GreedyGenerationEqualsTransformers) {
     BatchScheduler s(*model.decoder, *model.cache, model.tokenizer.get(), {});
     std::vector<std::vector<TokenId>> got(3), want(3);
     for (size_t i = 0; i < got.size(); ++i) {  // submitted together: decoded in one batch
-      want[i] = ids_of(ref(c + ".output_" + std::to_string(i)));
+      want[i] = test::ids_of(ref(c + ".output_" + std::to_string(i)));
       GenerationRequest r;
-      r.prompt = ids_of(ref(c + ".prompt_" + std::to_string(i)));
+      r.prompt = test::ids_of(ref(c + ".prompt_" + std::to_string(i)));
       r.max_tokens = static_cast<int64_t>(want[i].size());
       r.sampling.temperature = 0;
       r.on_event = [&got, i](const GenerationEvent& e) {
@@ -188,8 +172,10 @@ TEST_F(Families, TheOffloadEngineTrainsEachFamilyIntoACheckpointTransformersRead
     auto before = load_folder(folder(c));
     const auto ids = ref(c + ".input_ids");
     EXPECT_GT((logits_of(*trained, ids) - logits_of(*before, ids)).abs().max().item<double>(), 1e-4) << "trained";
-    ASSERT_EQ(run_fixture("forward " + quoted(ckpt) + " " + quoted(out.file(c + ".safetensors")), out.file(c + ".log")),
-              "");
+    ASSERT_EQ(
+        run_fixture("forward " + test::shell_quoted(ckpt) + " " + test::shell_quoted(out.file(c + ".safetensors")),
+                    out.file(c + ".log")),
+        "");
     SafetensorsFile theirs(out.file(c + ".safetensors"));
     EXPECT_LT(relative_error(theirs.tensor("logits"), logits_of(*trained, theirs.tensor("input_ids"))), kRelative);
   }

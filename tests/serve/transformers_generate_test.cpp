@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "../test_util.h"
+#include "../transformers_fixture.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/serve/batch_scheduler.h"
 #include "tandem/serve/generation_model.h"
@@ -22,32 +23,14 @@ namespace fs = std::filesystem;
 constexpr const char* kMagic = "tandem-generate-reference";
 constexpr const char* kVersion = "1";
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-std::string python_missing() {
-  if (!fs::exists(TANDEM_PYTHON)) return std::string("no Python at ") + TANDEM_PYTHON + " (scripts/setup.sh makes it)";
-  const std::string probe = quoted(TANDEM_PYTHON) + " -c 'import transformers, safetensors' >/dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0)
-    return std::string("transformers is not installed in ") + TANDEM_PYTHON + " (scripts/setup.sh installs it)";
-  return "";
-}
-
-std::vector<TokenId> ids_of(const torch::Tensor& t) {
-  const auto c = t.to(torch::kInt64).contiguous();
-  return std::vector<TokenId>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-}
-
 class ServeTransformersGenerate : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    skip_ = python_missing();
+    skip_ = test::transformers_missing();
     if (!skip_.empty()) return;
     dir_ = new test::TempDir;
-    const std::string script = std::string(TANDEM_SOURCE_DIR) + "/tests/serve/transformers_generate_fixture.py";
-    const std::string log = dir_->file("fixture.log");
-    const std::string cmd =
-        quoted(TANDEM_PYTHON) + " " + quoted(script) + " write " + quoted(dir_->path()) + " >" + quoted(log) + " 2>&1";
-    if (std::system(cmd.c_str()) != 0) error_ = cmd + " failed:\n" + test::read_text(log);
+    error_ = test::run_python_fixture("tests/serve/transformers_generate_fixture.py",
+                                      "write " + test::shell_quoted(dir_->path()), dir_->file("fixture.log"));
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -68,9 +51,9 @@ class ServeTransformersGenerate : public ::testing::Test {
     std::vector<std::vector<TokenId>> got(n);
     std::vector<std::vector<TokenId>> want(n);
     for (size_t i = 0; i < n; ++i) {
-      want[i] = ids_of(ref.tensor("output_" + std::to_string(i)));
+      want[i] = test::ids_of(ref.tensor("output_" + std::to_string(i)));
       GenerationRequest r;
-      r.prompt = ids_of(ref.tensor("prompt_" + std::to_string(i)));
+      r.prompt = test::ids_of(ref.tensor("prompt_" + std::to_string(i)));
       r.max_tokens = static_cast<int64_t>(want[i].size());
       r.sampling.temperature = 0;
       r.on_event = [&got, i](const GenerationEvent& e) {
