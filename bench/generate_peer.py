@@ -1,10 +1,12 @@
-"""Generation benchmark fixture and peer: writes a random-weight Llama folder (transformers, bf16
+"""Generation benchmark fixture and peer: writes a random-weight folder of a decoder family (Llama
+by default; --preset qwen2.5-0.5B, gemma2-2B, mistral-7B) (transformers, bf16
 safetensors, a byte-level BPE tokenizer trained here) and times transformers' own greedy batched
 generate on it, for `tandem generate` on the same folder in the same run (scripts/gpu-check.sh, part
 `serve`); then sets streamed runs against the PCIe bound in one table.
 
   python3 bench/generate_peer.py make DIR --layers 16 --hidden 2048 ...
   python3 bench/generate_peer.py make DIR --preset 13B
+  python3 bench/generate_peer.py make DIR --preset gemma2-2B
   python3 bench/generate_peer.py time DIR --prompts FILE --max-tokens 128 [--max-gpu-gib 1.8]
   python3 bench/generate_peer.py table "LABEL=LOG" ... [--pcie-gbs 55]
 
@@ -24,6 +26,18 @@ import torch
 # small one trained here (a tokenizer smaller than the model is allowed: its ids are a subset).
 PRESETS = {
     "13B": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, model_vocab=32000),
+    "qwen2.5-0.5B": dict(family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, model_vocab=151936),
+    "gemma2-2B": dict(family="gemma2", layers=26, hidden=2304, heads=8, kv_heads=4, ffn=9216, model_vocab=256000),
+    "mistral-7B": dict(family="mistral", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, model_vocab=32000),
+}
+# Each family's published extras beside the shape (Qwen2.5 ties its embeddings at 0.5B; Gemma2-2B's
+# head_dim, soft-caps and alternating 4096-token windows; Mistral's 4096-token window).
+FAMILY_CONFIG = {
+    "llama": ("LlamaConfig", {}),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "gemma2": ("Gemma2Config", dict(head_dim=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                                    final_logit_softcapping=30.0, query_pre_attn_scalar=256)),
+    "mistral": ("MistralConfig", dict(sliding_window=4096)),
 }
 
 
@@ -44,20 +58,20 @@ def make(args):
     tok.save(f"{args.dir}/tokenizer.json")
     with open(f"{args.dir}/tokenizer_config.json", "w") as f:
         json.dump({"eos_token": "<|eot_id|>"}, f)
-    cfg = transformers.LlamaConfig(vocab_size=args.model_vocab or tok.get_vocab_size(), hidden_size=args.hidden,
-                                   intermediate_size=args.ffn, num_hidden_layers=args.layers,
-                                   num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                                   max_position_embeddings=4096, dtype="bfloat16",
-                                   eos_token_id=tok.token_to_id("<|eot_id|>"))
+    config_class, extra = FAMILY_CONFIG[args.family]
+    cfg = getattr(transformers, config_class)(
+        vocab_size=args.model_vocab or tok.get_vocab_size(), hidden_size=args.hidden, intermediate_size=args.ffn,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        max_position_embeddings=4096, dtype="bfloat16", eos_token_id=tok.token_to_id("<|eot_id|>"), **extra)
     # Built in bf16 where it will be initialised (normal_, std 0.02, on the GPU): an fp32 13B is 52 GB.
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.LlamaForCausalLM(cfg)
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     torch.set_default_dtype(torch.float32)
     model.save_pretrained(args.dir, max_shard_size="5GB")  # shards, not one 26 GB file built in host memory
     n = sum(p.numel() for p in model.parameters())
     written = sum(e.stat().st_size for e in os.scandir(args.dir))
-    print(f"wrote {args.dir}: {n / 1e9:.2f} B parameters, vocab {cfg.vocab_size} (tokenizer "
+    print(f"wrote {args.dir}: {cfg.model_type}, {n / 1e9:.2f} B parameters, vocab {cfg.vocab_size} (tokenizer "
           f"{tok.get_vocab_size()}), {written / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
 
 
@@ -92,12 +106,12 @@ def timed(args):
     prompts = [line.rstrip("\n") for line in open(args.prompts) if line.strip()]
     t0 = time.perf_counter()
     if args.max_gpu_gib:  # accelerate's CPU offload: what does not fit max_memory on the GPU stays on the host
-        model = transformers.LlamaForCausalLM.from_pretrained(
+        model = transformers.AutoModelForCausalLM.from_pretrained(
             args.dir, dtype=torch.bfloat16, device_map="auto",
             max_memory={0: f"{args.max_gpu_gib}GiB", "cpu": "400GiB"}).eval()
         print(f"{device_map_summary(model)}; loaded in {time.perf_counter() - t0:.1f} s")
     else:
-        model = transformers.LlamaForCausalLM.from_pretrained(args.dir, dtype=torch.bfloat16).cuda().eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.dir, dtype=torch.bfloat16).cuda().eval()
     ids = [tok.encode(p).ids for p in prompts]
     width = max(len(i) for i in ids)
     pad = 0
@@ -159,9 +173,10 @@ def table(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
-    mk = sub.add_parser("make", help="write a random-weight Llama folder")
+    mk = sub.add_parser("make", help="write a random-weight folder of a decoder family")
     mk.add_argument("dir")
     mk.add_argument("--preset", choices=sorted(PRESETS), help="tandem's preset shape; overrides the shape flags")
+    mk.add_argument("--family", choices=sorted(FAMILY_CONFIG), default="llama")
     mk.add_argument("--layers", type=int, default=16)
     mk.add_argument("--hidden", type=int, default=2048)
     mk.add_argument("--ffn", type=int, default=5632)

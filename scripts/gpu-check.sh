@@ -42,6 +42,8 @@
 #          60); the server's tests with the openai client on the GPU. SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
+#   families the decoder families' tests on cuda (tests/python/test_families.py), then tandem generate against
+#          transformers' generate on random-weight bf16 folders of FAM_PRESETS (Qwen2.5-0.5B, Gemma2-2B, Mistral-7B).
 #   pipeline the partitioner's profile and plan (1B, the CPU weighed as a stage), and a 125M run in two
 #          stages over the CPU and the GPU with the predicted step against the measured one;
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
@@ -61,10 +63,13 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 # DeepSpeed and its missing dependencies, from the wheels carried in .whl. Fails only when there are
 # none; a failed install shows in pip's output and in the DeepSpeed run's import error.
+# `install_wheels clients` leaves DeepSpeed out: transformers imports whatever DeepSpeed it finds.
 install_wheels() {
   compgen -G ".whl/*.whl" >/dev/null || return 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+  local wheels=(.whl/*.whl) site=/tmp/site
+  [[ ${1:-} == clients ]] && site=/tmp/site-clients && mapfile -t wheels < <(ls .whl/*.whl | grep -v -e deepspeed -e hjson)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${wheels[@]}" \
+    && export PYTHONPATH=$site
   return 0
 }
 
@@ -559,6 +564,11 @@ for part in ${PY_PARTS-resident offload}; do  # PY_PARTS="" runs none
 done
 fi
 
+write_prompts() {  # count, file: numbered prompts of 12 or 13 tokens
+  python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
+    "$1" >"$2"
+}
+
 if has serve; then
 # Generation and serving on the GPU: a random-weight Llama folder (SERVE_LAYERS, default 22, width 2048:
 # 1.0 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
@@ -573,13 +583,9 @@ if has serve; then
 # resident, the rest streamed), then transformers + accelerate (device_map="auto", max_memory 16 GiB on the
 # GPU) on the same folder; each command limited to SERVE_BIG_TIMEOUT s (default 180). The summary sets the
 # three against the PCIe bound (weight bytes copied a step at 55 GB/s; bench/generate_peer.py table).
-write_prompts() {  # count, file: numbered prompts of 12 or 13 tokens
-  python3 -c "import sys; [print('the model trains on every tier of memory and serves', i) for i in range(int(sys.argv[1]))]" \
-    "$1" >"$2"
-}
 if [[ ${SERVE_BIG:-0} != only ]]; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
-install_wheels || true
+install_wheels clients || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
 python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-22}" 2>&1 | tail -1
 write_prompts "${SERVE_BATCH:-32}" "$OUT/gen-prompts.txt"
@@ -683,6 +689,32 @@ for model in ${PL_MODELS:-amx-moe 1B}; do
   run_pl threshold --set placement.policy=threshold
   run_pl cost-budget --set placement.policy=cost --set placement.gpu_power_budget_w="$budget"
   run_pl idle-budget --set placement.policy=cost --set placement.gpu_power_budget_w="$budget" --set placement.movable=none
+done
+fi
+
+if has families; then
+# The decoder families (Note [Decoder families]) on the GPU: tests/python/test_families.py (each family's
+# transformers folder served, generated and offload-trained on cuda, fp32 against transformers' greedy),
+# then FAM_PRESETS (default "qwen2.5-0.5B gemma2-2B mistral-7B") as random-weight bf16 folders
+# (bench/generate_peer.py make --preset), 32 prompts of 128 new tokens by tandem generate and by
+# transformers' generate on the same folder, alternating; each folder deleted after its runs.
+echo "== families: the families' tests on the GPU, then tandem generate against transformers per family"
+install_wheels clients || true
+(cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
+  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_families.py) >"$OUT/pytest-families.log" 2>&1
+grep -E "passed|failed|Error" "$OUT/pytest-families.log" | tail -12 | cut -c1-300
+write_prompts 32 "$OUT/fam-prompts.txt"
+for preset in ${FAM_PRESETS:-qwen2.5-0.5B gemma2-2B mistral-7B}; do
+  fdir=/tmp/fam-$preset; rm -rf "$fdir"; mkdir -p "$fdir"
+  python3 bench/generate_peer.py make "$fdir" --preset "$preset" 2>&1 | grep -E "wrote|Error"
+  for i in 1 2; do
+    "$BUILD/tandem" generate --checkpoint "$fdir" --prompts "$OUT/fam-prompts.txt" --max-tokens 128 --ignore-eos \
+      --max-batch 32 --kv-cache-gib 2 >"$OUT/fam-$preset-$i.log" 2>&1 || tail -3 "$OUT/fam-$preset-$i.log"
+    echo "$preset tandem: $(grep -E "tokens/s" "$OUT/fam-$preset-$i.log" | tail -1 | cut -c1-200)"
+    python3 bench/generate_peer.py time "$fdir" --prompts "$OUT/fam-prompts.txt" --max-tokens 128 2>&1 | tail -1 \
+      | sed "s/^/$preset /"
+  done
+  rm -rf "$fdir"
 done
 fi
 
