@@ -27,6 +27,12 @@ ServeCommand::ServeCommand(CLI::App& app) {
   c->add_option("--host", http_.host, "address to listen on (default 127.0.0.1: this machine only)");
   c->add_option("--port", http_.port, "TCP port (0: any free one)")->check(CLI::Range(0, 65535));
   c->add_option("--api-key", http_.api_key, "require 'Authorization: Bearer KEY' (default: $TANDEM_API_KEY, or none)");
+  c->add_option("--max-body-mib", max_body_mib_, "a larger request body is answered 413 unread (default 16)")
+      ->check(CLI::Range(0.001, 4096.0));
+  c->add_option("--drain-timeout", drain_timeout_s_,
+                "seconds that SIGTERM or SIGINT waits for the requests in flight before cutting them (default 30); "
+                "a second signal stops at once")
+      ->check(CLI::Range(0.0, 86400.0));
 }
 
 bool ServeCommand::chosen() const { return command_->parsed(); }
@@ -35,13 +41,21 @@ int ServeCommand::run() {
   if (http_.api_key.empty())
     if (const char* key = std::getenv("TANDEM_API_KEY")) http_.api_key = key;
   http_.threads = static_cast<int>(std::min<int64_t>(1024, service_.model.max_batch + service_.max_queue + 8));
+  http_.max_body_bytes = static_cast<int64_t>(max_body_mib_ * (1 << 20));
   CompletionService service(service_);
   HttpServer server(service, http_);
   log::info(strprintf("serve: %s on http://%s:%d%s", service.description().c_str(), http_.host.c_str(), server.port(),
                       http_.api_key.empty() ? "" : " (API key required)"));
-  install_stop_handlers();
+  install_stop_handlers("\ntandem serve: signal received, draining (a second signal stops at once)\n");
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  log::info("serve: stopping");
+  server.refuse_new();
+  log::info(strprintf("serve: draining: new requests get 503; those in flight have up to %g s", drain_timeout_s_));
+  const int64_t cut = server.drain(std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s_ * 1000)));
+  if (cut == 0)
+    log::info("serve: drained: every request in flight was answered");
+  else
+    log::warn(strprintf("serve: the drain timeout cut %lld requests (each answered 503 or ended with an error event)",
+                        static_cast<long long>(cut)));
   server.stop();
   return 0;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // `tandem serve --checkpoint DIR`: the OpenAI-compatible HTTP server (serve/http_server.h) over a
-// model folder (serve/completion_service.h), until SIGINT or SIGTERM.
+// model folder (serve/completion_service.h), until SIGINT or SIGTERM, which drain it (Note [Graceful
+// drain]).
 
 #include <string>
 
@@ -29,6 +30,8 @@ class ServeCommand {
   CLI::App* command_ = nullptr;
   CompletionServiceOptions service_;
   HttpServerOptions http_;
+  double max_body_mib_ = 16;
+  double drain_timeout_s_ = 30;
 };
 
 }  // namespace tandem

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 
 namespace tandem {
 namespace {
 
 std::atomic<int> g_requests{0};
+std::atomic<const char*> g_first_notice{""};
 
 void on_signal(int sig) {
   if (g_requests.fetch_add(1) >= 1) {
@@ -16,8 +18,8 @@ void on_signal(int sig) {
     [[maybe_unused]] const auto n = ::write(2, msg, sizeof msg - 1);
     ::_exit(128 + sig);
   }
-  static const char msg[] = "\ntandem: stopping after this step (a second Ctrl-C stops at once)\n";
-  [[maybe_unused]] const auto n = ::write(2, msg, sizeof msg - 1);
+  const char* msg = g_first_notice.load();
+  [[maybe_unused]] const auto n = ::write(2, msg, std::strlen(msg));  // strlen is async-signal-safe
 }
 
 }  // namespace
@@ -26,7 +28,8 @@ bool stop_requested() { return g_requests.load() > 0; }
 void request_stop() { g_requests.fetch_add(1); }
 void clear_stop_request() { g_requests.store(0); }
 
-void install_stop_handlers() {
+void install_stop_handlers(const char* first_notice) {
+  g_first_notice.store(first_notice);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);

@@ -11,9 +11,11 @@ void request_stop();
 /// Clears the request (tests; a new run in the same process).
 void clear_stop_request();
 
-/// Installs SIGINT and SIGTERM handlers: the first signal requests a stop, a second one ends the
-/// process at once with status 128 + signal (files are only ever renamed into place complete, so
-/// an abrupt end leaves nothing half-written behind).
-void install_stop_handlers();
+/// Installs SIGINT and SIGTERM handlers: the first signal requests a stop and prints `first_notice`
+/// (a string literal: the handler keeps the pointer), a second one ends the process at once with
+/// status 128 + signal (files are only ever renamed into place complete, so an abrupt end leaves
+/// nothing half-written behind).
+void install_stop_handlers(
+    const char* first_notice = "\ntandem: stopping after this step (a second Ctrl-C stops at once)\n");
 
 }  // namespace tandem

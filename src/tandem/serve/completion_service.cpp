@@ -108,6 +108,7 @@ uint64_t CompletionService::submit(const CompletionRequest& r, Sink sink) {
   const int64_t room = context - n;
   g.max_tokens = std::min(room, r.max_tokens.value_or(r.endpoint == ApiEndpoint::kCompletions ? 16 : room));
   g.stop = r.stop;
+  g.stop_at_eos = !r.ignore_eos;
   if (r.endpoint == ApiEndpoint::kChatCompletions)
     for (auto& s : chat_stop_strings(im.chat)) g.stop.push_back(std::move(s));
   g.on_event = to_sink(std::move(sink));

@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "tandem/core/error.h"
 
@@ -28,8 +30,14 @@ struct RequestStream {
   std::optional<FinishReason> finish;
   Usage usage;
   std::optional<std::string> error;
+  bool cut = false;  // ended by the drain's timeout (Note [Graceful drain])
   bool ended() const { return finish.has_value() || error.has_value(); }
 };
+
+// The answer to a request that the drain cut or that came while draining.
+ApiError shutting_down(const std::string& what) {
+  return ApiError(503, "server_error", what + "; send it again to another replica or once the server is back");
+}
 
 CompletionBackend::Sink sink_into(const std::shared_ptr<RequestStream>& s) {
   CompletionBackend::Sink sink;
@@ -74,6 +82,15 @@ int64_t unix_now() {
 
 }  // namespace
 
+// Note [Graceful drain]
+// SIGTERM or SIGINT (serve_command) first refuses new requests: 503 with Retry-After, and /health
+// answers 503 "draining" so that a load balancer sends no more. Every request admitted before that
+// is counted until its answer is written (a stream: until its last event, in the response's
+// releaser), and drain() waits for the count to reach zero, up to --drain-timeout. What still runs
+// then is cancelled in the backend and ended with an answer, never a reset: a whole answer gets
+// 503, a stream an error event and [DONE]. A request submitted while the cut runs is cancelled at
+// once with 503. Only then does the listener stop; the process exits 0. A second signal ends the
+// process at once (core/interrupt).
 struct HttpServer::Impl {
   CompletionBackend& backend;
   HttpServerOptions options;
@@ -83,8 +100,39 @@ struct HttpServer::Impl {
   int64_t started = unix_now();
   std::mutex counts_mutex;
   std::map<std::pair<std::string, int>, int64_t> responses;  // (route, status) -> count
+  // Note [Graceful drain]: requests admitted and not yet answered, and the streams of those submitted.
+  std::mutex active_mutex;
+  std::condition_variable idle;
+  bool draining = false, cutting = false;
+  int64_t admitted = 0;
+  std::map<uint64_t, std::shared_ptr<RequestStream>> active;
 
   Impl(CompletionBackend& b, HttpServerOptions o) : backend(b), options(std::move(o)) {}
+
+  // A request comes in: refused with 503 while draining, else counted until leave().
+  void admit() {
+    const std::lock_guard<std::mutex> lock(active_mutex);
+    if (draining) throw shutting_down("the server is shutting down and takes no new requests");
+    ++admitted;
+  }
+  // Registers a submitted request; false once the drain cuts (the caller cancels and answers 503).
+  bool track(uint64_t id, const std::shared_ptr<RequestStream>& stream) {
+    const std::lock_guard<std::mutex> lock(active_mutex);
+    if (cutting) return false;
+    active[id] = stream;
+    return true;
+  }
+  void leave(std::optional<uint64_t> id) {
+    const std::lock_guard<std::mutex> lock(active_mutex);
+    if (id) active.erase(*id);
+    --admitted;
+    idle.notify_all();
+  }
+  bool wait_idle(std::chrono::steady_clock::time_point until) {
+    std::unique_lock<std::mutex> lock(active_mutex);
+    return idle.wait_until(lock, until, [&] { return admitted == 0; });
+  }
+  int64_t cut_active();
 
   void count(const std::string& route, int status) {
     const std::lock_guard<std::mutex> lock(counts_mutex);
@@ -92,7 +140,7 @@ struct HttpServer::Impl {
   }
   void send_error(const std::string& route, httplib::Response& res, const ApiError& e) {
     res.status = e.status();
-    if (e.status() == 429) res.set_header("Retry-After", "1");
+    if (e.status() == 429 || e.status() == 503) res.set_header("Retry-After", "1");
     res.set_content(error_json(e), "application/json");
     count(route, e.status());
   }
@@ -105,6 +153,8 @@ struct HttpServer::Impl {
                      "", "invalid_api_key");
   }
   void generation(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  bool respond(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res, std::optional<uint64_t>& id);
+  void not_served(const httplib::Request& req, httplib::Response& res);
   void whole(const StreamState& st, httplib::Response& res);
   void streamed(std::shared_ptr<StreamState> st, httplib::Response& res);
   bool send_chunk(StreamState& st, httplib::DataSink& sink);
@@ -115,28 +165,51 @@ void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& 
   const std::string route = endpoint == ApiEndpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
   try {
     check_key(req);
-    auto st = std::make_shared<StreamState>();
-    st->request = parse_completion_request(endpoint, req.body);
-    const std::string model = backend.model_id();
-    if (!st->request.model.empty() && st->request.model != model)
-      throw ApiError(404, "invalid_request_error",
-                     "the model '" + st->request.model + "' does not exist; this server serves '" + model + "'",
-                     "model", "model_not_found");
-    st->stream = std::make_shared<RequestStream>();
-    st->id = backend.submit(st->request, sink_into(st->stream));
-    st->header = {(endpoint == ApiEndpoint::kCompletions ? "cmpl-" : "chatcmpl-") + std::to_string(st->id), unix_now(),
-                  model};
-    res.status = 200;  // httplib would set it only after this handler returns, past the count below
-    if (st->request.stream)
-      streamed(st, res);
-    else
-      whole(*st, res);
+    admit();
+  } catch (const ApiError& e) {
+    send_error(route, res, e);
+    return;
+  }
+  std::optional<uint64_t> id;
+  bool streaming = false;
+  try {
+    streaming = respond(endpoint, req, res, id);
     count(route, res.status);
   } catch (const ApiError& e) {
     send_error(route, res, e);
   } catch (const UserError& e) {
     send_error(route, res, ApiError(400, "invalid_request_error", e.what()));
   }
+  if (!streaming) leave(id);  // a stream leaves when its last event is written (streamed())
+}
+
+// Submits the request and answers it: whole, or as a stream (returns true: the stream's releaser
+// ends it). `id` is set once the backend holds the request.
+bool HttpServer::Impl::respond(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res,
+                               std::optional<uint64_t>& id) {
+  auto st = std::make_shared<StreamState>();
+  st->request = parse_completion_request(endpoint, req.body);
+  const std::string model = backend.model_id();
+  if (!st->request.model.empty() && st->request.model != model)
+    throw ApiError(404, "invalid_request_error",
+                   "the model '" + st->request.model + "' does not exist; this server serves '" + model + "'", "model",
+                   "model_not_found");
+  st->stream = std::make_shared<RequestStream>();
+  st->id = backend.submit(st->request, sink_into(st->stream));
+  if (!track(st->id, st->stream)) {
+    backend.cancel(st->id);
+    throw shutting_down("the server is shutting down and takes no new requests");
+  }
+  id = st->id;
+  st->header = {(endpoint == ApiEndpoint::kCompletions ? "cmpl-" : "chatcmpl-") + std::to_string(st->id), unix_now(),
+                model};
+  res.status = 200;  // httplib would set it only after this handler returns, past the count in generation()
+  if (!st->request.stream) {
+    whole(*st, res);
+    return false;
+  }
+  streamed(st, res);
+  return true;
 }
 
 // Waits for the whole answer on this connection's thread.
@@ -144,6 +217,7 @@ void HttpServer::Impl::whole(const StreamState& st, httplib::Response& res) {
   auto& s = *st.stream;
   std::unique_lock<std::mutex> lock(s.mutex);
   s.ready.wait(lock, [&] { return s.ended(); });
+  if (s.error && s.cut) throw shutting_down("the server's drain timeout ended this request");
   if (s.error) throw ApiError(500, "server_error", "generation failed: " + *s.error);
   res.set_content(completion_response_json(st.request.endpoint, st.header, s.pending, *s.finish, s.usage),
                   "application/json");
@@ -157,6 +231,7 @@ void HttpServer::Impl::streamed(std::shared_ptr<StreamState> st, httplib::Respon
       "text/event-stream", [this, st](size_t, httplib::DataSink& sink) { return send_chunk(*st, sink); },
       [this, st](bool) {
         if (!st->ended) backend.cancel(st->id);  // the client went away mid-stream
+        leave(st->id);
       });
 }
 
@@ -168,6 +243,7 @@ bool HttpServer::Impl::send_chunk(StreamState& st, httplib::DataSink& sink) {
   s.pending.clear();
   const auto finish = s.finish;
   const auto error = s.error;
+  const bool cut = s.cut;
   const Usage usage = s.usage;
   lock.unlock();
   const auto endpoint = st.request.endpoint;
@@ -181,7 +257,9 @@ bool HttpServer::Impl::send_chunk(StreamState& st, httplib::DataSink& sink) {
     out += sse_event(completion_chunk_json(endpoint, st.header, text, st.first, std::nullopt));
     st.first = false;
   }
-  if (error) out += sse_event(error_json(ApiError(500, "server_error", "generation failed: " + *error)));
+  if (error)
+    out += sse_event(error_json(cut ? shutting_down("the server's drain timeout ended this stream")
+                                    : ApiError(500, "server_error", "generation failed: " + *error)));
   if (finish) {
     out += sse_event(completion_chunk_json(endpoint, st.header, "", false, finish));
     if (st.request.include_usage) out += sse_event(usage_chunk_json(endpoint, st.header, usage));
@@ -193,6 +271,54 @@ bool HttpServer::Impl::send_chunk(StreamState& st, httplib::DataSink& sink) {
   if (!sink.write(out.data(), out.size())) return false;  // the releaser cancels
   if (st.ended) sink.done();
   return true;
+}
+
+int64_t HttpServer::Impl::cut_active() {
+  std::vector<std::pair<uint64_t, std::shared_ptr<RequestStream>>> running;
+  {
+    const std::lock_guard<std::mutex> lock(active_mutex);
+    cutting = true;
+    running.assign(active.begin(), active.end());
+  }
+  int64_t cut = 0;
+  for (const auto& [id, s] : running) {
+    backend.cancel(id);  // no callback runs after this returns
+    const std::lock_guard<std::mutex> lock(s->mutex);
+    if (s->ended()) continue;
+    s->error = "drain timeout";
+    s->cut = true;
+    s->ready.notify_all();
+    ++cut;
+  }
+  return cut;
+}
+
+// What no handler answered, as an OpenAI error body: an unknown route (404), a known route with
+// the other method (405 with Allow), a body over --max-body-mib (413; read by no handler).
+void HttpServer::Impl::not_served(const httplib::Request& req, httplib::Response& res) {
+  if (!res.body.empty()) return;
+  static const std::map<std::string, std::string> kAllowed = {{"/v1/completions", "POST"},
+                                                              {"/v1/chat/completions", "POST"},
+                                                              {"/v1/models", "GET"},
+                                                              {"/health", "GET"},
+                                                              {"/metrics", "GET"}};
+  const auto route = kAllowed.find(req.path);
+  std::string what;
+  if (res.status == 404 && route != kAllowed.end()) {
+    res.status = 405;
+    res.set_header("Allow", route->second);
+    what = req.method + " is not served on " + req.path + "; use " + route->second;
+  } else if (res.status == 404) {
+    what = "no route " + req.method + " " + req.path +
+           "; this server has /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics";
+  } else if (res.status == 413) {
+    what = "the request body is over the server's limit of " + std::to_string(options.max_body_bytes >> 20) +
+           " MiB (--max-body-mib); send a shorter prompt or raise the limit";
+  } else {
+    what = "HTTP " + std::to_string(res.status);
+  }
+  res.set_content(error_json(ApiError(res.status, "invalid_request_error", what)), "application/json");
+  count(route != kAllowed.end() ? route->first : "other", res.status);
 }
 
 std::string HttpServer::Impl::metrics() {
@@ -226,19 +352,23 @@ HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
       im.send_error("/v1/models", res, e);
     }
   });
-  im.server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", "application/json");
+  im.server.Get("/health", [&im](const httplib::Request&, httplib::Response& res) {
+    const std::lock_guard<std::mutex> lock(im.active_mutex);
+    if (im.draining) res.status = 503;  // a load balancer sends no more here
+    res.set_content(im.draining ? "{\"status\":\"draining\"}" : "{\"status\":\"ok\"}", "application/json");
   });
   im.server.Get("/metrics", [&im](const httplib::Request&, httplib::Response& res) {
     res.set_content(im.metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  im.server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const std::string what = res.status == 404 ? "no route " + req.method + " " + req.path +
-                                                     "; this server has /v1/completions, /v1/chat/completions, "
-                                                     "/v1/models, /health and /metrics"
-                                               : "HTTP " + std::to_string(res.status);
-    res.set_content(error_json(ApiError(res.status, "invalid_request_error", what)), "application/json");
+  im.server.set_error_handler([&im](const httplib::Request& req, httplib::Response& res) { im.not_served(req, res); });
+  // A body over the limit is answered 413 and never held: a client that asks first (Expect:
+  // 100-continue, as curl does for large bodies) never sends it; another's bytes are discarded as read.
+  im.server.set_payload_max_length(static_cast<size_t>(im.options.max_body_bytes));
+  im.server.set_expect_100_continue_handler([&im](const httplib::Request& req, httplib::Response& res) {
+    const auto length = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+    if (length <= static_cast<uint64_t>(im.options.max_body_bytes)) return 100;
+    res.status = 413;  // the final answer: the body is never sent
+    return 413;
   });
   im.server.set_socket_options([](socket_t sock) {  // SO_REUSEADDR only: a taken port is an error
     int yes = 1;
@@ -269,6 +399,21 @@ void HttpServer::wait() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
+void HttpServer::refuse_new() {
+  const std::lock_guard<std::mutex> lock(impl_->active_mutex);
+  impl_->draining = true;
+}
+
+int64_t HttpServer::drain(std::chrono::milliseconds timeout) {
+  auto& im = *impl_;
+  refuse_new();
+  const auto start = std::chrono::steady_clock::now();
+  if (im.wait_idle(start + timeout)) return 0;
+  const int64_t cut = im.cut_active();
+  im.wait_idle(std::chrono::steady_clock::now() + std::chrono::seconds(5));  // the cut ones send their last event
+  return cut;
+}
+
 void HttpServer::stop() { impl_->server.stop(); }
 
 #else  // no cpp-httplib at build time
@@ -283,6 +428,8 @@ HttpServer::HttpServer(CompletionBackend&, HttpServerOptions) {
 HttpServer::~HttpServer() = default;
 int HttpServer::port() const { return 0; }
 void HttpServer::wait() {}
+int64_t HttpServer::drain(std::chrono::milliseconds) { return 0; }
+void HttpServer::refuse_new() {}
 void HttpServer::stop() {}
 
 #endif

@@ -4,6 +4,7 @@
 // loopback by default, with an optional API key. The model is behind CompletionBackend; the body
 // format is serve/openai_api.h.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +43,7 @@ struct HttpServerOptions {
   int port = 8000;                 ///< 0 = any free port (tests)
   std::string api_key;             ///< "" = none; else every /v1 request needs "Authorization: Bearer <key>"
   int threads = 64;                ///< connections served at once (streams hold one each)
+  int64_t max_body_bytes = int64_t{16} << 20;  ///< a larger request body is answered 413 (--max-body-mib)
 };
 
 /// The server, listening from construction until destruction.
@@ -55,6 +57,12 @@ class HttpServer {
   int port() const;
   /// Blocks until stop() is called from another thread (or a signal handler's thread).
   void wait();
+  /// Note [Graceful drain]: stops taking requests (503 with Retry-After; /health says "draining")
+  /// and waits up to `timeout` for those in flight to finish. What still runs then is cut: a stream
+  /// gets an error event and [DONE], a whole answer a 503. Returns how many were cut.
+  int64_t drain(std::chrono::milliseconds timeout);
+  /// The drain's first part alone: from now on new requests get 503.
+  void refuse_new();
   void stop();
 
  private:

@@ -42,7 +42,8 @@ const std::set<std::string>& known_fields(ApiEndpoint endpoint) {
                                                    "frequency_penalty",
                                                    "stream_options",
                                                    "logprobs",
-                                                   "logit_bias"};
+                                                   "logit_bias",
+                                                   "ignore_eos"};
   const auto with = [](std::initializer_list<const char*> own) {
     std::set<std::string> out(kShared.begin(), kShared.end());
     out.insert(own.begin(), own.end());
@@ -51,6 +52,12 @@ const std::set<std::string>& known_fields(ApiEndpoint endpoint) {
   static const std::set<std::string> kCompletions = with({"prompt", "echo", "best_of", "suffix"});
   static const std::set<std::string> kChat = with({"messages", "max_completion_tokens"});
   return endpoint == ApiEndpoint::kCompletions ? kCompletions : kChat;
+}
+
+bool flag_in(const json& body, const char* key) {
+  if (!body.contains(key) || body[key].is_null()) return false;
+  if (!body[key].is_boolean()) throw bad_request(std::string(key) + " must be true or false", key);
+  return body[key].get<bool>();
 }
 
 double number_in(const json& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
@@ -190,10 +197,8 @@ CompletionRequest parse_completion_request(ApiEndpoint endpoint, const std::stri
     r.seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
   }
   r.stop = stop_strings(body);
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean()) throw bad_request("stream must be true or false", "stream");
-    r.stream = body["stream"].get<bool>();
-  }
+  r.stream = flag_in(body, "stream");
+  r.ignore_eos = flag_in(body, "ignore_eos");
   if (body.contains("stream_options") && body["stream_options"].is_object())
     r.include_usage = body["stream_options"].value("include_usage", false);
   return r;

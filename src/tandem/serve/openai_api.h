@@ -61,6 +61,7 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage: a last chunk with the token counts
+  bool ignore_eos = false;     ///< vLLM's extension: generate past the end-of-sequence token (load tests)
 };
 
 /// Parses and checks a request body of `endpoint`; ApiError (400) naming the field otherwise.
