@@ -575,7 +575,7 @@ if has serve; then
 # with all but 4 layers streamed from pinned host memory, transformers' greedy generate on the same
 # folder as the peer, `tandem serve` on the same folder under SERVE_CLIENTS closed-loop clients (default
 # 64, as many as --max-batch) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default
-# 60), then the server's tests with the openai client on this GPU.
+# 60), then the server's tests with the openai client on this GPU (test_serve.py, test_serve_http.py).
 # SERVE_BIG=1 (or only, for this alone) then a model larger than the GPU share it may use: the 13B preset's
 # shape with random weights (bench/generate_peer.py make --preset 13B, 26 GB in SERVE_BIG_DIR, default
 # /dev/shm/gen-13b where the tmpfs holds it, else /tmp/gen-13b; never under $OUT, and deleted at the end),
@@ -617,7 +617,7 @@ else
 fi
 if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py) >"$OUT/pytest-serve.log" 2>&1
+  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py test_serve_http.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
 fi
 fi

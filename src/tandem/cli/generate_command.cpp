@@ -157,9 +157,16 @@ int GenerateCommand::run() {
         st.recordings > 0 ? strprintf(", %lld replayed from %lld recordings (CUDA graphs; --eager: none)",
                                       static_cast<long long>(st.replayed_steps), static_cast<long long>(st.recordings))
                           : "";
-    std::fprintf(stderr, "decode: %lld steps of %.2f ms (forward and sampling)%s; delivery %.2f ms a step\n",
-                 static_cast<long long>(st.decode_steps), 1e3 * st.decode_seconds / double(st.decode_steps),
-                 replayed.c_str(), 1e3 * st.delivery_seconds / double(std::max<int64_t>(1, st.steps)));
+    const double per = 1e3 / double(st.decode_steps);
+    const std::string split =  // Note [Decode step split]
+        st.decode_forward_device_seconds > 0
+            ? strprintf("; on the device: forward %.2f ms, sampling %.2f ms; host until enqueued %.2f ms",
+                        per * st.decode_forward_device_seconds, per * st.decode_sample_device_seconds,
+                        per * st.decode_enqueue_seconds)
+            : "";
+    std::fprintf(stderr, "decode: %lld steps of %.2f ms (forward and sampling)%s%s; delivery %.2f ms a step\n",
+                 static_cast<long long>(st.decode_steps), per * st.decode_seconds, replayed.c_str(), split.c_str(),
+                 1e3 * st.delivery_seconds / double(std::max<int64_t>(1, st.steps)));
   }
   std::string ends;
   if (texts.size() == 1 && printer.end(0)) ends = std::string(" (ended: ") + generation_end_name(*printer.end(0)) + ")";

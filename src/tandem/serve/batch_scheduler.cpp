@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <optional>
+
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "tandem/core/device_graph.h"
 #include "tandem/core/error.h"
@@ -277,6 +281,30 @@ void BatchScheduler::admit(std::vector<RequestPtr>& running) {
   for (auto& r : empty) finish(*r, GenerationEnd::kMaxTokens);
 }
 
+// Note [Decode step split]
+// A decode step's wall time (the scheduler's clock) is split three ways on a GPU, for the summary of
+// `tandem generate` and /metrics: the host's time until the forward is enqueued (layout, inputs,
+// the launches or the graph's replay), and the device's time of the forward and of the sampling,
+// from CUDA events on the current stream read after the sampling's copy to the host has waited
+// for them. The rest of the wall time is the host waiting or working between the two.
+namespace {
+
+struct StepEvents {
+  c10::DeviceType type;
+  c10::Event start, forwarded, sampled;
+  explicit StepEvents(c10::DeviceType t)
+      : type(t),
+        start(t, c10::EventFlag::BACKEND_DEFAULT),
+        forwarded(t, c10::EventFlag::BACKEND_DEFAULT),
+        sampled(t, c10::EventFlag::BACKEND_DEFAULT) {}
+  void record(c10::Event& e, c10::Device device) const {
+    const c10::impl::VirtualGuardImpl impl(type);
+    e.record(impl.getStream(device));
+  }
+};
+
+}  // namespace
+
 void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   const auto t0 = Clock::now();
   std::vector<SequenceChunk> batch;
@@ -290,13 +318,21 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     batch.push_back(std::move(c));
   }
   const bool decode_only = prefilled == 0;
+  const c10::Device device = decoder_.device();
+  std::optional<StepEvents> events;  // Note [Decode step split]
+  if (decode_only && device.is_cuda()) events.emplace(device.type());
   std::vector<TokenId> next;
+  double enqueue_seconds = 0;
   try {
+    if (events) events->record(events->start, device);
     const bool replay = graphs_ && graphs_->takes(batch);
     const auto logits = replay ? graphs_->forward(batch) : decoder_.forward(batch, cache_);  // (B, V) fp32
+    enqueue_seconds = seconds_since(t0);
+    if (events) events->record(events->forwarded, device);
     std::vector<SamplingRow> rows;
     for (const auto& r : running) rows.push_back({&r->request.sampling, &r->tokens, r->rng.uniform()});
     next = sample_tokens(logits, rows);
+    if (events) events->record(events->sampled, device), events->sampled.synchronize();
   } catch (const std::exception& e) {
     log::error(std::string("generation step failed: ") + e.what());
     for (auto& r : running) finish(*r, GenerationEnd::kFailed, e.what());
@@ -308,7 +344,14 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     if (graphs_) counters_.replayed_steps = graphs_->replays(), counters_.recordings = graphs_->recordings();
     const double seconds = seconds_since(t0);
     counters_.busy_seconds += seconds;
-    if (decode_only) ++counters_.decode_steps, counters_.decode_seconds += seconds;
+    if (decode_only) {
+      ++counters_.decode_steps, counters_.decode_seconds += seconds;
+      counters_.decode_enqueue_seconds += enqueue_seconds;
+      if (events) {
+        counters_.decode_forward_device_seconds += events->start.elapsedTime(events->forwarded) / 1e3;
+        counters_.decode_sample_device_seconds += events->forwarded.elapsedTime(events->sampled) / 1e3;
+      }
+    }
     counters_.prompt_tokens += prefilled;
     counters_.generated_tokens += static_cast<int64_t>(running.size());
   }

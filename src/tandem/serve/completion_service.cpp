@@ -149,7 +149,15 @@ std::string CompletionService::metrics_text() const {
   metric("tandem_serve_steps_total", "counter", "Steps run.", double(s.steps));
   metric("tandem_serve_replayed_steps_total", "counter", "Decode steps replayed from CUDA graphs.",
          double(s.replayed_steps));
-  metric("tandem_serve_busy_seconds_total", "counter", "Seconds spent in decode steps.", s.busy_seconds);
+  metric("tandem_serve_busy_seconds_total", "counter", "Seconds spent in steps.", s.busy_seconds);
+  metric("tandem_serve_decode_steps_total", "counter", "Steps in which every sequence added one token.",
+         double(s.decode_steps));
+  metric("tandem_serve_decode_seconds_total", "counter", "Seconds spent in decode-only steps.", s.decode_seconds);
+  // Note [Decode step split]
+  metric("tandem_serve_decode_forward_device_seconds_total", "counter",
+         "Device time of the decode steps' forward (CUDA events).", s.decode_forward_device_seconds);
+  metric("tandem_serve_decode_sample_device_seconds_total", "counter",
+         "Device time of the decode steps' sampling (CUDA events).", s.decode_sample_device_seconds);
   metric("tandem_serve_time_to_first_token_seconds", "gauge", "Mean time to first token.",
          s.mean_time_to_first_token_s);
   return out;
