@@ -158,11 +158,15 @@ int GenerateCommand::run() {
                                       static_cast<long long>(st.replayed_steps), static_cast<long long>(st.recordings))
                           : "";
     const double per = 1e3 / double(st.decode_steps);
+    const double each = 1e3 / double(std::max<int64_t>(1, st.split_steps));
     const std::string split =  // Note [Decode step split]
-        st.decode_forward_device_seconds > 0
-            ? strprintf("; on the device: forward %.2f ms, sampling %.2f ms; host until enqueued %.2f ms",
-                        per * st.decode_forward_device_seconds, per * st.decode_sample_device_seconds,
-                        per * st.decode_enqueue_seconds)
+        st.split_forward_device_seconds > 0
+            ? strprintf(
+                  "; the %lld that recorded nothing: %.2f ms, of it on the device forward %.2f ms, sampling "
+                  "%.2f ms; host until enqueued %.2f ms",
+                  static_cast<long long>(st.split_steps), each * st.split_seconds,
+                  each * st.split_forward_device_seconds, each * st.split_sample_device_seconds,
+                  each * st.split_enqueue_seconds)
             : "";
     std::fprintf(stderr, "decode: %lld steps of %.2f ms (forward and sampling)%s%s; delivery %.2f ms a step\n",
                  static_cast<long long>(st.decode_steps), per * st.decode_seconds, replayed.c_str(), split.c_str(),

@@ -286,7 +286,10 @@ void BatchScheduler::admit(std::vector<RequestPtr>& running) {
 // `tandem generate` and /metrics: the host's time until the forward is enqueued (layout, inputs,
 // the launches or the graph's replay), and the device's time of the forward and of the sampling,
 // from CUDA events on the current stream read after the sampling's copy to the host has waited
-// for them. The rest of the wall time is the host waiting or working between the two.
+// for them. The device's times run from the start event, recorded before the forward's inputs are
+// prepared, so the forward's includes the host's preparation when the GPU has nothing else queued.
+// Steps that record a CUDA graph (capture, warm-up) are left out: they are the start's, not the
+// steady state's.
 namespace {
 
 struct StepEvents {
@@ -319,6 +322,7 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   }
   const bool decode_only = prefilled == 0;
   const c10::Device device = decoder_.device();
+  const int64_t recordings_before = graphs_ ? graphs_->recordings() : 0;
   std::optional<StepEvents> events;  // Note [Decode step split]
   if (decode_only && device.is_cuda()) events.emplace(device.type());
   std::vector<TokenId> next;
@@ -344,12 +348,12 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     if (graphs_) counters_.replayed_steps = graphs_->replays(), counters_.recordings = graphs_->recordings();
     const double seconds = seconds_since(t0);
     counters_.busy_seconds += seconds;
-    if (decode_only) {
-      ++counters_.decode_steps, counters_.decode_seconds += seconds;
-      counters_.decode_enqueue_seconds += enqueue_seconds;
+    if (decode_only) ++counters_.decode_steps, counters_.decode_seconds += seconds;
+    if (decode_only && (!graphs_ || graphs_->recordings() == recordings_before)) {  // Note [Decode step split]
+      ++counters_.split_steps, counters_.split_seconds += seconds, counters_.split_enqueue_seconds += enqueue_seconds;
       if (events) {
-        counters_.decode_forward_device_seconds += events->start.elapsedTime(events->forwarded) / 1e3;
-        counters_.decode_sample_device_seconds += events->forwarded.elapsedTime(events->sampled) / 1e3;
+        counters_.split_forward_device_seconds += events->start.elapsedTime(events->forwarded) / 1e3;
+        counters_.split_sample_device_seconds += events->forwarded.elapsedTime(events->sampled) / 1e3;
       }
     }
     counters_.prompt_tokens += prefilled;

@@ -110,9 +110,12 @@ struct SchedulerStats {
   double busy_seconds = 0;                     ///< time spent in steps: the forward and the sampling
   int64_t decode_steps = 0;                    ///< steps in which every sequence added one token
   double decode_seconds = 0;                   ///< their share of busy_seconds
-  /// Note [Decode step split]: of decode_seconds, on a GPU, the forward's and the sampling's device
-  /// time (CUDA events), and the host's time until the forward was enqueued.
-  double decode_forward_device_seconds = 0, decode_sample_device_seconds = 0, decode_enqueue_seconds = 0;
+  /// Note [Decode step split]: over the decode steps that recorded no CUDA graph (split_steps), the
+  /// wall time, the forward's and the sampling's device time (CUDA events, on a GPU) and the host's
+  /// time until the forward was enqueued.
+  int64_t split_steps = 0;
+  double split_seconds = 0, split_forward_device_seconds = 0, split_sample_device_seconds = 0,
+         split_enqueue_seconds = 0;
   double delivery_seconds = 0;   ///< time spent handing tokens to callbacks (text, stop strings)
   double tokens_per_second = 0;  ///< generated tokens / busy seconds
   double mean_time_to_first_token_s = 0, last_time_to_first_token_s = 0;

@@ -154,10 +154,12 @@ std::string CompletionService::metrics_text() const {
          double(s.decode_steps));
   metric("tandem_serve_decode_seconds_total", "counter", "Seconds spent in decode-only steps.", s.decode_seconds);
   // Note [Decode step split]
-  metric("tandem_serve_decode_forward_device_seconds_total", "counter",
-         "Device time of the decode steps' forward (CUDA events).", s.decode_forward_device_seconds);
-  metric("tandem_serve_decode_sample_device_seconds_total", "counter",
-         "Device time of the decode steps' sampling (CUDA events).", s.decode_sample_device_seconds);
+  metric("tandem_serve_split_steps_total", "counter", "Decode steps that recorded no CUDA graph.",
+         double(s.split_steps));
+  metric("tandem_serve_split_forward_device_seconds_total", "counter",
+         "Device time of those steps' forward (CUDA events).", s.split_forward_device_seconds);
+  metric("tandem_serve_split_sample_device_seconds_total", "counter",
+         "Device time of those steps' sampling (CUDA events).", s.split_sample_device_seconds);
   metric("tandem_serve_time_to_first_token_seconds", "gauge", "Mean time to first token.",
          s.mean_time_to_first_token_s);
   return out;
