@@ -51,10 +51,4 @@ std::string sha256_file(const std::string& path) {
   return finish_hex(ctx.get());
 }
 
-std::string sha256_hex(const std::string& bytes) {
-  auto ctx = new_sha256();
-  TANDEM_CHECK(EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) == 1, kOpenSslFailed, "update");
-  return finish_hex(ctx.get());
-}
-
 }  // namespace tandem
