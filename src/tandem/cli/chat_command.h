@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tandem/cli/command.h"
 #include "tandem/serve/completion_service.h"
 #include "tandem/serve/sampler.h"
 
@@ -17,16 +18,16 @@ class App;
 namespace tandem {
 
 /// The `chat` subcommand: its options on the command line and its run.
-class ChatCommand {
+class ChatCommand : public Command {
  public:
   /// Registers the subcommand and its options on `app`.
   explicit ChatCommand(CLI::App& app);
 
   /// Whether the command line chose this subcommand.
-  bool chosen() const;
+  bool chosen() const override;
 
   /// Converses until EOF or /exit; returns the exit code. Bad input throws UserError (exit code 2).
-  int run();
+  int run() override;
 
  private:
   /// The request of an empty conversation: the system message, max tokens and sampling.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/cli/command.h"
 #include "tandem/serve/generation_model.h"
 #include "tandem/serve/sampler.h"
 
@@ -16,16 +17,16 @@ class App;
 namespace tandem {
 
 /// The `generate` subcommand: its options on the command line and its run.
-class GenerateCommand {
+class GenerateCommand : public Command {
  public:
   /// Registers the subcommand and its options on `app`.
   explicit GenerateCommand(CLI::App& app);
 
   /// Whether the command line chose this subcommand.
-  bool chosen() const;
+  bool chosen() const override;
 
   /// Generates; returns the exit code. Bad input throws UserError (main prints it, exit code 2).
-  int run();
+  int run() override;
 
  private:
   std::vector<std::string> prompts() const;

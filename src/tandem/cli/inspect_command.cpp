@@ -1,5 +1,7 @@
 #include "tandem/cli/inspect_command.h"
 
+#include <CLI/CLI.hpp>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -220,6 +222,42 @@ int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
     std::printf("\nhost: %s available\n", format_bytes(double(host_available_bytes())).c_str());
   }
   return 0;
+}
+
+InspectCommand::InspectCommand(CLI::App& app) {
+  auto* c = command_ =
+      app.add_subcommand("inspect", "show the model, its parameter counts and the memory estimate per device");
+  args_.add_to(c, false);
+  auto& o = options_;
+  c->add_flag("--plan", o.plan,
+              "the offload engine's memory plan (GPU, pinned and pageable host) instead of the estimate; refuses a "
+              "plan that does not fit");
+  c->add_flag("--partition", o.partition,
+              "profile each Block here and print the pipeline partitioner's plan for dist.pipeline_stages (auto: the "
+              "best stage count): stages, Blocks, devices, predicted time and memory");
+  c->add_flag("--partition-cpu", o.partition_opts.with_cpu,
+              "--partition, and the host CPU weighed as one more stage beside the GPUs");
+  c->add_option("--partition-ranks", o.partition_opts.ranks,
+                "with --partition: ranks to plan for (default one per visible GPU, 1 on the CPU); ranks beyond the "
+                "visible devices are copies of the first")
+      ->check(CLI::PositiveNumber);
+  gpu_memory_ = c->add_option("--gpu-memory", o.gpu_memory_gib,
+                              "GiB of GPU memory to plan for (default: the first visible GPU's, else 80)")
+                    ->check(CLI::PositiveNumber);
+  c->add_option("--host-memory", o.host_memory_gib,
+                "GiB of available host memory to plan for (default: MemAvailable of /proc/meminfo)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--ranks", o.ranks,
+                "with --plan: ranks on this host, one GPU each, to plan for (dist.zero_stage, dist.pipeline_stages "
+                "and dist.pipeline_cut lay them out; a plan per stage)")
+      ->check(CLI::PositiveNumber);
+}
+
+bool InspectCommand::chosen() const { return command_->parsed(); }
+
+int InspectCommand::run() {
+  options_.gpu_memory_given = gpu_memory_->count() > 0;
+  return run_inspect(args_.resolve_layers(""), options_);
 }
 
 }  // namespace tandem

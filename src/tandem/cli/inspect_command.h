@@ -4,8 +4,15 @@
 
 #include <cstdint>
 
+#include "tandem/cli/command.h"
+#include "tandem/cli/config_args.h"
 #include "tandem/cli/partition_command.h"
 #include "tandem/io/config_layers.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
 
 namespace tandem {
 
@@ -25,5 +32,19 @@ struct InspectOptions {
 /// Prints what `tandem inspect` shows for `resolved`; returns the exit code. UserError when a plan
 /// asked for does not fit.
 int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts);
+
+/// The `inspect` subcommand: the configuration's options and InspectOptions on the command line.
+class InspectCommand : public Command {
+ public:
+  explicit InspectCommand(CLI::App& app);
+  bool chosen() const override;
+  int run() override;
+
+ private:
+  CLI::App* command_ = nullptr;
+  CLI::Option* gpu_memory_ = nullptr;
+  ConfigArgs args_;
+  InspectOptions options_;
+};
 
 }  // namespace tandem

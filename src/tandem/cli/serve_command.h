@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "tandem/cli/command.h"
 #include "tandem/serve/completion_service.h"
 #include "tandem/serve/http_server.h"
 
@@ -15,16 +16,16 @@ class App;
 namespace tandem {
 
 /// The `serve` subcommand: its options on the command line and its run.
-class ServeCommand {
+class ServeCommand : public Command {
  public:
   /// Registers the subcommand and its options on `app`.
   explicit ServeCommand(CLI::App& app);
 
   /// Whether the command line chose this subcommand.
-  bool chosen() const;
+  bool chosen() const override;
 
   /// Serves until a signal; returns the exit code. Bad input throws UserError (exit code 2).
-  int run();
+  int run() override;
 
  private:
   CLI::App* command_ = nullptr;

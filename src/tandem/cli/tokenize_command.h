@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "tandem/cli/command.h"
 #include "tandem/data/tokenize_corpus.h"
 
 namespace CLI {
@@ -13,16 +14,16 @@ class App;
 namespace tandem {
 
 /// The `tokenize` subcommand: its options on the command line and its run.
-class TokenizeCommand {
+class TokenizeCommand : public Command {
  public:
   /// Registers the subcommand and its options on `app`.
   explicit TokenizeCommand(CLI::App& app);
 
   /// Whether the command line chose this subcommand.
-  bool chosen() const;
+  bool chosen() const override;
 
   /// Tokenizes; returns the exit code. Bad input throws UserError (main prints it, exit code 2).
-  int run();
+  int run() override;
 
  private:
   CLI::App* command_ = nullptr;

@@ -146,7 +146,9 @@ Field enum_field(std::string name, std::string doc, Get get) {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
-      string_field("model.preset", "model preset: tiny, 125M, 1B, 3B, 7B, 13B, mlp (see `tandem inspect`)",
+      string_field("model.preset",
+                   "model preset: tiny, 125M, 1B, 3B, 7B, 13B, qwen2.5-0.5B, qwen2.5-1.5B, qwen2.5-7B, mistral-7B, "
+                   "gemma2-2B, bk-tiny, bk-125M, amx-moe, amx-moe-tiny, mlp (see `tandem inspect -p NAME`)",
                    F(model.preset)),
       opt_int_field("model.n_layer", "number of decoder blocks (null = preset)", F(model.n_layer)),
       opt_int_field("model.d_model", "hidden size (null = preset)", F(model.d_model)),
