@@ -87,6 +87,13 @@ if [ ! -f /usr/include/openssl/evp.h ] && [ -f /tmp/debs/usr/include/openssl/evp
   cmake_extra+=(-DOPENSSL_INCLUDE_DIR=/tmp/debs/usr/include -DOPENSSL_CRYPTO_LIBRARY="$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so.3)"
                 -DCMAKE_CXX_FLAGS=-isystem\ /tmp/debs/usr/include/x86_64-linux-gnu)
 fi
+# The transformers fixtures of the C++ tests run in TANDEM_PYTHON (.venv/bin/python, which setup.sh
+# makes); where that venv is missing, the image's python3 (which has transformers) stands in.
+if [ ! -x .venv/bin/python ]; then
+  mkdir -p .venv/bin
+  printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/bin/python
+  chmod +x .venv/bin/python
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$OUT/gpu.txt"
 echo "== build"
 t0=$(date +%s)
