@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
+#include "tandem/serve/batch_scheduler.h"
 #include "test_util.h"
 
 namespace tandem::test {
@@ -40,6 +41,19 @@ inline std::string run_python_fixture(const std::string& script, const std::stri
 inline std::vector<TokenId> ids_of(const torch::Tensor& t) {
   const auto c = t.to(torch::kInt64).contiguous();
   return std::vector<TokenId>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+/// A greedy request for `prompt` and `tokens` new tokens, each generated token appended to `out`
+/// (which must outlive the request).
+inline GenerationRequest greedy_request(std::vector<TokenId> prompt, int64_t tokens, std::vector<TokenId>& out) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = tokens;
+  r.sampling.temperature = 0;
+  r.on_event = [&out](const GenerationEvent& e) {
+    if (e.token) out.push_back(*e.token);
+  };
+  return r;
 }
 
 }  // namespace tandem::test

@@ -134,13 +134,8 @@ TEST_F(Families, GreedyGenerationEqualsTransformers) {
     std::vector<std::vector<TokenId>> got(3), want(3);
     for (size_t i = 0; i < got.size(); ++i) {  // submitted together: decoded in one batch
       want[i] = test::ids_of(ref(c + ".output_" + std::to_string(i)));
-      GenerationRequest r;
-      r.prompt = test::ids_of(ref(c + ".prompt_" + std::to_string(i)));
-      r.max_tokens = static_cast<int64_t>(want[i].size());
-      r.sampling.temperature = 0;
-      r.on_event = [&got, i](const GenerationEvent& e) {
-        if (e.token) got[i].push_back(*e.token);
-      };
+      auto r = test::greedy_request(test::ids_of(ref(c + ".prompt_" + std::to_string(i))),
+                                    static_cast<int64_t>(want[i].size()), got[i]);
       ASSERT_EQ(s.submit(std::move(r)).admission, Admission::kAccepted);
     }
     s.wait_idle();

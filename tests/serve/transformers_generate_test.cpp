@@ -52,13 +52,8 @@ class ServeTransformersGenerate : public ::testing::Test {
     std::vector<std::vector<TokenId>> want(n);
     for (size_t i = 0; i < n; ++i) {
       want[i] = test::ids_of(ref.tensor("output_" + std::to_string(i)));
-      GenerationRequest r;
-      r.prompt = test::ids_of(ref.tensor("prompt_" + std::to_string(i)));
-      r.max_tokens = static_cast<int64_t>(want[i].size());
-      r.sampling.temperature = 0;
-      r.on_event = [&got, i](const GenerationEvent& e) {
-        if (e.token) got[i].push_back(*e.token);
-      };
+      auto r = test::greedy_request(test::ids_of(ref.tensor("prompt_" + std::to_string(i))),
+                                    static_cast<int64_t>(want[i].size()), got[i]);
       ASSERT_EQ(s.submit(std::move(r)).admission, Admission::kAccepted);
     }
     s.wait_idle();
