@@ -110,6 +110,74 @@ TEST(ServeBatchSchedulerGpu, BatchedOutputsEqualTheSameRequestsRunAloneOnCuda) {
   expect_batched_equals_alone(c10::Device(c10::kCUDA, 0));
 }
 
+// Note [Chunked prefill]: with a prefill budget of 3 tokens a step, the same six requests (prompts of
+// 1 to 21 tokens, greedy and seeded sampling) give the same tokens as with the default budget, and
+// the greedy ones the tokens of the model's full forward without a cache.
+TEST(ServeBatchScheduler, ChunkedPrefillGivesTheTokensOfWholePrefillsAndOfTheFullForward) {
+  Rig rig(200);
+  const int n = 6;
+  const auto make = [&](int i) {
+    return request(prompt_of(1 + 4 * i, 61, static_cast<uint32_t>(i)), 5 + 2 * i, i % 2 == 0 ? 0.0 : 0.9, 100 + i);
+  };
+  std::vector<Record> whole(n), chunked(n);
+  for (auto* records : {&whole, &chunked}) {
+    SchedulerOptions o;
+    if (records == &chunked) o.max_step_tokens = 3;
+    BatchScheduler s(*rig.decoder, *rig.cache, nullptr, o);
+    for (int i = 0; i < n; ++i) {
+      auto r = make(i);
+      r.on_event = (*records)[i].callback();
+      ASSERT_EQ(s.submit(std::move(r)).admission, Admission::kAccepted);
+    }
+    s.wait_idle();
+    EXPECT_EQ(s.stats().pages_used, 0);
+  }
+  torch::NoGradGuard no_grad;
+  rig.model->eval();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(chunked[i].tokens, whole[i].tokens) << "request " << i;
+    EXPECT_EQ(chunked[i].tokens.size(), static_cast<size_t>(5 + 2 * i));
+    if (i % 2 != 0) continue;  // greedy: each token the argmax of the full forward over all before it
+    const auto prompt = make(i).prompt;
+    std::vector<int64_t> seq(prompt.begin(), prompt.end());
+    for (const TokenId t : chunked[i].tokens) {
+      const auto logits = rig.model->forward(torch::tensor(seq).view({1, -1}));
+      EXPECT_EQ(logits[0][-1].narrow(0, 0, 61).argmax().item<int64_t>(), t) << "request " << i;
+      seq.push_back(t);
+    }
+  }
+}
+
+// A 40-token prompt prefilled 4 tokens a step takes 10 steps; the sequence already decoding gets a
+// token in every one of them, so it has at least 9 before the long one's first.
+TEST(ServeBatchScheduler, ALongPromptNeverStallsTheRunningSequences) {
+  Rig rig(200);
+  SchedulerOptions o;
+  o.max_step_tokens = 4;
+  BatchScheduler s(*rig.decoder, *rig.cache, nullptr, o);
+  Record running, long_one;
+  std::mutex mutex;
+  std::vector<size_t> long_tokens_seen;  // at each of the running one's tokens
+  std::atomic<int> running_tokens{0};
+  auto a = request(prompt_of(2, 61, 1), 50, 0.0, 1);
+  a.on_event = [&](const GenerationEvent& e) {
+    if (!e.token) return;
+    ++running_tokens;
+    std::lock_guard<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> other(long_one.mutex);
+    long_tokens_seen.push_back(long_one.tokens.size());
+  };
+  ASSERT_EQ(s.submit(std::move(a)).admission, Admission::kAccepted);
+  while (running_tokens < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto b = request(prompt_of(40, 61, 2), 3, 0.0, 2);
+  b.on_event = long_one.callback();
+  ASSERT_EQ(s.submit(std::move(b)).admission, Admission::kAccepted);
+  s.wait_idle();
+  ASSERT_EQ(long_one.tokens.size(), 3u);
+  const auto before_first = std::count(long_tokens_seen.begin(), long_tokens_seen.end(), size_t{0});
+  EXPECT_GE(before_first, 2 + 9) << "the running sequence stalled while the long prompt prefilled";
+}
+
 // 4 sequences that each need 7 pages, in a cache of 10: they take turns (preempted, recomputed) and
 // each gives what it gives alone.
 TEST(ServeBatchScheduler, OutOfPagesWaitsAndRecomputes) {

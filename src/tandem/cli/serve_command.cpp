@@ -22,6 +22,10 @@ ServeCommand::ServeCommand(CLI::App& app) {
   c->add_option("--max-queue", service_.max_queue,
                 "requests waiting beyond the batch's places at most (0: none wait); more get HTTP 429")
       ->check(CLI::Range(0, 1 << 20));
+  c->add_option("--max-step-tokens", service_.max_step_tokens,
+                "prompt tokens prefilled in one step at most (default 2048); a longer prompt is prefilled in chunks "
+                "while the running requests go on decoding")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   c->add_option("--kv-cache-gib", service_.model.kv_cache_gib, "KV cache size (default: from the memory plan)")
       ->check(CLI::Range(0.0, 1e6));
   c->add_option("--host", http_.host, "address to listen on (default 127.0.0.1: this machine only)");

@@ -270,7 +270,7 @@ void BatchScheduler::admit(std::vector<RequestPtr>& running) {
         continue;
       }
       const auto n = static_cast<int64_t>(r->tokens.size()) - r->cached;
-      if (!first && n > budget) break;
+      if (!first && budget <= 0) break;  // Note [Chunked prefill]: the next step takes it
       if (!cache_.reserve(r->pages, static_cast<int64_t>(r->tokens.size()))) break;
       waiting_.pop_front();
       running.push_back(r);
@@ -308,18 +308,36 @@ struct StepEvents {
 
 }  // namespace
 
+// Note [Chunked prefill]
+// A step prefills at most max_step_tokens prompt tokens, shared in admission order among the
+// sequences still prefilling; one that gets fewer than its remaining tokens takes a chunk (from
+// its first uncached token) and the rest in later steps, while the sequences that decode go on
+// adding a token every step: a long prompt never stalls the running ones. A sequence whose chunk
+// ends before its last known token gets no token this step (its logits row is not sampled and its
+// sampling stream is not drawn from, so seeded output is the same however the prompt was cut);
+// the step that prefills its last chunk samples its first token. Pages are reserved for the whole
+// prompt at admission, as before.
 void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   const auto t0 = Clock::now();
   std::vector<SequenceChunk> batch;
-  int64_t prefilled = 0;
+  std::vector<Request*> in_step;
+  std::vector<bool> completes;  // the chunk reaches the sequence's last known token: sample it
+  int64_t prefilled = 0, budget = options_.max_step_tokens;
   for (const auto& r : running) {
+    const auto known = static_cast<int64_t>(r->tokens.size());
+    const bool decoding = known - r->cached == 1 && r->generated > 0;
+    const int64_t take = decoding ? 1 : std::min(known - r->cached, std::max<int64_t>(budget, 0));
+    if (take == 0) continue;  // prefills in a later step
     SequenceChunk c;
     c.pages = &r->pages;
     c.start = r->cached;
-    c.tokens.assign(r->tokens.begin() + r->cached, r->tokens.end());
-    if (c.tokens.size() > 1 || r->generated == 0) prefilled += static_cast<int64_t>(c.tokens.size());
+    c.tokens.assign(r->tokens.begin() + r->cached, r->tokens.begin() + r->cached + take);
+    if (!decoding) prefilled += take, budget -= take;
     batch.push_back(std::move(c));
+    in_step.push_back(r.get());
+    completes.push_back(r->cached + take == known);
   }
+  if (batch.empty()) return;
   const bool decode_only = prefilled == 0;
   const c10::Device device = decoder_.device();
   const int64_t recordings_before = graphs_ ? graphs_->recordings() : 0;
@@ -334,7 +352,9 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     enqueue_seconds = seconds_since(t0);
     if (events) events->record(events->forwarded, device);
     std::vector<SamplingRow> rows;
-    for (const auto& r : running) rows.push_back({&r->request.sampling, &r->tokens, r->rng.uniform()});
+    for (size_t i = 0; i < in_step.size(); ++i)  // a partial chunk's row is sampled and dropped: no draw
+      rows.push_back(
+          {&in_step[i]->request.sampling, &in_step[i]->tokens, completes[i] ? in_step[i]->rng.uniform() : 0.5});
     next = sample_tokens(logits, rows);
     if (events) events->record(events->sampled, device), events->sampled.synchronize();
   } catch (const std::exception& e) {
@@ -342,6 +362,7 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
     for (auto& r : running) finish(*r, GenerationEnd::kFailed, e.what());
     return;
   }
+  const auto delivered = std::count(completes.begin(), completes.end(), true);
   {  // counted before delivery: a waiter woken by the last request's end sees this step
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.steps;
@@ -357,12 +378,13 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
       }
     }
     counters_.prompt_tokens += prefilled;
-    counters_.generated_tokens += static_cast<int64_t>(running.size());
+    counters_.generated_tokens += static_cast<int64_t>(delivered);
   }
   const auto t1 = Clock::now();
-  for (size_t i = 0; i < running.size(); ++i) {
-    running[i]->cached = static_cast<int64_t>(running[i]->tokens.size());
-    if (!running[i]->cancelled) deliver(*running[i], next[i]);
+  for (size_t i = 0; i < in_step.size(); ++i) {
+    Request& r = *in_step[i];
+    r.cached += static_cast<int64_t>(batch[i].tokens.size());
+    if (completes[i] && !r.cancelled) deliver(r, next[i]);
   }
   std::lock_guard<std::mutex> lock(mutex_);
   counters_.delivery_seconds += seconds_since(t1);

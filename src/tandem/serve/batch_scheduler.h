@@ -9,8 +9,9 @@
 // running sequence's page table by the token it decodes next, preempting the most recently admitted
 // sequences when pages run out (their pages freed, their prompt and output so far queued at the
 // front, to be prefilled again: recomputation), (3) admits waiting requests in order while the batch
-// has room, their pages fit and the step's prefill tokens stay under max_step_tokens (the first one
-// always), (4) runs one forward over the decodes and the prefills together (Note [Generation
+// has room, their pages fit and the step's prefill budget (max_step_tokens) is not spent (the first
+// one always), (4) runs one forward over the decodes and the prefills together, a prompt beyond the
+// budget in chunks over several steps (Note [Chunked prefill]; Note [Generation
 // forward]; a step of decodes only replays a recording when the device allows: Note [Decode
 // graphs]), (5) samples one token per sequence (Note [Seeded sampling]) and delivers it. Running out
 // of pages therefore means waiting, never failing; a request that could not fit even an empty cache
@@ -77,11 +78,13 @@ struct GenerationRequest {
 
 /// How the scheduler batches.
 struct SchedulerOptions {
-  int64_t max_batch = 32;          ///< sequences in the running batch at most
-  int64_t max_queue = 256;         ///< requests waiting for a place at most; more are refused
-  int64_t max_step_tokens = 2048;  ///< prompt tokens prefilled in one step at most (one prompt always)
-  std::vector<TokenId> eos_ids;    ///< tokens that end a sequence (the tokenizer's EOS, config.json's)
-  bool decode_graphs = true;       ///< replay decode steps from CUDA graphs where the device allows
+  int64_t max_batch = 32;   ///< sequences in the running batch at most
+  int64_t max_queue = 256;  ///< requests waiting for a place at most; more are refused
+  /// Prompt tokens prefilled in one step at most; a longer prompt is prefilled in chunks over
+  /// several steps while the running sequences decode (Note [Chunked prefill]).
+  int64_t max_step_tokens = 2048;
+  std::vector<TokenId> eos_ids;  ///< tokens that end a sequence (the tokenizer's EOS, config.json's)
+  bool decode_graphs = true;     ///< replay decode steps from CUDA graphs where the device allows
 };
 
 /// Whether submit() took the request.

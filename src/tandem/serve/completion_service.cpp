@@ -84,6 +84,7 @@ CompletionService::CompletionService(const CompletionServiceOptions& options) : 
   SchedulerOptions so;
   so.max_batch = options.model.max_batch;
   so.max_queue = options.max_queue;
+  so.max_step_tokens = options.max_step_tokens;
   so.eos_ids = im.model.eos_ids;
   so.decode_graphs = options.model.decode_graphs;
   im.scheduler = std::make_unique<BatchScheduler>(*im.model.decoder, *im.model.cache, im.model.tokenizer.get(), so);

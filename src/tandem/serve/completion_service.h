@@ -14,9 +14,10 @@
 namespace tandem {
 
 struct CompletionServiceOptions {
-  GenerationModelOptions model;  ///< what to load and where (serve/generation_model.h)
-  std::string model_name;        ///< "" = the folder's name
-  int64_t max_queue = 256;       ///< requests waiting for a place; more are refused (429)
+  GenerationModelOptions model;    ///< what to load and where (serve/generation_model.h)
+  std::string model_name;          ///< "" = the folder's name
+  int64_t max_queue = 256;         ///< requests waiting for a place; more are refused (429)
+  int64_t max_step_tokens = 2048;  ///< prompt tokens prefilled a step; longer prompts in chunks (--max-step-tokens)
 };
 
 /// Loads the model and starts its scheduler; serves requests until destroyed.
