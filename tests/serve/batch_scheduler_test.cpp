@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -176,6 +177,60 @@ TEST(ServeBatchScheduler, ALongPromptNeverStallsTheRunningSequences) {
   ASSERT_EQ(long_one.tokens.size(), 3u);
   const auto before_first = std::count(long_tokens_seen.begin(), long_tokens_seen.end(), size_t{0});
   EXPECT_GE(before_first, 2 + 9) << "the running sequence stalled while the long prompt prefilled";
+}
+
+// Note [Prefix cache]: requests sharing a 21-token prefix, one after another and then all at once,
+// greedy and seeded sampling, give the same tokens with the prefix cache as without it, in a cache
+// large enough to keep every prefix and in one so small that cached pages are reused for others.
+void expect_prefix_cache_changes_no_token(int64_t pages) {
+  Rig rig(pages);
+  const auto shared = prompt_of(21, 61, 7);
+  const int n = 8;
+  const auto make = [&](int i) {
+    auto p = shared;
+    const auto own = prompt_of(1 + i, 61, static_cast<uint32_t>(50 + i));
+    p.insert(p.end(), own.begin(), own.end());
+    return request(p, 6, i % 2 == 0 ? 0.0 : 0.9, 200 + i);
+  };
+  std::map<bool, std::vector<Record>> got;
+  std::map<bool, SchedulerStats> stats;
+  for (const bool on : {false, true}) {
+    SchedulerOptions o;
+    o.prefix_cache = on;
+    BatchScheduler s(*rig.decoder, *rig.cache, nullptr, o);
+    auto& records = got[on];
+    records = std::vector<Record>(2 * n);
+    for (int i = 0; i < 2 * n; ++i) {
+      auto r = make(i % n);
+      r.on_event = records[static_cast<size_t>(i)].callback();
+      ASSERT_EQ(s.submit(std::move(r)).admission, Admission::kAccepted);
+      if (i < n) s.wait_idle();  // the first round one after another, the second all at once
+    }
+    s.wait_idle();
+    stats[on] = s.stats();
+    EXPECT_EQ(stats[on].pages_used, 0);
+  }
+  for (int i = 0; i < 2 * n; ++i) {
+    EXPECT_EQ(got[true][static_cast<size_t>(i)].tokens, got[false][static_cast<size_t>(i)].tokens) << "request " << i;
+    EXPECT_EQ(got[true][static_cast<size_t>(i)].tokens.size(), 6u);
+  }
+  EXPECT_EQ(stats[false].prefix_hit_tokens, 0);
+  EXPECT_GT(stats[true].prefix_hit_tokens, 0);
+  EXPECT_LT(stats[true].prompt_tokens, stats[false].prompt_tokens);
+  torch::NoGradGuard no_grad;
+  rig.model->eval();
+  const auto p = make(0).prompt;  // greedy, with the prefix shared: the full forward's tokens
+  std::vector<int64_t> seq(p.begin(), p.end());
+  for (const TokenId t : got[true][static_cast<size_t>(n)].tokens) {
+    EXPECT_EQ(rig.model->forward(torch::tensor(seq).view({1, -1}))[0][-1].narrow(0, 0, 61).argmax().item<int64_t>(), t);
+    seq.push_back(t);
+  }
+}
+
+TEST(ServeBatchScheduler, ThePrefixCacheChangesNoToken) { expect_prefix_cache_changes_no_token(200); }
+
+TEST(ServeBatchScheduler, ThePrefixCacheChangesNoTokenWhenItsPagesAreReused) {
+  expect_prefix_cache_changes_no_token(20);  // 80 tokens: two or three sequences at a time
 }
 
 // 4 sequences that each need 7 pages, in a cache of 10: they take turns (preempted, recomputed) and

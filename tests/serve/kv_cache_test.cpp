@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -92,6 +93,61 @@ TEST(ServeKvCache, ManySequencesAndCancellationsLeaveEveryPageFree) {
   EXPECT_GT(refused, 0);  // the cache did run out
   for (auto& t : live) cache.release(t);
   EXPECT_EQ(cache.pages_free(), cache.pages_total());
+}
+
+// Note [Prefix cache]: a published page is found by its whole prefix only, held by every table that
+// shares it until the last one lets go, then stays cached without taking capacity, and is handed
+// out again, oldest first, only when no free page is left.
+TEST(ServeKvCache, SharedPrefixPagesAreHeldCachedAndReusedOldestFirst) {
+  KvCache cache(shape(), 6 * shape().page_bytes());  // 6 pages of 4 tokens
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  PageTable a;
+  ASSERT_TRUE(cache.reserve(a, 10));    // 3 pages
+  cache.publish_prefix(a, prompt, 10);  // the 2 full pages
+  EXPECT_EQ(cache.pages_cached(), 2);
+
+  PageTable b;  // the same first 8 tokens, then others
+  std::vector<TokenId> other = {1, 2, 3, 4, 5, 6, 7, 8, 42, 43};
+  EXPECT_EQ(cache.share_prefix(b, other, 9), 8);
+  EXPECT_EQ(std::vector<int32_t>(b.pages.begin(), b.pages.end()),
+            std::vector<int32_t>(a.pages.begin(), a.pages.begin() + 2));
+  PageTable c;  // a different first page: nothing, even though the second page's tokens match
+  EXPECT_EQ(cache.share_prefix(c, {9, 2, 3, 4, 5, 6, 7, 8, 1}, 9), 0);
+  PageTable d;  // the last token's page is never shared: at most max_tokens, in whole pages
+  EXPECT_EQ(cache.share_prefix(d, prompt, 7), 4);
+  cache.release(d);
+
+  const auto shared = b.pages;
+  cache.release(a);  // b still holds the two shared pages; a's third page is free
+  EXPECT_EQ(cache.pages_used(), 2);
+  cache.release(b);  // cached, idle: counted free
+  EXPECT_EQ(cache.pages_used(), 0);
+  EXPECT_EQ(cache.pages_free(), 6);
+  EXPECT_EQ(cache.pages_cached(), 2);
+
+  PageTable e;  // 4 free pages first, the cached ones untouched
+  ASSERT_TRUE(cache.reserve(e, 16));
+  for (const int32_t p : e.pages) EXPECT_EQ(std::count(shared.begin(), shared.end(), p), 0);
+  PageTable f;
+  EXPECT_EQ(cache.share_prefix(f, prompt, 9), 8);  // still found
+  cache.release(f);
+  // No free page left: the oldest cached one is reused, and of one table's pages the last first, so
+  // the prefix keeps its first page.
+  ASSERT_TRUE(cache.reserve(e, 20));
+  EXPECT_EQ(cache.pages_cached(), 1);
+  EXPECT_EQ(e.pages.back(), shared[1]);
+  PageTable g;
+  EXPECT_EQ(cache.share_prefix(g, prompt, 9), 4);
+  EXPECT_EQ(g.pages.front(), shared[0]);
+  cache.release(g);
+  cache.release(e);
+  EXPECT_EQ(cache.pages_used(), 0);
+  PageTable h;  // evicting the first page ends the whole prefix, though nothing else was reused
+  ASSERT_TRUE(cache.reserve(h, 24));
+  EXPECT_EQ(cache.pages_cached(), 0);
+  PageTable i;
+  EXPECT_EQ(cache.share_prefix(i, prompt, 9), 0);
+  cache.release(h);
 }
 
 }  // namespace

@@ -26,6 +26,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
                 "prompt tokens prefilled in one step at most (default 2048); a longer prompt is prefilled in chunks "
                 "while the running requests go on decoding")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_flag_callback(
+      "--no-prefix-cache", [this] { service_.prefix_cache = false; },
+      "prefill every prompt whole (default: requests sharing a prompt prefix share its KV cache pages)");
   c->add_option("--kv-cache-gib", service_.model.kv_cache_gib, "KV cache size (default: from the memory plan)")
       ->check(CLI::Range(0.0, 1e6));
   c->add_option("--host", http_.host, "address to listen on (default 127.0.0.1: this machine only)");

@@ -69,7 +69,8 @@ struct BatchScheduler::Request {
   GenerationRequest request;
   std::vector<TokenId> tokens;  // prompt, then generated
   int64_t prompt_tokens = 0, generated = 0;
-  int64_t cached = 0;  // tokens whose keys and values are in the cache
+  int64_t cached = 0;      // tokens whose keys and values are in the cache
+  bool published = false;  // its prompt's pages are in the prefix cache (Note [Prefix cache])
   PageTable pages;
   SamplingRng rng;
   std::unique_ptr<TextStream> text;
@@ -90,6 +91,8 @@ BatchScheduler::BatchScheduler(Decoder& decoder, KvCache& cache, const Tokenizer
   context_tokens_ = std::min(decoder_.spec().max_seq_len, cache_.tokens_total());
   counters_.max_queue = options_.max_queue;
   counters_.max_batch = options_.max_batch;
+  // Note [Prefix cache]: a dynamic RoPE's keys depend on the sequence's length, not only its prefix.
+  prefix_cache_ = options_.prefix_cache && decoder_.spec().rope_scaling.type != RopeType::kDynamic;
   std::promise<void> warm;
   auto warmed = warm.get_future();
   const bool record = options_.decode_graphs && decoder_.device().is_cuda() && graph_recorder() != nullptr &&
@@ -165,6 +168,7 @@ SchedulerStats BatchScheduler::stats() const {
   s.running = static_cast<int64_t>(live_.size() - waiting_.size());  // admitted, not yet ended
   s.pages_total = cache_.pages_total();
   s.pages_used = cache_.pages_used();
+  s.pages_cached = cache_.pages_cached();
   s.tokens_per_second = s.busy_seconds > 0 ? double(s.generated_tokens) / s.busy_seconds : 0;
   s.mean_time_to_first_token_s = ttft_count_ > 0 ? ttft_sum_s_ / double(ttft_count_) : 0;
   return s;
@@ -238,9 +242,18 @@ void BatchScheduler::drop_cancelled(std::vector<RequestPtr>& running) {
 void BatchScheduler::preempt(RequestPtr r) {
   cache_.release(r->pages);
   r->cached = 0;
+  r->published = false;
   std::lock_guard<std::mutex> lock(mutex_);
   waiting_.push_front(std::move(r));
   ++counters_.preempted;
+}
+
+// Note [Prefix cache]: a request not yet prefilled takes the cached pages of its prompt's longest
+// cached prefix, all but the page of its last token; returns the tokens they hold.
+int64_t BatchScheduler::share_prefix(Request& r) {
+  if (!prefix_cache_ || r.cached > 0 || !r.pages.pages.empty()) return 0;
+  r.cached = cache_.share_prefix(r.pages, r.tokens, static_cast<int64_t>(r.tokens.size()) - 1);
+  return r.cached;
 }
 
 void BatchScheduler::grow_running(std::vector<RequestPtr>& running) {
@@ -269,9 +282,14 @@ void BatchScheduler::admit(std::vector<RequestPtr>& running) {
         waiting_.pop_front();
         continue;
       }
-      const auto n = static_cast<int64_t>(r->tokens.size()) - r->cached;
       if (!first && budget <= 0) break;  // Note [Chunked prefill]: the next step takes it
-      if (!cache_.reserve(r->pages, static_cast<int64_t>(r->tokens.size()))) break;
+      const int64_t shared = share_prefix(*r);
+      const auto n = static_cast<int64_t>(r->tokens.size()) - r->cached;
+      if (!cache_.reserve(r->pages, static_cast<int64_t>(r->tokens.size()))) {
+        if (shared > 0) cache_.release(r->pages), r->cached = 0;
+        break;
+      }
+      counters_.prefix_hit_tokens += shared;
       waiting_.pop_front();
       running.push_back(r);
       budget -= n;
@@ -384,6 +402,10 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   for (size_t i = 0; i < in_step.size(); ++i) {
     Request& r = *in_step[i];
     r.cached += static_cast<int64_t>(batch[i].tokens.size());
+    if (prefix_cache_ && !r.published && r.cached >= r.prompt_tokens) {  // Note [Prefix cache]
+      cache_.publish_prefix(r.pages, r.tokens, r.prompt_tokens);
+      r.published = true;
+    }
     if (completes[i] && !r.cancelled) deliver(r, next[i]);
   }
   std::lock_guard<std::mutex> lock(mutex_);

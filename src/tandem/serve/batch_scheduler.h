@@ -85,6 +85,7 @@ struct SchedulerOptions {
   int64_t max_step_tokens = 2048;
   std::vector<TokenId> eos_ids;  ///< tokens that end a sequence (the tokenizer's EOS, config.json's)
   bool decode_graphs = true;     ///< replay decode steps from CUDA graphs where the device allows
+  bool prefix_cache = true;      ///< share the pages of prompt prefixes (Note [Prefix cache])
 };
 
 /// Whether submit() took the request.
@@ -108,6 +109,8 @@ struct SchedulerStats {
   int64_t submitted = 0, refused = 0;  ///< accepted requests; refused for a full queue
   int64_t finished = 0, cancelled = 0, failed = 0, preempted = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  ///< prefilled (recomputation included), sampled
+  int64_t prefix_hit_tokens = 0;                    ///< prompt tokens found in the prefix cache, not prefilled
+  int64_t pages_cached = 0;                         ///< pages published in the prefix cache
   int64_t steps = 0;
   int64_t replayed_steps = 0, recordings = 0;  ///< decode steps replayed from recordings, and those made
   double busy_seconds = 0;                     ///< time spent in steps: the forward and the sampling
@@ -169,6 +172,7 @@ class BatchScheduler {
   void finish(Request& r, GenerationEnd end, const std::string& error = "", GenerationEvent* last = nullptr);
   void emit(Request& r, const GenerationEvent& event);
   void preempt(RequestPtr r);
+  int64_t share_prefix(Request& r);
 
   Decoder& decoder_;
   KvCache& cache_;
@@ -176,6 +180,7 @@ class BatchScheduler {
   SchedulerOptions options_;
   int64_t context_tokens_ = 0;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: every step runs eagerly (scheduler thread only)
+  bool prefix_cache_ = false;             // options_.prefix_cache where positions allow it
 
   mutable std::mutex mutex_;  // guards the fields below
   std::condition_variable wake_, idle_;

@@ -85,6 +85,7 @@ CompletionService::CompletionService(const CompletionServiceOptions& options) : 
   so.max_batch = options.model.max_batch;
   so.max_queue = options.max_queue;
   so.max_step_tokens = options.max_step_tokens;
+  so.prefix_cache = options.prefix_cache;
   so.eos_ids = im.model.eos_ids;
   so.decode_graphs = options.model.decode_graphs;
   im.scheduler = std::make_unique<BatchScheduler>(*im.model.decoder, *im.model.cache, im.model.tokenizer.get(), so);
@@ -147,6 +148,10 @@ std::string CompletionService::metrics_text() const {
   metric("tandem_serve_preemptions_total", "counter", "Sequences preempted for pages.", double(s.preempted));
   metric("tandem_serve_prompt_tokens_total", "counter", "Prompt tokens prefilled.", double(s.prompt_tokens));
   metric("tandem_serve_generated_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
+  metric("tandem_serve_prefix_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache, not prefilled.",
+         double(s.prefix_hit_tokens));
+  metric("tandem_serve_kv_pages_cached", "gauge", "KV cache pages holding published prompt prefixes.",
+         double(s.pages_cached));
   metric("tandem_serve_steps_total", "counter", "Steps run.", double(s.steps));
   metric("tandem_serve_replayed_steps_total", "counter", "Decode steps replayed from CUDA graphs.",
          double(s.replayed_steps));

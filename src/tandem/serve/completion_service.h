@@ -17,6 +17,7 @@ struct CompletionServiceOptions {
   GenerationModelOptions model;    ///< what to load and where (serve/generation_model.h)
   std::string model_name;          ///< "" = the folder's name
   int64_t max_queue = 256;         ///< requests waiting for a place; more are refused (429)
+  bool prefix_cache = true;        ///< share prompt prefixes' KV pages (Note [Prefix cache]; --no-prefix-cache)
   int64_t max_step_tokens = 2048;  ///< prompt tokens prefilled a step; longer prompts in chunks (--max-step-tokens)
 };
 

@@ -11,13 +11,31 @@
 // is not an error but a refusal (reserve() returns false) that the scheduler turns into waiting or
 // preemption (Note [Continuous batching]). One page more than the budget holds is never handed
 // out: the scratch page, where padded rows of a recorded decode step write (Note [Decode graphs]).
+//
+// Note [Prefix cache]
+// Requests that share a prompt prefix (a system prompt, a conversation's earlier turns) share the
+// pages holding it. Once a sequence's prompt is prefilled, its full prompt pages are published in a
+// PrefixIndex (serve/prefix_index.h) under keys chained over the pages before them; a later prompt
+// looks its full pages up in order and takes each one found (a reference more), prefilling only
+// from the first page not found. The page holding a prompt's last token is never shared (its logits
+// must be computed), so a shared page is only ever read. A page no sequence holds any more stays
+// published, and is handed out again (its entry forgotten) only when no free page is left, the least
+// recently released first and of one sequence's pages the last first (a prefix keeps its first
+// pages longest): cached prefixes cost no capacity. Keys and values of a prefix are the same whichever
+// sequence computed them, as long as positions do not depend on the sequence's length (dynamic
+// RoPE: the scheduler turns sharing off).
 
 #include <torch/torch.h>
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
+
+#include "tandem/data/tokenizer.h"
+#include "tandem/serve/prefix_index.h"
 
 namespace tandem {
 
@@ -61,16 +79,26 @@ class KvCache {
   /// Pages needed for `tokens` tokens.
   int64_t pages_for(int64_t tokens) const { return (tokens + shape_.page_tokens - 1) / shape_.page_tokens; }
 
-  /// Grows `table` until it holds `tokens` tokens. False, and `table` unchanged, when there are not
-  /// enough free pages.
+  /// Grows `table` until it holds `tokens` tokens, from free pages and then from the oldest cached
+  /// prefixes no sequence holds. False, and `table` unchanged, when there are not enough.
   bool reserve(PageTable& table, int64_t tokens);
-  /// Returns every page of `table` to the free list and empties it.
+  /// Gives back every page of `table` and empties it: a published page no one else holds stays
+  /// cached (Note [Prefix cache]), the others are free.
   void release(PageTable& table);
 
-  /// Pages in all, free and held by sequences (for metrics; any thread).
+  /// Note [Prefix cache]: fills the empty `table` with the published pages of the longest prefix of
+  /// `tokens` that fits in `max_tokens` whole pages; returns the tokens they hold.
+  int64_t share_prefix(PageTable& table, const std::vector<TokenId>& tokens, int64_t max_tokens);
+  /// Publishes the full pages of `table` that hold tokens[0, n) (those already published for the
+  /// same prefix are left as they are).
+  void publish_prefix(const PageTable& table, const std::vector<TokenId>& tokens, int64_t n);
+
+  /// Pages in all; free (never holding a cached prefix) or cached and held by no sequence; held by
+  /// sequences; published (for metrics; any thread).
   int64_t pages_total() const { return pages_total_; }
   int64_t pages_free() const { return pages_free_.load(); }
   int64_t pages_used() const { return pages_total_ - pages_free_.load(); }
+  int64_t pages_cached() const { return pages_cached_.load(); }
   /// Tokens the whole cache holds.
   int64_t tokens_total() const { return pages_total_ * shape_.page_tokens; }
   /// Bytes the pages take.
@@ -86,9 +114,17 @@ class KvCache {
   KvCacheShape shape_;
   int64_t pages_total_ = 0;
   std::vector<torch::Tensor> keys_, values_;  // per layer: (P + 1, KV, page_tokens, hd), the scratch page last
-  std::mutex mutex_;                          // guards free_
-  std::vector<int32_t> free_;                 // a stack of free page indices
-  std::atomic<int64_t> pages_free_{0};
+  /// Takes one page, free first, else the oldest cached one (its entry forgotten); under mutex_.
+  int32_t take_page();
+  void update_counts();  // under mutex_
+
+  std::mutex mutex_;           // guards the fields below
+  std::vector<int32_t> free_;  // a stack of free page indices
+  std::vector<int32_t> refs_;  // sequences holding each page
+  std::list<int32_t> idle_;    // published pages no sequence holds, oldest first
+  std::unordered_map<int32_t, std::list<int32_t>::iterator> idle_at_;
+  PrefixIndex index_;
+  std::atomic<int64_t> pages_free_{0}, pages_cached_{0};
 };
 
 }  // namespace tandem
