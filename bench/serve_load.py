@@ -48,6 +48,12 @@ def percentile(values, q):
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def system_prompt(words):
+    """A system prompt of `words` words every client's chat requests share (--system-words)."""
+    vocab = "the model trains on every tier of memory and serves text layer by layer".split()
+    return " ".join(vocab[i % len(vocab)] for i in range(words))
+
+
 def request_body(args, client):
     """The JSON body of `client`'s requests."""
     text = f"{args.prompt} {client}"
@@ -55,7 +61,8 @@ def request_body(args, client):
     if args.model:
         body["model"] = args.model
     if args.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = ([{"role": "system", "content": system_prompt(args.system_words)}] if args.system_words
+                            else []) + [{"role": "user", "content": text}]
     else:
         body["prompt"] = text
     if args.stream:
@@ -175,6 +182,7 @@ def summary(load, wall):
     n = len(load.latencies)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "url": a.url, "endpoint": a.endpoint, "stream": a.stream, "clients": a.clients, "max_tokens": a.max_tokens,
+           "system_words": a.system_words,
            "temperature": a.temperature, "wall_s": wall, "requests": n, "requests_per_s": n / wall,
            "generated_tokens": load.tokens, "generated_tokens_per_s": load.tokens / wall,
            "latency_p50_s": percentile(load.latencies, 50), "latency_p99_s": percentile(load.latencies, 99)}
@@ -190,6 +198,10 @@ def one_line(s):
             f"p99 {s['latency_p99_s']:.3f} s")
     if s.get("ttft_p50_s") is not None:
         line += f", time to first token p50 {s['ttft_p50_s']:.3f} s p99 {s['ttft_p99_s']:.3f} s"
+    m = s.get("server", {}).get("metrics", {})
+    if "tandem_serve_prefix_hit_tokens_total" in m:
+        line += (f"; prompt tokens prefilled {m.get('tandem_serve_prompt_tokens_total', 0):.0f}, found in the prefix "
+                 f"cache {m['tandem_serve_prefix_hit_tokens_total']:.0f}")
     return line
 
 
@@ -277,7 +289,8 @@ def table(paths):
             print(f"| {path}: no result ({e}) |")
             continue
         ttft = [f"{s[k]:.3f} s" if s.get(k) is not None else "" for k in ("ttft_p50_s", "ttft_p99_s")]
-        print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''} | {s['clients']} | {s['max_tokens']} | "
+        system = f", system prompt {s['system_words']} words" if s.get("system_words") else ""
+        print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''}{system} | {s['clients']} | {s['max_tokens']} | "
               f"{s['requests_per_s']:.2f} | {s['generated_tokens_per_s']:.1f} | {s['latency_p50_s']:.3f} s | "
               f"{s['latency_p99_s']:.3f} s | {ttft[0]} | {ttft[1]} |")
 
@@ -302,6 +315,8 @@ def parse_args(argv):
     ap.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request (default 128)")
     ap.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (default 0)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt (the client's number is appended)")
+    ap.add_argument("--system-words", type=int, default=0,
+                    help="chat: a system prompt of this many words that every request shares (default none)")
     ap.add_argument("--model", default="", help="the request's model field (default none: the server's one)")
     ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY", ""), help="default $TANDEM_API_KEY")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one request may take (default 600)")

@@ -622,9 +622,20 @@ else
   grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/serve-load.log" | head -5 | cut -c1-400
   grep -aiE "error|fail|warn|abort|terminate" "$OUT/serve-load-server.log" | head -10 | cut -c1-400
 fi
+# The prefix cache (Note [Prefix cache]) on a chat load whose requests share a system prompt of
+# SERVE_SYSTEM_WORDS words (default 220: about 300 tokens with the folder's tokenizer), with the
+# cache and with --no-prefix-cache, SERVE_LOAD_S seconds each.
+for cache in on off; do
+  flag=""; [[ $cache == off ]] && flag="--no-prefix-cache"
+  python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-prefix-$cache-server.log" \
+    --serve-args "--max-batch ${SERVE_CLIENTS:-64} --kv-cache-gib 2 $flag" --clients "${SERVE_CLIENTS:-64}" \
+    --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 --system-words "${SERVE_SYSTEM_WORDS:-220}" \
+    --json "$OUT/serve-prefix-$cache.json" >"$OUT/serve-prefix-$cache.log" 2>&1 || tail -3 "$OUT/serve-prefix-$cache.log"
+  echo "prefix cache $cache: $(head -1 "$OUT/serve-prefix-$cache.log")"
+done
 if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
 (cd tests/python && env PYTHONPATH="$PWD/../../$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" \
-  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py test_serve_http.py) >"$OUT/pytest-serve.log" 2>&1
+  TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py test_serve_http.py test_serve_prefix.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
 fi
 fi
@@ -737,7 +748,8 @@ has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" 
 has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(for c in ${CURVE_RUNS:-gpu exact delayed}; do echo "$OUT/curve-$c"; done)
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
-has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table "$OUT/serve-load.json"
+has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table "$OUT/serve-load.json" \
+  "$OUT/serve-prefix-on.json" "$OUT/serve-prefix-off.json"
 has serve && [[ ${SERVE_BIG:-0} != 0 ]] && python3 bench/generate_peer.py table "tandem, 16 GiB=$OUT/gen-13b-tandem-16.log" \
   "tandem, 6 GiB=$OUT/gen-13b-tandem-6.log" "transformers + accelerate, 16 GiB=$OUT/gen-13b-accelerate.log"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"
