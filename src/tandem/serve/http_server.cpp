@@ -97,6 +97,7 @@ struct HttpServer::Impl {
   httplib::Server server;
   std::thread thread;
   int port = 0;
+  socket_t listen_socket = -1;
   int64_t started = unix_now();
   std::mutex counts_mutex;
   std::map<std::pair<std::string, int>, int64_t> responses;  // (route, status) -> count
@@ -370,9 +371,10 @@ HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
     res.status = 413;  // the final answer: the body is never sent
     return 413;
   });
-  im.server.set_socket_options([](socket_t sock) {  // SO_REUSEADDR only: a taken port is an error
+  im.server.set_socket_options([&im](socket_t sock) {  // SO_REUSEADDR only: a taken port is an error
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+    im.listen_socket = sock;  // the listening socket: the only one this option callback sees
   });
   if (im.options.port == 0) {
     im.port = im.server.bind_to_any_port(im.options.host);
@@ -384,6 +386,10 @@ HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
                  im.options.port, " (in use, or not an address of this machine); pick another --port or --host");
     im.port = im.options.port;
   }
+  // cpp-httplib listens with a backlog of 5: under a burst of new connections (a client per request)
+  // the kernel's accept queue overflows and those connections are reset before any answer. Listening
+  // again on the bound socket raises the backlog (to the kernel's somaxconn at most).
+  if (im.listen_socket >= 0) ::listen(im.listen_socket, 4096);
   im.thread = std::thread([&im] { im.server.listen_after_bind(); });
   for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
