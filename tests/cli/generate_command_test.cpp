@@ -97,7 +97,7 @@ TEST_F(GenerateCli, BadInputIsOneLineWithExitCode2) {
   expect_user_error(ck + " --prompt x --top-p 0", "top_p");
   expect_user_error(ck + " --prompt x --tokenizer " + dir_->file("no-such-tokenizer.json"), "no-such-tokenizer.json");
   expect_user_error(ck + " --prompts " + dir_->file("no-such-file.txt"), "cannot open");
-  expect_user_error("generate --device tpu --prompt x --checkpoint " + run(), "--device must be");
+  expect_user_error("generate --device tpu --prompt x --checkpoint " + run(), "--device 'tpu' is not a device");
   expect_user_error("generate --prompt x --checkpoint " + dir_->file("missing"), "not a directory");
   expect_user_error("generate --prompt x", "--checkpoint");
 }

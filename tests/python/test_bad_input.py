@@ -131,3 +131,11 @@ def test_cpu_batch_in_a_gpu_run():
     with tandem.Engine(model, engine_config(True, **{"train.device": "cuda"})) as engine:
         with pytest.raises(TypeError, match="move the batch"):
             model(torch.zeros(2, 8, dtype=torch.long))
+
+
+def test_a_device_that_is_not_one_is_named():
+    with pytest.raises(ValueError, match="train.device 'gpu' is not a device; give auto, cpu, cuda or cuda:N"):
+        tandem.Engine(tiny_gpt(), engine_config(True, **{"train.device": "gpu"}))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="train.device=cuda:0 but no GPU is visible"):
+            tandem.Engine(tiny_gpt(), engine_config(True, **{"train.device": "cuda:0"}))

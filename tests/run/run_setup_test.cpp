@@ -13,11 +13,16 @@ namespace {
 TEST(RunSetup, DeviceStringsAreResolvedOrRefused) {
   EXPECT_TRUE(resolve_device("cpu").is_cpu());
   EXPECT_EQ(resolve_device("auto").is_cuda(), torch::cuda::is_available());
-  EXPECT_NE(test::error_of([] { resolve_device("tpu"); }).find("must be auto, cpu, cuda or cuda:N"), std::string::npos);
+  EXPECT_NE(test::error_of([] {
+              resolve_device("tpu");
+            }).find("train.device 'tpu' is not a device; give auto, cpu, cuda or cuda:N"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] { resolve_device("tpu", "dist.pipeline_devices"); }).find("dist.pipeline_devices 'tpu'"),
+            std::string::npos);
   if (!torch::cuda::is_available()) {
     EXPECT_NE(test::error_of([] { resolve_device("cuda:0"); }).find("no CUDA device is visible"), std::string::npos);
   } else {
-    EXPECT_NE(test::error_of([] { resolve_device("cuda:x"); }).find("is not valid"), std::string::npos);
+    EXPECT_NE(test::error_of([] { resolve_device("cuda:x"); }).find("is not a device"), std::string::npos);
     EXPECT_NE(test::error_of([] { resolve_device("cuda:99"); }).find("are visible"), std::string::npos);
   }
 }

@@ -12,6 +12,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/stats.h"
 #include "tandem/kernels/bk_core.h"
+#include "tandem/run/run_setup.h"
 
 namespace tandem {
 namespace {
@@ -55,13 +56,7 @@ BkCoreCusparseFn& bk_core_cusparse() {
 
 int run_bk_core_bench(const BkCoreBenchOptions& o) {
   TANDEM_CHECK(o.repeats >= 1, "--repeats must be >= 1");
-  torch::Device dev(torch::kCPU);
-  if (o.device == "cuda" || (o.device == "auto" && torch::cuda::is_available())) {
-    TANDEM_CHECK(torch::cuda::is_available(), "--device cuda but no CUDA device is visible; use --device cpu");
-    dev = torch::Device(torch::kCUDA, 0);
-  } else {
-    TANDEM_CHECK(o.device == "auto" || o.device == "cpu", "--device must be auto, cpu or cuda; got '", o.device, "'");
-  }
+  const torch::Device dev = resolve_device(o.device, "--device");
   std::unique_ptr<std::ofstream> json;
   if (!o.json_path.empty()) {
     json = std::make_unique<std::ofstream>(o.json_path, std::ios::app);
@@ -95,9 +90,9 @@ int run_bk_core_bench(const BkCoreBenchOptions& o) {
         const auto run = [&](bool backward) {
           auto aa = ar.detach().requires_grad_(backward), bb = br.detach().requires_grad_(backward),
                cc = cr.detach().requires_grad_(backward);
-          auto g = im.kind == Impl::kOps ? detail::bk_core_ops(aa, bb, cc, z)
+          auto g = im.kind == Impl::kOps        ? detail::bk_core_ops(aa, bb, cc, z)
                    : im.kind == Impl::kCusparse ? detail::bk_core_cusparse()(aa, bb, cc, z)
-                                               : bk_core(aa, bb, cc, z, im.mode);
+                                                : bk_core(aa, bb, cc, z, im.mode);
           if (backward) torch::real(g).sum().backward();
         };
         const int reps = im.kind == Impl::kOps ? 1 : o.repeats;
@@ -111,8 +106,13 @@ int run_bk_core_bench(const BkCoreBenchOptions& o) {
         const double floor_s = double(B) * double(N) * (3 * esz + 2 * esz) / bw;  // a, b, c in; G out
         const std::string tb_text = tb > 0 ? std::to_string(tb * 1e3).substr(0, 10) : std::string("-");
         std::string note;
-        nlohmann::json row{{"B", B},           {"N", N},   {"impl", im.name},        {"fwd_s", tf},
-                           {"floor_s", floor_s}, {"device", dev.str()}, {"copy_bytes_per_s", bw}};
+        nlohmann::json row{{"B", B},
+                           {"N", N},
+                           {"impl", im.name},
+                           {"fwd_s", tf},
+                           {"floor_s", floor_s},
+                           {"device", dev.str()},
+                           {"copy_bytes_per_s", bw}};
         if (tb > 0) row["fwd_bwd_s"] = tb;
         if (im.kind == Impl::kCusparse) {  // the same diagonal as the kernel, or the comparison is void
           torch::NoGradGuard ng;

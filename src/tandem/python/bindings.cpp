@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tandem/core/config.h"
+#include "tandem/core/device_spec.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/config_layers.h"
@@ -116,6 +117,17 @@ PYBIND11_MODULE(_C, m) {
           return out;
         });
   m.def("config_key_names", &config_key_names);
+  m.def(
+      "parse_device",
+      [](const std::string& text, const std::string& what) {
+        const DeviceSpec d = DeviceSpec::parse(text, what);
+        return std::make_pair(d.kind == DeviceSpec::Kind::kAuto  ? "auto"
+                              : d.kind == DeviceSpec::Kind::kCpu ? "cpu"
+                                                                 : "cuda",
+                              d.index);
+      },
+      py::arg("text"), py::arg("what"),
+      "(kind, index) of a device setting, as the C++ side parses it (core/device_spec.h); ValueError otherwise.");
   m.def(
       "cross_device",
       [](const torch::Tensor& x, const std::string& device) { return cross_device(x, torch::Device(device)); },

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tandem/core/cpu_topology.h"
+#include "tandem/core/device_spec.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
@@ -19,26 +20,17 @@ RunContext::RunContext() = default;
 RunContext::RunContext(RunContext&&) noexcept = default;
 RunContext::~RunContext() = default;
 
-c10::Device resolve_device(const std::string& s) {
-  if (s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  if (s == "cpu") return torch::Device(torch::kCPU);
-  if (s.rfind("cuda", 0) == 0) {
-    TANDEM_CHECK(torch::cuda::is_available(), "train.device=", s,
-                 " but no CUDA device is visible (or this build has no CUDA); use train.device=cpu or auto");
-    int index = 0;
-    if (s.size() > 4) {
-      TANDEM_CHECK(s[4] == ':' && s.size() > 5, "train.device '", s, "' is not valid; use cuda or cuda:N");
-      try {
-        index = std::stoi(s.substr(5));
-      } catch (const std::exception&) {
-        TANDEM_FAIL("train.device '", s, "' is not valid; use cuda or cuda:N");
-      }
-    }
-    const int n = static_cast<int>(torch::cuda::device_count());
-    TANDEM_CHECK(index >= 0 && index < n, "train.device=", s, " but only ", n, " CUDA device(s) are visible");
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-  }
-  TANDEM_FAIL("train.device must be auto, cpu, cuda or cuda:N; got '", s, "'");
+c10::Device resolve_device(const std::string& s, const std::string& what) {
+  const DeviceSpec d = DeviceSpec::parse(s, what);
+  if (d.kind == DeviceSpec::Kind::kAuto)
+    return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (d.kind == DeviceSpec::Kind::kCpu) return torch::Device(torch::kCPU);
+  TANDEM_CHECK(torch::cuda::is_available(), what, "=", s,
+               " but no CUDA device is visible (or this build has no CUDA); use cpu or auto");
+  const int n = static_cast<int>(torch::cuda::device_count());
+  const int index = std::max(d.index, 0);
+  TANDEM_CHECK(index < n, what, "=", s, " but only ", n, " CUDA device(s) are visible");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 namespace {
@@ -64,7 +56,8 @@ RunContext open_run_context(const Config& cfg) {
   RunContext ctx;
   ctx.ranks = discover_rank();
   const RankInfo& ranks = ctx.ranks;
-  ctx.device = resolve_device(device_setting(cfg, ranks));
+  ctx.device = resolve_device(device_setting(cfg, ranks),
+                              cfg.dist.pipeline_devices.empty() ? "train.device" : "dist.pipeline_devices");
   const bool stage_devices = !cfg.dist.pipeline_devices.empty();
   // A launcher's device slot counts even for one process (a run gone on with fewer workers).
   if ((ranks.distributed() || ranks.device_index >= 0) && ctx.device.is_cuda() && !stage_devices) {

@@ -32,8 +32,9 @@ struct RunContext {
   int world() const { return ranks.world_size; }
 };
 
-/// train.device: auto (the first GPU, else the CPU), cpu, cuda or cuda:N; UserError otherwise.
-c10::Device resolve_device(const std::string& s);
+/// A device setting (core/device_spec.h): auto (the first GPU, else the CPU), cpu, cuda or cuda:N;
+/// UserError naming `what` (the key it came from) otherwise, or for a GPU this machine lacks.
+c10::Device resolve_device(const std::string& s, const std::string& what = "train.device");
 
 /// Rank (from the launcher's environment), device (the launcher's slot or the local rank's GPU),
 /// core share (bound before any thread starts) and the rendezvous; ranks started with different

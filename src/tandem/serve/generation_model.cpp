@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "tandem/core/device.h"
+#include "tandem/core/device_spec.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
@@ -94,21 +95,17 @@ c10::Device choose_generation_device(const std::string& flag, std::string* why) 
                  : strprintf("the only GPU (%s free)", format_bytes(double(best_free)).c_str());
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(best));
   };
-  if (flag == "cpu" || ((flag == "auto" || flag.empty()) && n == 0)) {
-    if (why != nullptr) *why = flag == "cpu" ? "--device cpu" : "no GPU visible";
+  const DeviceSpec d = DeviceSpec::parse(flag, "--device");
+  if (d.kind == DeviceSpec::Kind::kCpu || (d.kind == DeviceSpec::Kind::kAuto && n == 0)) {
+    if (why != nullptr) *why = d.kind == DeviceSpec::Kind::kCpu ? "--device cpu" : "no GPU visible";
     return c10::Device(c10::kCPU);
   }
-  if (flag == "auto" || flag.empty() || flag == "cuda") {
-    TANDEM_CHECK(n > 0, "--device cuda but no CUDA device is visible (or this build has no CUDA); use --device cpu");
-    return most_free();
-  }
-  TANDEM_CHECK(
-      flag.rfind("cuda:", 0) == 0 && flag.size() > 5 && flag.find_first_not_of("0123456789", 5) == std::string::npos,
-      "--device must be auto, cpu, cuda or cuda:N; got '", flag, "'");
-  const int index = std::stoi(flag.substr(5));
-  TANDEM_CHECK(index < n, "--device ", flag, " but ", n, " CUDA device(s) are visible");
+  TANDEM_CHECK(n > 0, "--device ", flag,
+               " but no CUDA device is visible (or this build has no CUDA); use --device cpu");
+  if (d.index < 0) return most_free();  // auto or cuda
+  TANDEM_CHECK(d.index < n, "--device ", flag, " but ", n, " CUDA device(s) are visible");
   if (why != nullptr) *why = "--device " + flag;
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d.index));
 }
 
 torch::ScalarType generation_dtype(const std::string& flag, const c10::Device& device) {
