@@ -83,6 +83,21 @@ struct BatchScheduler::Request {
   explicit Request(uint64_t seed) : rng(seed) {}
 };
 
+// On a GPU, the events of Note [Decode step split], made once.
+struct BatchScheduler::StepEvents {
+  c10::DeviceType type;
+  c10::Event start, forwarded, sampled;
+  explicit StepEvents(c10::DeviceType t)
+      : type(t),
+        start(t, c10::EventFlag::BACKEND_DEFAULT),
+        forwarded(t, c10::EventFlag::BACKEND_DEFAULT),
+        sampled(t, c10::EventFlag::BACKEND_DEFAULT) {}
+  void record(c10::Event& e, c10::Device device) const {
+    const c10::impl::VirtualGuardImpl impl(type);
+    e.record(impl.getStream(device));
+  }
+};
+
 BatchScheduler::BatchScheduler(Decoder& decoder, KvCache& cache, const Tokenizer* tokenizer, SchedulerOptions options)
     : decoder_(decoder), cache_(cache), tokenizer_(tokenizer), options_(std::move(options)) {
   TANDEM_CHECK(options_.max_batch >= 1, "--max-batch must be at least 1; got ", options_.max_batch);
@@ -308,23 +323,6 @@ void BatchScheduler::admit(std::vector<RequestPtr>& running) {
 // prepared, so the forward's includes the host's preparation when the GPU has nothing else queued.
 // Steps that record a CUDA graph (capture, warm-up) are left out: they are the start's, not the
 // steady state's.
-namespace {
-
-struct StepEvents {
-  c10::DeviceType type;
-  c10::Event start, forwarded, sampled;
-  explicit StepEvents(c10::DeviceType t)
-      : type(t),
-        start(t, c10::EventFlag::BACKEND_DEFAULT),
-        forwarded(t, c10::EventFlag::BACKEND_DEFAULT),
-        sampled(t, c10::EventFlag::BACKEND_DEFAULT) {}
-  void record(c10::Event& e, c10::Device device) const {
-    const c10::impl::VirtualGuardImpl impl(type);
-    e.record(impl.getStream(device));
-  }
-};
-
-}  // namespace
 
 // Note [Chunked prefill]
 // A step prefills at most max_step_tokens prompt tokens, shared in admission order among the
@@ -359,8 +357,11 @@ void BatchScheduler::run_step(std::vector<RequestPtr>& running) {
   const bool decode_only = prefilled == 0;
   const c10::Device device = decoder_.device();
   const int64_t recordings_before = graphs_ ? graphs_->recordings() : 0;
-  std::optional<StepEvents> events;  // Note [Decode step split]
-  if (decode_only && device.is_cuda()) events.emplace(device.type());
+  StepEvents* events = nullptr;  // Note [Decode step split]: made once, recorded every decode step
+  if (decode_only && device.is_cuda()) {
+    if (!step_events_) step_events_ = std::make_unique<StepEvents>(device.type());
+    events = step_events_.get();
+  }
   std::vector<TokenId> next;
   double enqueue_seconds = 0;
   try {

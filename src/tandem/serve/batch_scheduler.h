@@ -180,7 +180,9 @@ class BatchScheduler {
   SchedulerOptions options_;
   int64_t context_tokens_ = 0;
   std::unique_ptr<DecodeGraphs> graphs_;  // null: every step runs eagerly (scheduler thread only)
-  bool prefix_cache_ = false;             // options_.prefix_cache where positions allow it
+  struct StepEvents;
+  std::unique_ptr<StepEvents> step_events_;  // on a GPU, the decode step's events (scheduler thread only)
+  bool prefix_cache_ = false;                // options_.prefix_cache where positions allow it
 
   mutable std::mutex mutex_;  // guards the fields below
   std::condition_variable wake_, idle_;
