@@ -28,7 +28,7 @@
 #          dist.zero_stage=2) against DeepSpeed ZeRO-2 with offload_optimizer=cpu. DIST_PARTS (default "resident
 #          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
 #          240 / 540 s) limit each run. DIST_PARTS may add: pipeline (1B in 2 stages, 1F1B, tandem against
-#          torch.distributed.pipelining, bench/pipelining_peer.py), pp-offload (DIST_BIG in 2 stages with the offload
+#          torch.distributed.pipelining, bench/pipelining_peer.py; PP_STAGES stages, PP_CUTS cuts), pp-offload (DIST_BIG in 2 stages with the offload
 #          engine), largest (the most of LARGEST_LAYERS, default "56 54 52", layers of LLaMA-30B's width that the
 #          plan admits, in 2 stages with offload, LARGEST_STEPS, default 50, steps on real text). Each run
 #          prints its GPUs' peak memory in use as nvidia-smi sees it.
@@ -475,25 +475,32 @@ if dist_has offload && (( ${#dist_ns[@]} )); then
 fi
 
 if dist_has pipeline && (( G >= 2 )); then
-  # 1B (untied) cut into 2 even stages, 1F1B, PP_M micro-batches of PP_B rows: tandem against
-  # torch.distributed.pipelining on the same architecture and micro-batching (bench/pipelining_peer.py).
-  PP_M=${PP_M:-8} PP_B=${PP_B:-4} PP_STEPS=${PP_STEPS:-12} PP_WARMUP=${PP_WARMUP:-4}
+  # 1B (untied) in PP_STAGES stages (default 2, at most the GPUs), 1F1B, PP_M micro-batches of PP_B rows:
+  # tandem with each cut of PP_CUTS (default "even"; "auto" is the partitioner's cut from its profile)
+  # against torch.distributed.pipelining on the same architecture and micro-batching, cut evenly
+  # (bench/pipelining_peer.py).
+  PP_M=${PP_M:-8} PP_B=${PP_B:-4} PP_STEPS=${PP_STEPS:-12} PP_WARMUP=${PP_WARMUP:-4} PP_STAGES=${PP_STAGES:-2}
+  (( PP_STAGES > G )) && PP_STAGES=$G
   dpp=(-p 1B --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch="$PP_B"
        --set train.grad_accum="$PP_M" --set train.seq_len=2048 --steps "$PP_STEPS" --set train.eval_every=0
        --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines --set train.log_every=1
-       --set dist.pipeline_stages=2 --set dist.pipeline_cut=even --set dist.pipeline_schedule=1f1b)
+       --set dist.pipeline_stages="$PP_STAGES" --set dist.pipeline_schedule=1f1b)
   mpp="$OUT/dist-pp-model.json"
   "$BUILD/tandem" bench step -p 1B --set model.tie_embeddings=false --steps 1 --model-json "$mpp" >/dev/null 2>&1
-  label="1B, 2 stages, 1F1B, $PP_M x $PP_B rows x 2048"
-  echo "== dist: $label, $PP_STEPS steps, tandem and torch.distributed.pipelining"
-  side_has tandem && dist_next_port && dist_tandem 2 "$port" && \
-  dist_run "tandem-pp" pipeline-1b "$label" tandem 2 "$OUT/dist-tandem-pp" "$PP_WARMUP" 240 "${launch[@]}" "${dpp[@]}" \
-    --run-dir "$OUT/dist-tandem-pp"
-  grep -E "predicted step|bubble" "$OUT/dist-tandem-pp.log" | grep -v "^\[rank 1" | tail -3 | cut -c1-240
-  side_has peer && dist_next_port && dist_python 2 "$port" && \
-  dist_run "pippy-pp" pipeline-1b "$label" torch-pipelining-1f1b 2 "$OUT/dist-pippy-pp.json" "$PP_WARMUP" 240 \
+  label="1B, $PP_STAGES stages, 1F1B, $PP_M x $PP_B rows x 2048"
+  echo "== dist: $label, $PP_STEPS steps, tandem (cuts: ${PP_CUTS:-even}) and torch.distributed.pipelining"
+  for cut in ${PP_CUTS:-even}; do
+    name="tandem-pp$PP_STAGES-$cut"
+    side_has tandem && dist_next_port && dist_tandem "$PP_STAGES" "$port" && \
+    dist_run "$name" "pipeline-1b-pp$PP_STAGES" "$label, cut $cut" tandem "$PP_STAGES" "$OUT/dist-$name" "$PP_WARMUP" 240 \
+      "${launch[@]}" "${dpp[@]}" --set dist.pipeline_cut="${cut/auto/}" --run-dir "$OUT/dist-$name"
+    grep -E "stage [0-9]+ of|predicted step|bubble" "$OUT/dist-$name.log" | grep -v "^\[rank [1-9]" | tail -4 | cut -c1-240
+  done
+  side_has peer && dist_next_port && dist_python "$PP_STAGES" "$port" && \
+  dist_run "pippy-pp$PP_STAGES" "pipeline-1b-pp$PP_STAGES" "$label, cut even" torch-pipelining-1f1b "$PP_STAGES" \
+    "$OUT/dist-pippy-pp$PP_STAGES.json" "$PP_WARMUP" 240 \
     "${launch[@]}" bench/pipelining_peer.py --model-config "$mpp" --micro-batch "$PP_B" --micro-batches "$PP_M" \
-    --seq 2048 --steps "$PP_STEPS" --warmup "$PP_WARMUP" --schedule 1f1b --json "$OUT/dist-pippy-pp.json"
+    --seq 2048 --steps "$PP_STEPS" --warmup "$PP_WARMUP" --schedule 1f1b --json "$OUT/dist-pippy-pp$PP_STAGES.json"
 fi
 
 if dist_has pp-offload && (( G >= 2 )); then

@@ -296,8 +296,9 @@ Result train_one_gpu(const std::string& dir, int steps, const std::string& extra
 }
 
 Result launch_gpus(int p, const std::string& dir, int steps, const std::string& extra, const std::string& launcher = "",
-                   const std::string& env = "") {
-  return sh("env NCCL_NVLS_ENABLE=0 " + env + " " + cli_path() + " launch --nproc-per-node 2 --master-port " +
+                   const std::string& env = "", int procs = 2) {
+  return sh("env NCCL_NVLS_ENABLE=0 " + env + " " + cli_path() + " launch --nproc-per-node " + std::to_string(procs) +
+                " --master-port " +
                 std::to_string(p) + " " + launcher + " -- " + cli_path() + " train " + on_gpus(dir, steps, extra),
             dir + ".log");
 }
@@ -349,6 +350,33 @@ TEST(PipelineGpu, Bf16StagesStayWithinTheRunToRunNoise) {
   std::printf("bf16, 20 steps: one GPU run to run %.3g relative at most; 2 stages against one GPU %.3g\n", noise,
               stages);
   EXPECT_LE(stages, std::max(4 * noise, 5e-3));
+}
+
+// pp x dp on 4 GPUs: 2 stages x 2 replicas of 2 rows against one GPU with 4 rows, fp32, within 1e-5
+// relative; then the offload engine with ZeRO-2 within each stage's replicas (each rank holds half
+// its stage's masters and Adam states), against one GPU through the offload engine.
+TEST(PipelineGpu, StagesTimesReplicasOnFourGpusEqualOneGpu) {
+  if (torch::cuda::device_count() < 4) GTEST_SKIP() << "needs 4 GPUs";
+  TempDir tmp;
+  int k = 0;
+  for (const std::string offload : {"", "--set offload.optimizer=cpu "}) {
+    SCOPED_TRACE(offload);
+    const std::string one = tmp.file("one" + std::to_string(k));
+    const Result r1 = train_one_gpu(one, 16, kBase + "--set train.micro_batch=4 " + offload);
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    const std::string zero = offload.empty() ? "" : "--set dist.zero_stage=2 ";
+    const std::string dir = tmp.file("grid" + std::to_string(k));
+    const Result r = launch_gpus(port(k), dir, 16,
+                                 kBase + "--set train.micro_batch=2 --set dist.pipeline_stages=2 "
+                                         "--set dist.pipeline_cut=even " +
+                                     offload + zero,
+                                 "", "", 4);
+    ++k;
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("NCCL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("replica 1 of 2"), std::string::npos) << r.out;
+    expect_same_losses(losses(one), losses(dir), 1e-5);
+  }
 }
 
 // A pipeline checkpoint on 2 GPUs resumes (as 2 stages again) into the uninterrupted run.
