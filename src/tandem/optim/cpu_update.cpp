@@ -9,6 +9,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
+#include "tandem/optim/q8_codes.h"
 
 namespace tandem {
 
@@ -28,6 +29,7 @@ namespace tandem {
 namespace {
 
 constexpr int64_t kChunk = 1 << 16;
+static_assert(kChunk % q8::kBlock == 0, "a chunk starts on an 8-bit state block");
 
 // Whether this CPU, its OS and this build can run each level, decided once per process. GCC's
 // __builtin_cpu_supports checks the OS's saved-state support (XCR0) along with CPUID.
@@ -91,12 +93,18 @@ void check_span(const UpdateSpan& s, const UpdateHyper& h, size_t i) {
   const bool needs_m = adam || h.rule == UpdateRule::kLion || (h.rule == UpdateRule::kSgd && h.beta1 != 0.0);
   TANDEM_ASSERT(!needs_m || s.m, "span ", i, " lacks the first state buffer");
   TANDEM_ASSERT(!adam || s.v, "span ", i, " lacks the second-moment buffer");
+  if (s.state_dtype == Dtype::kQ8) {
+    TANDEM_ASSERT(adam, "span ", i, ": 8-bit states are Adam's (the rule keeps ", needs_m ? "one" : "no", " state)");
+    TANDEM_ASSERT(s.m_scale && s.v_scale, "span ", i, " has 8-bit states without their scales");
+  }
 }
+
+size_t state_size(Dtype d) { return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 ? 2 : 1); }
 
 }  // namespace
 
 int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out) {
-  const int g = grad == Dtype::kF32 ? 4 : 2, s = state == Dtype::kF32 ? 4 : 2;
+  const int g = grad == Dtype::kF32 ? 4 : 2, s = static_cast<int>(state_size(state));
   const int states = rule == UpdateRule::kAdamW || rule == UpdateRule::kAdam ? 2 : 1;  // SGD: with momentum
   return 8 + g + 2 * states * s + (bf16_out ? 2 : 0);
 }
@@ -254,8 +262,13 @@ void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLo
     const UpdateSpan& s = spans[ch.span];
     const UndoLog& u = undo[ch.span];
     const int64_t len = ch.end - ch.begin;
-    const size_t state_bytes = s.state_dtype == Dtype::kF32 ? 4 : 2;
+    const size_t state_bytes = state_size(s.state_dtype);
     std::memcpy(s.master + ch.begin, u.master + ch.begin, len * sizeof(float));
+    if (s.state_dtype == Dtype::kQ8 && u.m_scale && u.v_scale) {  // chunks start on a block (kChunk % kBlock == 0)
+      const int64_t b0 = ch.begin / q8::kBlock, nb = q8::scale_count(len);
+      std::memcpy(s.m_scale + b0, u.m_scale + b0, nb * sizeof(float));
+      std::memcpy(s.v_scale + b0, u.v_scale + b0, nb * sizeof(float));
+    }
     if (s.m && u.m)
       std::memcpy(static_cast<char*>(s.m) + ch.begin * state_bytes,
                   static_cast<const char*>(u.m) + ch.begin * state_bytes, len * state_bytes);

@@ -1,6 +1,7 @@
 #pragma once
 // Optimizer updates over flat buffers on the CPU: AdamW / Adam, SGD with momentum and Lion.
-// fp32 master weights updated in place; gradients and states in fp32 or bf16; an optional bf16
+// fp32 master weights updated in place; gradients in fp32 or bf16, states in fp32, bf16 or 8 bits
+// (Adam's, Note [8-bit states]); an optional bf16
 // copy of the updated weights written in the same pass; non-finite gradients detected in the same
 // pass; an optional undo log for bit-exact rollback. No LibTorch here: the engine calls these on
 // raw (pinned) buffers, one Block or one shard at a time. See Note [CPU update kernels].
@@ -13,8 +14,9 @@ namespace tandem {
 
 class CpuThreadPool;
 
-/// Element type of a gradient or state buffer.
-enum class Dtype : uint8_t { kF32, kBF16 };
+/// Element type of a gradient or state buffer. kQ8: Adam's states only, m as int8 and v as uint8
+/// codes with an fp32 scale per 2048 elements of the span (Note [8-bit states]).
+enum class Dtype : uint8_t { kF32, kBF16, kQ8 };
 
 /// How fp32 values are rounded into bf16 states. Both flush fp32 subnormals to signed zero, as
 /// the AVX-512 BF16 conversion instruction does, so every kernel gives the same bits.
@@ -77,6 +79,8 @@ struct UpdateSpan {
   const void* grad = nullptr;    ///< (n) grad_dtype
   void* m = nullptr;             ///< (n) state_dtype: Adam's first moment, Lion's and SGD's momentum
   void* v = nullptr;             ///< (n) state_dtype: Adam's second moment (unused otherwise)
+  float* m_scale = nullptr;      ///< kQ8: (q8::scale_count(n)) the scales of m's blocks
+  float* v_scale = nullptr;      ///< kQ8: (q8::scale_count(n)) the scales of sqrt(v)'s blocks
   uint16_t* bf16_out = nullptr;  ///< optional (n) bf16 copy of the updated master, rounded to nearest even
   int64_t n = 0;
   int64_t index_base = 0;  ///< index of element 0 in the whole parameter space (stochastic rounding)
@@ -92,6 +96,8 @@ struct UndoLog {
   float* master = nullptr;
   void* m = nullptr;
   void* v = nullptr;
+  float* m_scale = nullptr;  ///< kQ8 states: their scales
+  float* v_scale = nullptr;
 };
 
 /// What an update found. Non-finite gradients are detected per tile of 2048 elements before the
@@ -106,7 +112,7 @@ struct UpdateReport {
 };
 
 /// Bytes one element of `rule`'s update moves through memory for these dtypes (reads + writes),
-/// the figure the kernels are measured against.
+/// the figure the kernels are measured against (kQ8: the codes; the scales add 16 bytes per 2048).
 int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out);
 
 /// The best level this CPU and OS support.

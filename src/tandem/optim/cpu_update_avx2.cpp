@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tandem/optim/cpu_update.h"
+#include "tandem/optim/q8_codes.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tandem/optim/cpu_update.h"
+#include "tandem/optim/q8_codes.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
 #include <immintrin.h>

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "tandem/optim/cpu_update.h"
+#include "tandem/optim/q8_codes.h"
 
 namespace tandem::detail {
 namespace {

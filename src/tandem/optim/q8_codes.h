@@ -1,0 +1,139 @@
+#pragma once
+// 8-bit optimizer states: the codes of one block and its scales (Note [8-bit states]). Plain
+// C++ without LibTorch, included by the CPU update kernels of every instruction set and by the
+// store that moves states between tiers, so all of them quantise the same way, bit for bit.
+//
+// Note [8-bit states]
+// With optim.state_dtype=int8 the Adam moments of CPU-updated parameters live on the host in one
+// byte each, with one fp32 scale per block of 2048 elements of a parameter (its largest magnitude),
+// as the block-wise 8-bit optimizers do: 2 bytes per parameter and 4 per 2048 for the states,
+// against 8 (fp32) or 4 (bf16), so the host holds the fp32 master and both moments in 6 bytes per
+// parameter. Each value is stored relative to its block's scale as a small float: an exponent and a
+// few mantissa bits, so values far below the block's largest keep their relative precision (the
+// published optimizers' dynamic quantisation makes the same trade; a linear code would flush most of a
+// block to zero):
+//   m (signed)     sign and 7 bits: 4 exponent bits and 3 mantissa bits, down to 2^-16 of the scale
+//                  (a relative error of at most 1/16), smaller values stored as 0;
+//   v (unsigned)   stored as sqrt(v), 8 bits: 4 exponent bits and 4 mantissa bits (at most 1/32), its
+//                  smallest code 2^-16 of the scale: a smaller sqrt(v) is stored as that, never as 0,
+//                  so a quantised v can only enlarge the denominator of the update, never zero it.
+// The codes are the top bits of the fp32 representation of value / scale, rounded to nearest even,
+// so encoding and decoding are integer shifts and adds. An update dequantises a tile of the moments
+// into fp32, runs the fp32 Adam update on it (the master and the weights sent to the GPU see the
+// unquantised new moments), then quantises the new moments with the tile's new scales. Blocks start
+// at each parameter's first element (a span's tiles), so a parameter owns its scales; sharded
+// stores quantise each rank's slice of a parameter the same way.
+
+#include <cstdint>
+#include <cstring>
+
+namespace tandem::q8 {
+// Internal linkage: each translation unit (the kernels are built once per instruction set) keeps
+// its own copies, so no function compiled for AVX-512 can stand in for another's.
+namespace {
+
+constexpr int64_t kBlock = 2048;  ///< elements per scale: the update kernels' tile
+
+/// Scales of a range of n elements (one per started block).
+constexpr int64_t scale_count(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+inline float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+constexpr uint32_t kMBase = (127u << 3) - 127u;  // m: (bits >> 20) - kMBase; code 127 is 1.0
+constexpr uint32_t kVBase = (127u << 4) - 255u;  // sqrt(v): (bits >> 19) - kVBase; code 255 is 1.0
+constexpr float kMinNormal = 1.17549435e-38f;   // a block whose scale is below this is stored as zeros
+
+/// 1 / scale, or 0 for a block stored as zeros.
+inline float inverse(float scale) { return scale >= kMinNormal ? 1.0f / scale : 0.0f; }
+
+/// m's code: +-c for |m| / scale rounded to 4 exponent and 3 mantissa bits (c = 0: zero).
+inline int8_t encode_m(float m, float inv) {
+  uint32_t b = bits_of(m) & 0x7FFFFFFFu;
+  b = bits_of(float_of(b) * inv);
+  b += 0x7FFFFu + ((b >> 20) & 1u);
+  int32_t c = static_cast<int32_t>(b >> 20) - static_cast<int32_t>(kMBase);
+  c = c < 0 ? 0 : (c > 127 ? 127 : c);
+  return static_cast<int8_t>((bits_of(m) >> 31) != 0u ? -c : c);
+}
+
+inline float decode_m(int8_t q, float scale) {
+  const int32_t c = q < 0 ? -q : q;
+  const float r = c == 0 ? 0.0f : float_of((static_cast<uint32_t>(c) + kMBase) << 20);
+  const float x = r * scale;
+  return q < 0 ? -x : x;
+}
+
+/// sqrt(v)'s code: u / scale rounded to 4 exponent and 4 mantissa bits, at least code 0 (2^-16).
+inline uint8_t encode_u(float u, float inv) {
+  uint32_t b = bits_of(u * inv);
+  b += 0x3FFFFu + ((b >> 19) & 1u);
+  int32_t c = static_cast<int32_t>(b >> 19) - static_cast<int32_t>(kVBase);
+  c = c < 0 ? 0 : (c > 255 ? 255 : c);
+  return static_cast<uint8_t>(c);
+}
+
+inline float decode_v(uint8_t q, float scale) {
+  const float u = float_of((static_cast<uint32_t>(q) + kVBase) << 19) * scale;
+  return u * u;
+}
+
+/// The largest |x| of n values, as the bits of a non-negative float (whose integer order is its order).
+inline float max_abs(const float* x, int64_t n) {
+  uint32_t mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = bits_of(x[i]) & 0x7FFFFFFFu;
+    mx = b > mx ? b : mx;
+  }
+  return float_of(mx);
+}
+
+/// Dequantises one block of n <= kBlock elements.
+inline void decode_block(const int8_t* mq, const uint8_t* vq, float m_scale, float v_scale, int64_t n, float* m,
+                         float* v) {
+  for (int64_t i = 0; i < n; ++i) m[i] = decode_m(mq[i], m_scale);
+  for (int64_t i = 0; i < n; ++i) v[i] = decode_v(vq[i], v_scale);
+}
+
+/// Quantises one block of n <= kBlock elements with its new scales; `u` is scratch for sqrt(v) (n floats).
+inline void encode_block(const float* m, const float* v, int64_t n, int8_t* mq, uint8_t* vq, float* m_scale,
+                         float* v_scale, float* u) {
+  for (int64_t i = 0; i < n; ++i) u[i] = __builtin_sqrtf(v[i]);
+  const float ms = max_abs(m, n), us = max_abs(u, n);
+  const float mi = inverse(ms), ui = inverse(us);
+  for (int64_t i = 0; i < n; ++i) mq[i] = encode_m(m[i], mi);
+  for (int64_t i = 0; i < n; ++i) vq[i] = encode_u(u[i], ui);
+  *m_scale = mi == 0.0f ? 0.0f : ms;
+  *v_scale = ui == 0.0f ? 0.0f : us;
+}
+
+/// Dequantises n elements (blocks from element 0) into fp32 m and v.
+inline void decode(const int8_t* mq, const uint8_t* vq, const float* m_scale, const float* v_scale, int64_t n,
+                   float* m, float* v) {
+  for (int64_t b = 0; b * kBlock < n; ++b) {
+    const int64_t o = b * kBlock, len = n - o < kBlock ? n - o : kBlock;
+    decode_block(mq + o, vq + o, m_scale[b], v_scale[b], len, m + o, v + o);
+  }
+}
+
+/// Quantises n fp32 elements of m and v (blocks from element 0).
+inline void encode(const float* m, const float* v, int64_t n, int8_t* mq, uint8_t* vq, float* m_scale,
+                   float* v_scale) {
+  alignas(64) float u[kBlock];
+  for (int64_t b = 0; b * kBlock < n; ++b) {
+    const int64_t o = b * kBlock, len = n - o < kBlock ? n - o : kBlock;
+    encode_block(m + o, v + o, len, mq + o, vq + o, m_scale + b, v_scale + b, u);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::q8
