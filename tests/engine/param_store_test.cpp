@@ -3,6 +3,7 @@
 // CPU-updated, masters bound for checkpoint code, and a sharded store's state through the whole
 // range (two ranks in threads, Gloo on loopback).
 
+#include "tandem/engine/host_states.h"
 #include "tandem/engine/param_store.h"
 
 #include <gtest/gtest.h>
@@ -174,6 +175,49 @@ TEST(ParamStore, BlockMigrationKeepsMasterAndStatesBitExact) {
     check("after moving back");
     EXPECT_EQ(store.blocks()[0].m.scalar_type(), state);
   }
+}
+
+// 8-bit host states (Note [8-bit states]): a Block moved to the device side decodes them into fp32
+// states equal to their decoded values, and moved back encodes the same codes and scales.
+TEST(ParamStore, EightBitStatesDecodeOnTheWayUpAndEncodeToTheSameCodesOnTheWayBack) {
+  auto model = small_model();
+  ParamStoreOptions so;
+  so.host_state_dtype = torch::kInt8;
+  ParamStore store(*model, so, 0);
+  {
+    OffloadEngine engine(*model, store, {});
+    for (int step = 0; step < 3; ++step) {
+      engine.begin_step(3e-3);
+      engine.begin_micro(true);
+      auto [in, tgt] = batch(step);
+      model->loss(model->forward(in), tgt).backward();
+      engine.end_step();
+    }
+    engine.wait_all();
+  }
+  auto& b = store.blocks()[1];
+  ASSERT_EQ(b.m.scalar_type(), torch::kInt8);
+  ASSERT_EQ(b.v.scalar_type(), torch::kUInt8);
+  EXPECT_EQ(b.m_scale.numel(), b.v_scale.numel());
+  EXPECT_GT(b.m_scale.abs().max().item<float>(), 0.0f);  // the updates wrote codes and scales
+  const auto codes_m = b.m.clone(), codes_v = b.v.clone(), sm = b.m_scale.clone(), sv = b.v_scale.clone();
+  const auto [m32, v32] = states_f32(b);
+  store.move_block(1, UpdateSide::kGpu);
+  EXPECT_EQ(b.m.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(b.m.cpu(), m32));
+  EXPECT_TRUE(torch::equal(b.v.cpu(), v32));
+  store.move_block(1, UpdateSide::kCpu);
+  EXPECT_TRUE(torch::equal(b.m, codes_m));
+  EXPECT_TRUE(torch::equal(b.v, codes_v));
+  EXPECT_TRUE(torch::equal(b.m_scale, sm));
+  EXPECT_TRUE(torch::equal(b.v_scale, sv));
+  // param_state decodes; load_param_state encodes a parameter's moments back into the Block.
+  const auto& f = b.params[0];
+  auto st = store.param_state(f.param);
+  EXPECT_TRUE(torch::equal(st[1].reshape(-1), m32.narrow(0, f.offset, f.numel)));
+  store.load_param_state(f.param, st[0], st[1] * 2, st[2]);
+  EXPECT_TRUE(torch::allclose(store.param_state(f.param)[1], st[1] * 2, 0.07, 0));
+  EXPECT_TRUE(torch::equal(b.v, codes_v));
 }
 
 TEST(ParamStore, MoveBlockChangesOneBlocksSideAndItsBuffers) {

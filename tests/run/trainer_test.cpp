@@ -226,6 +226,51 @@ TEST(TrainerOffload, MatchesTheDefaultOptimizerAndResumesBitwise) {
   EXPECT_NEAR(p.losses[0], off.losses[5], 1e-5 * off.losses[5]);
 }
 
+// optim.state_dtype=int8 through the trainer: a resume from its checkpoint is bitwise the
+// uninterrupted run (the states are written decoded to fp32 and encode to the same codes), and a
+// checkpoint of fp32 states resumes into 8-bit states and back.
+TEST(TrainerOffload, EightBitStatesResumeBitwiseAndFromOtherStateDtypes) {
+  test::TempDir full_dir, split_dir, fp32_dir;
+  Config o = test::tiny_cpu_config(full_dir.path(), 10);
+  o.train.micro_batch = 4;
+  o.train.seq_len = 32;
+  o.train.grad_clip = 0.5;
+  o.offload.optimizer = OffloadTarget::kCpu;
+  o.offload.update_split = "0";
+  o.optim.state_dtype = StateDtype::kInt8;
+  const auto full = train(o, {});
+  Config first = o;
+  first.train.run_dir = split_dir.path();
+  first.train.steps = 5;
+  const auto a = train(first, {});
+  Config second = o;
+  second.train.run_dir = split_dir.path();
+  TrainOptions resume;
+  resume.resume = a.last_checkpoint;
+  const auto b = train(second, resume);
+  ASSERT_EQ(b.losses.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], full.losses[5 + i]) << "step " << 6 + i;
+
+  Config f32 = o;
+  f32.train.run_dir = fp32_dir.path();
+  f32.train.steps = 5;
+  f32.optim.state_dtype = StateDtype::kFp32;
+  const auto c = train(f32, {});
+  Config into_q8 = o;
+  into_q8.train.run_dir = fp32_dir.path();
+  into_q8.train.steps = 6;
+  resume.resume = c.last_checkpoint;
+  const auto d = train(into_q8, resume);
+  ASSERT_EQ(d.losses.size(), 1u);
+  EXPECT_NEAR(d.losses[0], full.losses[5], 1e-2 * full.losses[5]);
+  Config back = f32;
+  back.train.steps = 6;
+  resume.resume = a.last_checkpoint;
+  const auto e = train(back, resume);
+  ASSERT_EQ(e.losses.size(), 1u);
+  EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
+}
+
 TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 2);
@@ -233,6 +278,11 @@ TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
   c.optim.type = OptimizerType::kLion;
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.optimizer=none for sgd and lion"), std::string::npos);
   c.optim.type = OptimizerType::kAdamW;
+  c.optim.state_dtype = StateDtype::kInt8;
+  c.offload.optimizer = OffloadTarget::kNone;
+  EXPECT_NE(test::error_of([&] { train(c, {}); }).find("optim.state_dtype=int8 keeps Adam's states"), std::string::npos);
+  c.offload.optimizer = OffloadTarget::kCpu;
+  c.optim.state_dtype = StateDtype::kFp32;
   c.offload.update_split = "1.5";
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.update_split must be auto or a fraction"),
             std::string::npos);

@@ -28,8 +28,12 @@ enum class ProgressMode { kAuto, kBar, kLines, kOff };
 enum class OptimizerType { kAdamW, kAdam, kSgd, kLion };
 /// optim.impl: LibTorch's multi-tensor kernel (fused) or tandem's CPU kernels; auto by device.
 enum class OptimizerImpl { kAuto, kFused, kCpu };
-/// optim.state_dtype: optimizer state precision.
-enum class StateDtype { kFp32, kBf16 };
+/// optim.state_dtype: optimizer state precision (int8: Adam's states in 8 bits with a scale per 2048
+/// elements, the offload engine's host states; Note [8-bit states]).
+enum class StateDtype { kFp32, kBf16, kInt8 };
+/// Host bytes of one optimizer-state buffer of n elements in this precision (int8: the codes and a
+/// 4-byte scale per 2048 elements).
+int64_t state_buffer_bytes(StateDtype d, int64_t n);
 /// optim.state_rounding: how bf16 states are rounded.
 enum class StateRounding { kNearest, kStochastic };
 /// optim.cpu_isa: the CPU kernels' instruction set (auto: the best CPUID allows).

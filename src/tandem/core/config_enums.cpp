@@ -48,7 +48,19 @@ TANDEM_ENUM_TABLE(OptimizerType, {"adamw", OptimizerType::kAdamW}, {"adam", Opti
                   {"sgd", OptimizerType::kSgd}, {"lion", OptimizerType::kLion})
 TANDEM_ENUM_TABLE(OptimizerImpl, {"auto", OptimizerImpl::kAuto}, {"fused", OptimizerImpl::kFused},
                   {"cpu", OptimizerImpl::kCpu})
-TANDEM_ENUM_TABLE(StateDtype, {"fp32", StateDtype::kFp32}, {"bf16", StateDtype::kBf16})
+TANDEM_ENUM_TABLE(StateDtype, {"fp32", StateDtype::kFp32}, {"bf16", StateDtype::kBf16}, {"int8", StateDtype::kInt8})
+
+int64_t state_buffer_bytes(StateDtype d, int64_t n) {
+  switch (d) {
+    case StateDtype::kFp32:
+      return 4 * n;
+    case StateDtype::kBf16:
+      return 2 * n;
+    case StateDtype::kInt8:
+      return n + 4 * ((n + 2047) / 2048);
+  }
+  return 4 * n;
+}
 TANDEM_ENUM_TABLE(StateRounding, {"nearest", StateRounding::kNearest}, {"stochastic", StateRounding::kStochastic})
 TANDEM_ENUM_TABLE(CpuIsaChoice, {"auto", CpuIsaChoice::kAuto}, {"scalar", CpuIsaChoice::kScalar},
                   {"avx2", CpuIsaChoice::kAvx2}, {"avx512", CpuIsaChoice::kAvx512},

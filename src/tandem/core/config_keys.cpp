@@ -227,7 +227,8 @@ const std::vector<Field>& fields() {
           "auto (CPU kernels for CPU parameters, fused otherwise) | fused (LibTorch multi-tensor) | cpu "
           "(tandem's CPU kernels; parameters on the CPU)",
           F(optim.impl)),
-      enum_field<StateDtype>("optim.state_dtype", "optimizer state precision: fp32 | bf16 (CPU kernels)",
+      enum_field<StateDtype>("optim.state_dtype", "optimizer state precision: fp32 | bf16 (CPU kernels) | int8 (Adam's host states in the offload "
+                             "engine, a scale per 2048 elements: 2 bytes a parameter instead of 8)",
                              F(optim.state_dtype)),
       enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
                                 F(optim.state_rounding)),

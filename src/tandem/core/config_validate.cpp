@@ -44,6 +44,8 @@ void validate_optim(const OptimConfig& o) {
   TANDEM_CHECK(o.impl != OptimizerImpl::kFused || (o.state_dtype == StateDtype::kFp32 && adam),
                "optim.impl=fused runs adamw and adam with fp32 states only; use optim.impl=cpu for optim.type=",
                to_string(o.type), " and optim.state_dtype=", to_string(o.state_dtype));
+  TANDEM_CHECK(o.state_dtype != StateDtype::kInt8 || adam, "optim.state_dtype=int8 quantises Adam's moments; use it "
+               "with optim.type=adamw or adam, or optim.state_dtype=bf16 for optim.type=", to_string(o.type));
   TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
   TANDEM_CHECK(o.dampening >= 0 && o.dampening <= 1, "optim.dampening must be in [0, 1], got ", o.dampening);
   TANDEM_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
@@ -122,6 +124,9 @@ void validate_combinations(const Config& c) {
                " with offload.delayed_update=true and train.grad_accum=", c.train.grad_accum,
                ": a delayed ring takes one micro-batch per step; set train.grad_accum=1 (a larger "
                "train.micro_batch instead) or offload.host_ring=0");
+  TANDEM_CHECK(c.optim.state_dtype != StateDtype::kInt8 || c.offload.optimizer == OffloadTarget::kCpu,
+               "optim.state_dtype=int8 keeps Adam's states in 8 bits on the host for the offload engine: set "
+               "offload.optimizer=cpu, or use optim.state_dtype=bf16 (optim.impl=cpu) or fp32");
   const auto& pl = c.placement;
   TANDEM_CHECK(pl.policy == PlacementPolicyKind::kOff || c.offload.optimizer == OffloadTarget::kCpu,
                "placement.policy=", to_string(pl.policy),

@@ -144,6 +144,12 @@ class OffloadEngine {
   void set_max_gpu_blocks(int64_t max_gpu_blocks);
   /// Optimizer state under FusedAdamW's names (for checkpoints), the step count as ".step".
   std::vector<NamedTensor> state() { return store_.state(step_tensor_); }
+  /// Sets the states and the step count from a checkpoint's state() names (ParamStore::load_state).
+  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                  const std::string& source) {
+    store_.load_state(lookup, source, step_tensor_);
+    sync_step_from_state();
+  }
   /// Restores the step count after a checkpoint's state was copied into state().
   void sync_step_from_state() { stats_.steps = static_cast<int64_t>(step_tensor_.item<float>()); }
   /// Sets the update count (a sharded checkpoint's, Note [Sharded checkpoints]).

@@ -7,6 +7,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
+#include "tandem/engine/host_states.h"
 #include "tandem/memory/pinned.h"
 
 namespace tandem {
@@ -52,7 +53,8 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
   const size_t count = model.block_count();
   TANDEM_CHECK(gpu_blocks >= 0 && gpu_blocks <= static_cast<int64_t>(count), "gpu_blocks=", gpu_blocks,
                " is outside 0 .. ", count);
-  TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16,
+  TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16 ||
+                    options_.host_state_dtype == torch::kInt8,
                 "host state dtype ", options_.host_state_dtype);
   TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
   TANDEM_ASSERT(options_.shard_count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < options_.shard_count,
@@ -116,8 +118,7 @@ void ParamStore::allocate_masters(BlockStore& b) {
     b.v = torch::zeros({sn}, fdev);
   } else {  // zero-filled and pinned (Note [Pinned host buffers])
     b.master = host_buffer(sn, torch::kFloat32);
-    b.m = host_buffer(sn, options_.host_state_dtype);
-    b.v = host_buffer(sn, options_.host_state_dtype);
+    allocate_host_states(b, options_.host_state_dtype, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
   }
   for (const auto& f : b.params) {
@@ -163,11 +164,7 @@ void ParamStore::allocate_host_side(BlockStore& b) {
     b.staging = host_buffer(b.shard_numel, options_.compute_dtype);
     b.staging.copy_(b.master);  // a host-run Block computes with it before its first update
   }
-  if (options_.undo && !b.undo_master.defined()) {
-    b.undo_master = torch::empty({b.shard_numel}, torch::kFloat32);
-    b.undo_m = torch::empty({b.shard_numel}, options_.host_state_dtype);
-    b.undo_v = torch::empty({b.shard_numel}, options_.host_state_dtype);
-  }
+  if (options_.undo && !b.undo_master.defined()) allocate_undo_states(b);
 }
 
 void ParamStore::bind_working() {
@@ -214,16 +211,24 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   TANDEM_ASSERT(!(b.host_run && side == UpdateSide::kGpu), "block ", b.name, " runs on the CPU: it stays CPU-updated");
   torch::NoGradGuard no_grad;
   // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states widen
-  // exactly on the way up and round to nearest on the way down).
-  const auto move = [&](const torch::Tensor& t, torch::ScalarType host_dtype) {
-    if (side == UpdateSide::kGpu) return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
-    auto h = host_buffer(t.numel(), host_dtype);
-    h.copy_(t);
-    return h;
+  // exactly on the way up and round to nearest on the way down; 8-bit ones decode and encode).
+  const auto to_device = [&](const torch::Tensor& t) {
+    return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
   };
-  b.master = move(b.master, torch::kFloat32);
-  b.m = move(b.m, options_.host_state_dtype);
-  b.v = move(b.v, options_.host_state_dtype);
+  if (side == UpdateSide::kGpu) {
+    const auto [m, v] = states_f32(b);
+    b.master = to_device(b.master);
+    b.m = to_device(m);
+    b.v = to_device(v);
+    b.m_scale = b.v_scale = torch::Tensor();
+  } else {
+    auto master = host_buffer(b.shard_numel, torch::kFloat32);
+    master.copy_(b.master);
+    const torch::Tensor m = b.m, v = b.v;
+    b.master = master;
+    allocate_host_states(b, options_.host_state_dtype, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
+    set_states(b, m, v);
+  }
   b.side = side;
   if (side == UpdateSide::kCpu) allocate_host_side(b);
 }
@@ -272,9 +277,11 @@ void ParamStore::gather_working(size_t i, int lane) {
 std::vector<NamedTensor> ParamStore::shard_state() {
   std::vector<NamedTensor> out;
   for (auto& b : blocks_) {
+    torch::Tensor m = b.m, v = b.v;
+    if (q8_states(b)) std::tie(m, v) = states_f32(b);  // fp32 copies, 8 bytes a parameter while written
     out.emplace_back(b.name + ".master", b.master);
-    out.emplace_back(b.name + ".exp_avg", b.m);
-    out.emplace_back(b.name + ".exp_avg_sq", b.v);
+    out.emplace_back(b.name + ".exp_avg", m);
+    out.emplace_back(b.name + ".exp_avg_sq", v);
   }
   return out;
 }
@@ -285,12 +292,13 @@ void ParamStore::load_shard_state(
   for (auto& b : blocks_) {
     // The slice past the Block's end is padding: it stays zero.
     const int64_t n = std::max<int64_t>(0, std::min(b.shard_numel, b.numel - b.shard_offset));
-    for (const auto& [kind, t] :
-         {std::pair<std::string, torch::Tensor>{"master", b.master}, {"exp_avg", b.m}, {"exp_avg_sq", b.v}}) {
+    const auto slice = [&](const std::string& kind) {
       auto tmp = torch::zeros({b.shard_numel}, torch::kFloat32);
       if (n > 0) read(b.name, kind, b.shard_offset, n, tmp.narrow(0, 0, n));
-      t.copy_(tmp);
-    }
+      return tmp;
+    };
+    b.master.copy_(slice("master"));
+    set_states(b, slice("exp_avg"), slice("exp_avg_sq"));
   }
   sync_working_from_master();
 }
@@ -312,13 +320,45 @@ void ParamStore::with_masters_bound(const std::function<void()>& fn) {
 std::vector<NamedTensor> ParamStore::state(const torch::Tensor& step) {
   TANDEM_ASSERT(!sharded(), "a sharded store's state is per rank (shard_state)");
   std::vector<NamedTensor> out;
-  for (auto& b : blocks_)
+  for (auto& b : blocks_) {
+    torch::Tensor m = b.m, v = b.v;
+    if (q8_states(b)) std::tie(m, v) = states_f32(b);  // fp32 copies, 8 bytes a parameter while written
     for (auto& f : b.params) {
-      out.emplace_back(f.name + ".exp_avg", view_of(b.m, f));
-      out.emplace_back(f.name + ".exp_avg_sq", view_of(b.v, f));
+      out.emplace_back(f.name + ".exp_avg", view_of(m, f));
+      out.emplace_back(f.name + ".exp_avg_sq", view_of(v, f));
       out.emplace_back(f.name + ".step", step);
     }
+  }
   return out;
+}
+
+void ParamStore::load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                            const std::string& source, torch::Tensor& step) {
+  TANDEM_ASSERT(!sharded(), "a sharded store loads per rank (load_shard_state)");
+  torch::NoGradGuard no_grad;
+  bool step_read = false;
+  for (auto& b : blocks_) {
+    auto [m, v] = states_f32(b);
+    if (m.data_ptr() == b.m.data_ptr()) m = m.clone(), v = v.clone();  // set_states copies back
+    for (const auto& f : b.params) {
+      for (auto& [kind, dst] : {std::pair<std::string, torch::Tensor&>{"exp_avg", m}, {"exp_avg_sq", v}}) {
+        const std::string name = f.name + "." + kind;
+        const auto t = lookup(name);
+        TANDEM_CHECK(t.has_value(), source, ": optimizer state '", name,
+                     "' is missing; the checkpoint does not match this model or optim.type");
+        TANDEM_CHECK(t->numel() == f.numel, source, ": optimizer state '", name, "' has shape ", t->sizes(),
+                     " but the model needs ", f.shape, "; resume with the checkpoint's model settings");
+        dst.narrow(0, f.offset, f.numel).copy_(t->reshape(-1));
+      }
+      if (!step_read) {
+        const auto s = lookup(f.name + ".step");
+        TANDEM_CHECK(s.has_value(), source, ": optimizer state '", f.name, ".step' is missing");
+        step.copy_(*s);
+        step_read = true;
+      }
+    }
+    set_states(b, m, v);
+  }
 }
 
 // Note [Parameter groups]
@@ -365,7 +405,8 @@ std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
   const auto slice = [&](const torch::Tensor& t) {
     return t.narrow(0, f->offset, f->numel).to(torch::kCPU, torch::kFloat32, false, true).view(f->shape);
   };
-  return {slice(b->master), slice(b->m), slice(b->v)};
+  const auto [m, v] = states_f32(*b);
+  return {slice(b->master), slice(m), slice(v)};
 }
 
 void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
@@ -373,12 +414,15 @@ void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tenso
   torch::NoGradGuard no_grad;
   auto [bp, f] = find(param);
   BlockStore& b = *bp;
+  auto [bm, bv] = states_f32(b);
+  if (bm.data_ptr() == b.m.data_ptr()) bm = bm.clone(), bv = bv.clone();
   for (const auto& [dst, src, what] :
-       {std::tuple{b.master, master, "master"}, std::tuple{b.m, m, "exp_avg"}, std::tuple{b.v, v, "exp_avg_sq"}}) {
+       {std::tuple{b.master, master, "master"}, std::tuple{bm, m, "exp_avg"}, std::tuple{bv, v, "exp_avg_sq"}}) {
     TANDEM_CHECK(src.numel() == f->numel, "the state's ", what, " of ", f->name, " has ", src.numel(),
                  " elements, the parameter ", f->numel);
     dst.narrow(0, f->offset, f->numel).copy_(src.reshape(-1));
   }
+  set_states(b, bm, bv);
   const torch::Tensor new_weights = b.master.narrow(0, f->offset, f->numel);
   view_of(b.working, *f).copy_(new_weights.view(f->shape));
   if (b.staging.defined()) b.staging.narrow(0, f->offset, f->numel).copy_(new_weights);

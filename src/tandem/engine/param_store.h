@@ -51,6 +51,7 @@ struct FlatParam {
   std::vector<int64_t> shape;
   float weight_decay_scale = 1.0f;  ///< 0 for 1-D parameters (norm scales), as FusedAdamW
   int group = -1;                   ///< its parameter group (Note [Parameter groups]); -1: none
+  int64_t scale_offset = 0;         ///< 8-bit states: its first scale (shard_params only; Note [8-bit states])
 };
 
 /// The buffers of one Block (Note [ParamStore layout]).
@@ -68,8 +69,10 @@ struct BlockStore {
   torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only (NCCL: a view of grad)
   torch::Tensor master, m,
       v;  // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
+  torch::Tensor m_scale, v_scale;  // 8-bit host states (engine/host_states.h): a scale per 2048 of each slice
   torch::Tensor landing, staging;  // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
   torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) fp32 host; kCpu with speculation only
+  torch::Tensor undo_m_scale, undo_v_scale;   // and the scales of 8-bit states
   /// Note [Block placement]: the module's parameters are views of staging (weights) and landing
   /// (gradients) on the host, so the Block runs on the CPU; false: views of working and grad.
   bool host_run = false;
@@ -83,8 +86,9 @@ struct ParamStoreOptions {
   torch::ScalarType compute_dtype = torch::kFloat32;  ///< working weights and gradients
   bool pin_memory = true;                             ///< pinned host buffers (ignored when the device is the CPU)
   bool undo = true;  ///< keep undo buffers for speculative updates of CPU-updated Blocks
-  /// m and v of CPU-updated Blocks: kFloat32, or kBFloat16 (half the host memory; the CPU kernels
-  /// round them as optim.state_rounding says). GPU-updated Blocks keep fp32 states.
+  /// m and v of CPU-updated Blocks: kFloat32, kBFloat16 (half the host memory; the CPU kernels
+  /// round them as optim.state_rounding says) or kInt8 (8-bit codes, Note [8-bit states]).
+  /// GPU-updated Blocks keep fp32 states.
   torch::ScalarType host_state_dtype = torch::kFloat32;
   /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots
   /// (Note [Host ring]); needs updates that start after the norm is known (no undo log).
@@ -135,8 +139,8 @@ class ParamStore {
                         const torch::Tensor& v);
 
   /// Moves Block i's master and states to the other side: bit for bit with fp32 host states; with
-  /// bf16 host states the move to the GPU widens exactly and the move back rounds m and v to
-  /// nearest (the master stays exact).
+  /// bf16 or 8-bit host states the move to the GPU widens (decodes) exactly and the move back
+  /// rounds (encodes) m and v (the master stays exact).
   void move_block(size_t i, UpdateSide side);
   /// Sets the first `gpu_blocks` Blocks GPU-updated (in forward order, skipping those kept on the
   /// CPU by keep_cpu_updated) and the rest CPU-updated, moving what changes.
@@ -161,7 +165,7 @@ class ParamStore {
   /// stream, over the device group of `lane` (Note [Process groups]).
   void gather_working(size_t i, int lane);
   /// Sharded stores: this rank's slices under "<block>.master", "<block>.exp_avg", "<block>.exp_avg_sq"
-  /// (views), for checkpoints (Note [Sharded checkpoints]).
+  /// (views; fp32 copies of 8-bit states), for checkpoints (Note [Sharded checkpoints]).
   std::vector<NamedTensor> shard_state();
   /// Sharded stores: fills this rank's slices from `read(name, kind, offset, n, out)`, which copies
   /// elements [offset, offset + n) of Block `name`'s whole range of master, "exp_avg" or
@@ -179,8 +183,13 @@ class ParamStore {
   double pin_seconds() const { return pin_seconds_; }
 
   /// Optimizer state under FusedAdamW's names ("<param>.exp_avg", "<param>.exp_avg_sq",
-  /// "<param>.step"): views of m and v, and `step` for every parameter.
+  /// "<param>.step"): views of m and v (fp32 copies decoded from 8-bit states), and `step` for
+  /// every parameter.
   std::vector<NamedTensor> state(const torch::Tensor& step);
+  /// Sets m and v of every parameter from `lookup` (the names of state(), any float dtype: fp32,
+  /// bf16 and 8-bit states resume from each other), and `step` from the first parameter's.
+  void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
+                  const std::string& source, torch::Tensor& step);
 
  private:
   void bind_working();

@@ -7,6 +7,7 @@
 #include "tandem/engine/step_stamps.h"
 #include "tandem/engine/transfer_streams.h"
 #include "tandem/engine/update_spans.h"
+#include "tandem/optim/q8_codes.h"
 
 namespace tandem {
 
@@ -27,17 +28,23 @@ double seconds_per_param(const std::function<void()>& fn, const std::function<vo
   return best / double(kScratch);
 }
 
-// The fused CPU kernel with the engine's pool: bf16 gradients and weights out, fp32 states.
-double time_cpu_kernel(const UpdateHyper& base, CpuThreadPool* pool) {
-  auto master = torch::zeros({kScratch}, torch::kFloat32), m = torch::zeros({kScratch}), v = torch::zeros({kScratch});
+// The fused CPU kernel with the engine's pool: bf16 gradients and weights out, states in the
+// store's host dtype (fp32, bf16, or 8 bits with their scales).
+double time_cpu_kernel(const UpdateHyper& base, CpuThreadPool* pool, torch::ScalarType state) {
+  const bool q8 = state == torch::kInt8;
+  auto master = torch::zeros({kScratch}, torch::kFloat32);
+  auto m = torch::zeros({kScratch}, state), v = torch::zeros({kScratch}, q8 ? torch::kUInt8 : state);
+  auto scales = torch::zeros({2 * q8::scale_count(kScratch)});
   auto grad = torch::full({kScratch}, 1e-3, torch::kBFloat16), out = torch::empty({kScratch}, torch::kBFloat16);
   UpdateSpan sp;
   sp.master = master.data_ptr<float>();
   sp.grad = grad.data_ptr();
   sp.grad_dtype = Dtype::kBF16;
-  sp.m = m.data_ptr<float>();
-  sp.v = v.data_ptr<float>();
-  sp.state_dtype = Dtype::kF32;
+  sp.m = m.data_ptr();
+  sp.v = v.data_ptr();
+  sp.state_dtype = q8 ? Dtype::kQ8 : (state == torch::kBFloat16 ? Dtype::kBF16 : Dtype::kF32);
+  sp.m_scale = scales.data_ptr<float>();
+  sp.v_scale = sp.m_scale + q8::scale_count(kScratch);
   sp.bf16_out = reinterpret_cast<uint16_t*>(out.data_ptr());
   sp.n = kScratch;
   const UpdateHyper h = update_hyper(base, 1e-4, 1, 1.0);
@@ -140,8 +147,9 @@ void SplitTuner::calibrate(int64_t cpu_params, int64_t gpu_params) {
   const auto sync = [&] {
     if (streams_ != nullptr) streams_->synchronize();
   };
-  if (cal_.cpu == 0 && cpu_params == 0) cal_.cpu = time_cpu_kernel(options_.hyper, options_.pool);
-  if (cal_.gpu == 0 && gpu_params == 0 && !cuda) cal_.gpu = time_cpu_kernel(options_.hyper, options_.pool);
+  if (cal_.cpu == 0 && cpu_params == 0) cal_.cpu = time_cpu_kernel(options_.hyper, options_.pool, so.host_state_dtype);
+  if (cal_.gpu == 0 && gpu_params == 0 && !cuda)  // the CPU as the device: fp32 states there
+    cal_.gpu = time_cpu_kernel(options_.hyper, options_.pool, torch::kFloat32);
   if (cal_.gpu == 0 && gpu_params == 0) cal_.gpu = time_fused_adamw(so.device, so.compute_dtype, sync);
   if ((cal_.d2h == 0 || cal_.h2d == 0) && cpu_params == 0)
     std::tie(cal_.d2h, cal_.h2d) = time_copies(so.device, so.compute_dtype, cuda, cuda && so.pin_memory, sync);

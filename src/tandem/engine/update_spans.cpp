@@ -1,6 +1,7 @@
 #include "tandem/engine/update_spans.h"
 
 #include "tandem/core/error.h"
+#include "tandem/engine/host_states.h"
 
 namespace tandem {
 
@@ -13,8 +14,8 @@ std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& g
       grad.numel() >= b.shard_numel && out.numel() >= b.shard_numel && grad.is_contiguous() && out.is_contiguous(),
       "block ", b.name, ": a gradient or output buffer not contiguous or shorter than its slice of ", b.shard_numel);
   const bool bf16_out = out.scalar_type() == torch::kBFloat16;
-  const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16;
-  const int64_t gsize = grad_bf16 ? 2 : 4, ssize = state_bf16 ? 2 : 4;
+  const bool state_bf16 = b.m.scalar_type() == torch::kBFloat16, q8 = q8_states(b);
+  const int64_t gsize = grad_bf16 ? 2 : 4, ssize = b.m.element_size();
   std::vector<UpdateSpan> spans;
   for (const auto& f : b.shard_params) {
     UpdateSpan s;
@@ -23,7 +24,11 @@ std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& g
     s.grad_dtype = grad_bf16 ? Dtype::kBF16 : Dtype::kF32;
     s.m = static_cast<char*>(b.m.data_ptr()) + f.offset * ssize;
     s.v = static_cast<char*>(b.v.data_ptr()) + f.offset * ssize;
-    s.state_dtype = state_bf16 ? Dtype::kBF16 : Dtype::kF32;
+    s.state_dtype = q8 ? Dtype::kQ8 : (state_bf16 ? Dtype::kBF16 : Dtype::kF32);
+    if (q8) {  // Note [8-bit states]: the slice's scales
+      s.m_scale = b.m_scale.data_ptr<float>() + f.scale_offset;
+      s.v_scale = b.v_scale.data_ptr<float>() + f.scale_offset;
+    }
     s.bf16_out = bf16_out ? reinterpret_cast<uint16_t*>(out.data_ptr()) + f.offset : nullptr;
     s.n = f.numel;
     s.index_base = b.index_base + b.shard_offset + f.offset;
@@ -41,10 +46,13 @@ std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& g
 std::vector<UndoLog> block_undo_logs(BlockStore& b) {
   const int64_t ssize = b.undo_m.element_size();
   std::vector<UndoLog> logs;
+  const bool q8 = q8_states(b);
   for (const auto& f : b.shard_params)
     logs.push_back({b.undo_master.data_ptr<float>() + f.offset,
                     static_cast<char*>(b.undo_m.data_ptr()) + f.offset * ssize,
-                    static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize});
+                    static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize,
+                    q8 ? b.undo_m_scale.data_ptr<float>() + f.scale_offset : nullptr,
+                    q8 ? b.undo_v_scale.data_ptr<float>() + f.scale_offset : nullptr});
   return logs;
 }
 

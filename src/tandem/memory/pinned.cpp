@@ -58,14 +58,14 @@ torch::Tensor host_tensor(int64_t n, torch::ScalarType dtype, HostMemory memory)
   void* p = map_zeroed(mapped);
   TANDEM_CHECK(p != nullptr, "could not map ", strprintf("%.2f GiB", double(bytes) / (1 << 30)),
                " of host memory for the offload engine (", std::strerror(errno),
-               "): lower the host tier (optim.state_dtype=bf16, offload.host_memory_fraction) as `tandem inspect "
+               "): lower the host tier (optim.state_dtype=bf16 or int8, offload.host_memory_fraction) as `tandem inspect "
                "--plan` shows");
   fault_in(p, mapped);
   if (acc != nullptr && !acc->host_register(p, mapped)) {
     munmap(p, mapped);
     TANDEM_CHECK(false, "could not pin ", strprintf("%.2f GiB", double(bytes) / (1 << 30)),
                  " of host memory for the offload engine: the host is short of lockable memory; set "
-                 "offload.pin_memory=false, or lower the host tier (optim.state_dtype=bf16, offload.host_ring) as "
+                 "offload.pin_memory=false, or lower the host tier (optim.state_dtype=bf16 or int8, offload.host_ring) as "
                  "`tandem inspect --plan` shows");
   }
   return torch::from_blob(

@@ -136,8 +136,8 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   const auto shard = [&](int64_t n) { return (n + shards - 1) / shards; };
 
   const int64_t w = working_bytes(cfg.train.precision);
-  const int64_t s = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
-  plan.state_bytes = s;
+  const StateDtype sd = cfg.optim.state_dtype;
+  plan.state_bytes = sd == StateDtype::kFp32 ? 4 : (sd == StateDtype::kBf16 ? 2 : 1);
   const std::string wt = to_string(cfg.train.precision);
   const std::string st = to_string(cfg.optim.state_dtype);
   const std::string host = plan.pinned ? kTierPinned : kTierPageable;
@@ -179,7 +179,8 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Host: the CPU-updated Blocks' optimizer side (the head's when the stage holds it).
   if (n_cpu > 0) {
     add(host, "fp32 master, CPU-updated blocks" + slices, 4 * shard(n_cpu));
-    add(host, "optimizer states m, v (" + st + "), CPU-updated blocks" + slices, 2 * s * shard(n_cpu));
+    add(host, "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), CPU-updated blocks" + slices,
+        2 * state_buffer_bytes(sd, shard(n_cpu)));
   }
   // The CPU kernels read bf16 or fp32 gradients: fp16 ones land widened to fp32.
   const bool bf16 = cfg.train.precision == Precision::kBf16;
@@ -199,7 +200,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
   if (n_cpu > 0 && ring == 0 && cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update)
-    add(host, "undo log (speculative updates)" + slices, (4 + 2 * s) * shard(n_cpu));
+    add(host, "undo log (speculative updates)" + slices, 4 * shard(n_cpu) + 2 * state_buffer_bytes(sd, shard(n_cpu)));
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;
@@ -269,7 +270,10 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         "%s the pinned host tier needs %s, offload.host_memory_fraction=%.2f of %s available host memory allows "
         "%s; set %s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
-        gib(host_budget).c_str(), plan.state_bytes == 4 ? "optim.state_dtype=bf16 (half the optimizer states), " : "",
+        gib(host_budget).c_str(),
+        plan.state_bytes == 4   ? "optim.state_dtype=bf16 (half the optimizer states) or int8 (a quarter), "
+        : plan.state_bytes == 2 ? "optim.state_dtype=int8 (half the bf16 states), "
+                                : "",
         plan.host_ring == 0 && offload.speculate != Speculation::kAlways
             ? "offload.host_ring=4 (a ring instead of per-block buffers), "
             : "");

@@ -62,7 +62,7 @@ struct HostBytesPerParam {
 };
 
 HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
-  const double state = cfg.optim.state_dtype == StateDtype::kBf16 ? 2 : 4;
+  const double state = double(state_buffer_bytes(cfg.optim.state_dtype, 1 << 20)) / double(1 << 20);
   const double compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
   const double landing = cfg.train.precision == Precision::kBf16 ? 2 : 4;  // fp16 gradients land widened
   const bool undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
@@ -100,7 +100,7 @@ int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShar
   const double floor = host_bytes(blocks, gpu_blocks, 0, floor_per, host.shards);
   TANDEM_CHECK(floor <= room, "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor),
                " needed, ", format_bytes(room),
-               " available; set optim.state_dtype=bf16, run on more ranks with dist.zero_stage=2, or use a host "
+               " available; set optim.state_dtype=bf16 or int8, run on more ranks with dist.zero_stage=2, or use a host "
                "with more memory");
   const double budget = cfg.offload.host_memory_fraction * room;
   const auto fits = [&](int64_t g, int64_t ring) { return host_bytes(blocks, g, ring, per, host.shards) <= budget; };

@@ -35,8 +35,7 @@ std::vector<NamedTensor> EngineOptimizer::state() {
 
 void EngineOptimizer::load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                                  const std::string& source) {
-  Optimizer::load_state(lookup, source);
-  engine_.sync_step_from_state();
+  engine_.load_state(lookup, source);
 }
 
 Checkpointer::Checkpointer(const Config& cfg, const std::string& run_dir, const RunContext& ctx, CheckpointModel model,

@@ -163,7 +163,9 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
                      : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                : torch::kFloat32;
   so.pin_memory = cfg.offload.pin_memory;
-  so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16   ? torch::kBFloat16
+                        : cfg.optim.state_dtype == StateDtype::kInt8 ? torch::kInt8
+                                                                      : torch::kFloat32;
   so.ring_slots = cfg.offload.host_ring;
   so.undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
   so.decay_1d = cfg.optim.decay_1d;
