@@ -15,6 +15,7 @@
 #include "tandem/core/strings.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/optim/cpu_update.h"
+#include "tandem/optim/q8_codes.h"
 
 namespace tandem {
 
@@ -98,6 +99,18 @@ int64_t parse_param_count(const std::string& s) {
   return static_cast<int64_t>(std::llround(v * mult));
 }
 
+// m and v (fp32) encoded into 8-bit codes and their scales, in chunks on the pool.
+void encode_q8(CpuThreadPool& pool, const torch::Tensor& m, const torch::Tensor& v, torch::Tensor& mq,
+               torch::Tensor& vq, torch::Tensor& scales) {
+  const int64_t n = m.numel(), chunk = 32 * q8::kBlock, sc = q8::scale_count(n);
+  pool.run((n + chunk - 1) / chunk, [&](int64_t t) {
+    const int64_t b = t * chunk, len = std::min(n, b + chunk) - b;
+    q8::encode(m.data_ptr<float>() + b, v.data_ptr<float>() + b, len, mq.data_ptr<int8_t>() + b,
+               vq.data_ptr<uint8_t>() + b, scales.data_ptr<float>() + b / q8::kBlock,
+               scales.data_ptr<float>() + sc + b / q8::kBlock);
+  });
+}
+
 int run_optim_bench(const OptimBenchOptions& o) {
   TANDEM_CHECK(o.repeats >= 1 && o.warmup >= 0, "--repeats must be >= 1 and --warmup >= 0");
   const int threads = resolve_cpu_threads(o.threads);
@@ -124,6 +137,9 @@ int run_optim_bench(const OptimBenchOptions& o) {
                   v = torch::empty({n}, f32);
     torch::Tensor g16 = torch::empty({n}, torch::kBFloat16), m16 = torch::empty({n}, torch::kBFloat16),
                   v16 = torch::empty({n}, torch::kBFloat16), out = torch::empty({n}, torch::kBFloat16);
+    // 8-bit states (Note [8-bit states]): codes and a scale per 2048 elements.
+    torch::Tensor mq = torch::empty({n}, torch::kInt8), vq = torch::empty({n}, torch::kUInt8),
+                  scales = torch::empty({2 * q8::scale_count(n)}, f32);
     const auto reset = [&] {
       fill(pool, p.data_ptr<float>(), n, 1.0f, 1);
       fill(pool, g.data_ptr<float>(), n, 1e-3f, 2);
@@ -133,6 +149,7 @@ int run_optim_bench(const OptimBenchOptions& o) {
       cpu_to_bf16(g.data_ptr<float>(), reinterpret_cast<uint16_t*>(g16.data_ptr()), n, &pool);
       cpu_to_bf16(m.data_ptr<float>(), reinterpret_cast<uint16_t*>(m16.data_ptr()), n, &pool);
       cpu_to_bf16(v.data_ptr<float>(), reinterpret_cast<uint16_t*>(v16.data_ptr()), n, &pool);
+      encode_q8(pool, m, v, mq, vq, scales);
       out.zero_();
     };
     reset();
@@ -168,6 +185,8 @@ int run_optim_bench(const OptimBenchOptions& o) {
         {"AdamW bf16 grads, bf16 states, bf16 out", Dtype::kBF16, Dtype::kBF16, true},
         {"AdamW fp32 grads, fp32 states, unchecked", Dtype::kF32, Dtype::kF32, false, false},
         {"AdamW bf16 grads, bf16 states, unchecked", Dtype::kBF16, Dtype::kBF16, false, false},
+        {"AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false},
+        {"AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true},
     };
     for (const Variant& var : variants) {
       for (CpuIsa isa : isas) {
@@ -177,8 +196,10 @@ int run_optim_bench(const OptimBenchOptions& o) {
         UpdateSpan s;
         s.master = p.data_ptr<float>();
         s.grad = var.grad == Dtype::kF32 ? g.data_ptr() : g16.data_ptr();
-        s.m = var.state == Dtype::kF32 ? m.data_ptr() : m16.data_ptr();
-        s.v = var.state == Dtype::kF32 ? v.data_ptr() : v16.data_ptr();
+        s.m = var.state == Dtype::kF32 ? m.data_ptr() : var.state == Dtype::kBF16 ? m16.data_ptr() : mq.data_ptr();
+        s.v = var.state == Dtype::kF32 ? v.data_ptr() : var.state == Dtype::kBF16 ? v16.data_ptr() : vq.data_ptr();
+        s.m_scale = scales.data_ptr<float>();
+        s.v_scale = s.m_scale + q8::scale_count(n);
         s.bf16_out = var.out ? reinterpret_cast<uint16_t*>(out.data_ptr()) : nullptr;
         s.n = n, s.grad_dtype = var.grad, s.state_dtype = var.state;
         UpdateHyper h;
