@@ -3,7 +3,7 @@
 # included), then the benchmarks, each against its peer in the same run:
 #   optim  the CPU optimizer kernels (`tandem bench optim`) against torch's CPU AdamW and DeepSpeed
 #          CPUAdam (bench/optim_peers.py; DeepSpeed from the wheels in .whl when present),
-#          256M and 1B parameters, alternating;
+#          256M and 1B parameters (OPTIM_PARAMS), alternating OPTIM_ROUNDS times (default 2);
 #   train  tandem and PyTorch eager on the identical 1B model (bf16, B=8, T=2048), alternating;
 #   hardening runs that cannot fit (7B without offload on one GPU, 13B offloaded into a 16 GiB host, a huge
 #          micro-batch) are refused up front with exit 2;
@@ -120,10 +120,10 @@ echo "== optimizer benchmark: 256M and 1B params, $(nproc) threads, tandem and p
 install_wheels
 lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|MHz" | tee "$OUT/cpu.txt"
 rm -f "$OUT/optim-tandem.jsonl" "$OUT/optim-peers.jsonl"
-for i in 1 2; do
-  "$BUILD/tandem" bench optim --params 256M,1B --repeats 7 --warmup 2 --isa avx2,avx512,scalar \
+for i in $(seq "${OPTIM_ROUNDS:-2}"); do
+  "$BUILD/tandem" bench optim --params "${OPTIM_PARAMS:-256M,1B}" --repeats 7 --warmup 2 --isa avx2,avx512,scalar \
     --json "$OUT/optim-tandem.jsonl" >"$OUT/optim-tandem-$i.log" 2>&1 || tail -5 "$OUT/optim-tandem-$i.log"
-  python3 bench/optim_peers.py --params 256M,1B --repeats 7 --warmup 2 --threads "$(nproc)" \
+  python3 bench/optim_peers.py --params "${OPTIM_PARAMS:-256M,1B}" --repeats 7 --warmup 2 --threads "$(nproc)" \
     --json "$OUT/optim-peers.jsonl" >"$OUT/optim-peers-$i.log" 2>&1 || tail -5 "$OUT/optim-peers-$i.log"
 done
 grep -iE "deepspeed|diff" "$OUT/optim-peers-1.log" | head -4
@@ -247,7 +247,8 @@ fi
 if has curve; then
 # Convergence on real text (the Python sources as bytes), 1B, B=8, T=1024, CURVE_STEPS (default 320)
 # steps, the recipe's defaults: GPU-only AdamW, the offload engine at k = 0 (bf16 host states, a
-# 4-slot host ring) exact, and the same delayed. bench/train_curves.py draws them on one plot.
+# 4-slot host ring) exact, the same delayed, and (CURVE_RUNS may add) int8: exact with 8-bit host
+# states (Note [8-bit states]). bench/train_curves.py tabulates them.
 corpus="$OUT/corpus.txt"
 [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
 cur=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 --steps "${CURVE_STEPS:-320}"
@@ -259,6 +260,7 @@ for c in ${CURVE_RUNS:-gpu exact delayed}; do
   extra=()
   [[ $c != gpu ]] && extra=("${ring[@]}")
   [[ $c == delayed ]] && extra+=(--set offload.delayed_update=true)
+  [[ $c == int8 ]] && extra+=(--set optim.state_dtype=int8)
   echo "== curve: 1B $c"
   "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"
   grep -E "recipe|lr |offload:|done" "$OUT/curve-$c.log" | head -4
