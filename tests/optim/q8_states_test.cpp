@@ -120,10 +120,10 @@ TEST(Q8States, TinyValuesBecomeZeroForMAndTheSmallestCodeForV) {
   EXPECT_GT(q8::decode_v(0, scale), 0.0f);
   EXPECT_NEAR(std::sqrt(q8::decode_v(0, scale)), std::ldexp(1.0f + 1.0f / 16, -16), 1e-12);
   // A block of zeros (or one too small for a normal fp32 scale) has scale 0 and decodes to zeros.
-  float m[5] = {0, 0, 0, 0, 1e-39f}, v[5] = {0, 0, 0, 0, 0}, u[5], ms = -1, vs = -1, dm[5], dv[5];
+  float m[5] = {0, 0, 0, 0, 1e-39f}, u[5] = {0, 0, 0, 0, 0}, ms = -1, vs = -1, dm[5], dv[5];
   int8_t mq[5];
   uint8_t vq[5];
-  q8::encode_block(m, v, 5, mq, vq, &ms, &vs, u);
+  q8::encode_block(m, u, 5, mq, vq, &ms, &vs);
   EXPECT_EQ(ms, 0.0f);
   EXPECT_EQ(vs, 0.0f);
   q8::decode_block(mq, vq, ms, vs, 5, dm, dv);

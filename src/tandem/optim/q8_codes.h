@@ -82,8 +82,11 @@ inline uint8_t encode_u(float u, float inv) {
   return static_cast<uint8_t>(c);
 }
 
+/// sqrt(v) from its code.
+inline float decode_u(uint8_t q, float scale) { return float_of((static_cast<uint32_t>(q) + kVBase) << 19) * scale; }
+
 inline float decode_v(uint8_t q, float scale) {
-  const float u = float_of((static_cast<uint32_t>(q) + kVBase) << 19) * scale;
+  const float u = decode_u(q, scale);
   return u * u;
 }
 
@@ -97,17 +100,17 @@ inline float max_abs(const float* x, int64_t n) {
   return float_of(mx);
 }
 
-/// Dequantises one block of n <= kBlock elements.
+/// Dequantises one block of n <= kBlock elements into m and u = sqrt(v) (the update squares u in
+/// its registers and hands back the square root it takes anyway).
 inline void decode_block(const int8_t* mq, const uint8_t* vq, float m_scale, float v_scale, int64_t n, float* m,
-                         float* v) {
+                         float* u) {
   for (int64_t i = 0; i < n; ++i) m[i] = decode_m(mq[i], m_scale);
-  for (int64_t i = 0; i < n; ++i) v[i] = decode_v(vq[i], v_scale);
+  for (int64_t i = 0; i < n; ++i) u[i] = decode_u(vq[i], v_scale);
 }
 
-/// Quantises one block of n <= kBlock elements with its new scales; `u` is scratch for sqrt(v) (n floats).
-inline void encode_block(const float* m, const float* v, int64_t n, int8_t* mq, uint8_t* vq, float* m_scale,
-                         float* v_scale, float* u) {
-  for (int64_t i = 0; i < n; ++i) u[i] = __builtin_sqrtf(v[i]);
+/// Quantises one block of n <= kBlock elements of m and u = sqrt(v) with its new scales.
+inline void encode_block(const float* m, const float* u, int64_t n, int8_t* mq, uint8_t* vq, float* m_scale,
+                         float* v_scale) {
   const float ms = max_abs(m, n), us = max_abs(u, n);
   const float mi = inverse(ms), ui = inverse(us);
   for (int64_t i = 0; i < n; ++i) mq[i] = encode_m(m[i], mi);
@@ -122,6 +125,7 @@ inline void decode(const int8_t* mq, const uint8_t* vq, const float* m_scale, co
   for (int64_t b = 0; b * kBlock < n; ++b) {
     const int64_t o = b * kBlock, len = n - o < kBlock ? n - o : kBlock;
     decode_block(mq + o, vq + o, m_scale[b], v_scale[b], len, m + o, v + o);
+    for (int64_t i = o; i < o + len; ++i) v[i] = v[i] * v[i];
   }
 }
 
@@ -131,7 +135,8 @@ inline void encode(const float* m, const float* v, int64_t n, int8_t* mq, uint8_
   alignas(64) float u[kBlock];
   for (int64_t b = 0; b * kBlock < n; ++b) {
     const int64_t o = b * kBlock, len = n - o < kBlock ? n - o : kBlock;
-    encode_block(m + o, v + o, len, mq + o, vq + o, m_scale + b, v_scale + b, u);
+    for (int64_t i = 0; i < len; ++i) u[i] = __builtin_sqrtf(v[o + i]);
+    encode_block(m + o, u, len, mq + o, vq + o, m_scale + b, v_scale + b);
   }
 }
 
