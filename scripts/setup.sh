@@ -2,11 +2,25 @@
 # Sets up tandem on a fresh Debian 12 machine and builds it (Release, Ninja, precompiled headers).
 # Idempotent: installs only what is missing, reconfigures only when needed, rebuilds incrementally.
 #
+#   scripts/setup.sh           what the program needs, and the program (build/tandem): the README's
+#                              first command, so the default job starts without building the tests
+#   scripts/setup.sh --tests   also the tests' tools (promtool, headless Chromium, clang for the
+#                              fuzzers, the Python packages they compare against) and every target:
+#                              what scripts/test.sh runs
+#
 # LibTorch: an existing one is used when Torch_DIR or CMAKE_PREFIX_PATH points at it; otherwise a
 # venv at .venv gets torch==2.11.0 from PyPI and its bundled LibTorch is used.
 # CUDA code is built when nvcc is found (PATH or /usr/local/cuda), a CPU-only build otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TESTS=0
+for arg in "$@"; do
+  case $arg in
+    --tests) TESTS=1 ;;
+    *) echo "setup.sh: unknown option '$arg'; use --tests (the test suite's tools and targets) or nothing" >&2; exit 2 ;;
+  esac
+done
 
 TORCH_VERSION=2.11.0
 TRANSFORMERS_VERSION=5.24.0  # the tests' reference (tests/io/hf_transformers_fixture.py)
@@ -14,8 +28,9 @@ BUILD_DIR=${TANDEM_BUILD_DIR:-build}
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip python3-dev
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
-              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev libicu-dev libsentencepiece-dev
-              prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
+              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev libicu-dev libsentencepiece-dev)
+TEST_APT_PACKAGES=(prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
+((TESTS)) && APT_PACKAGES+=("${TEST_APT_PACKAGES[@]}")
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -52,7 +67,7 @@ else
   # tests/python/test_serve.py drives `tandem serve` with the official `openai` client;
   # tests/python/test_trainer.py runs transformers' Trainer (which needs accelerate).
   # The test command also builds the package's wheel here without build isolation (scikit-build-core).
-  if ! .venv/bin/python -c "import transformers, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit_build_core, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+  if ((TESTS)) && ! .venv/bin/python -c "import transformers, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit_build_core, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
     say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit-build-core)"
     .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" accelerate safetensors pytest \
       tokenizers sentencepiece openai scikit-build-core
@@ -77,8 +92,13 @@ if [ ! -f "$BUILD_DIR/build.ninja" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
   grep -E "^-- tandem:" "$BUILD_DIR.cmake.log" || true
   echo "$want" >"$stamp"
 fi
-say "building"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+if ((TESTS)); then
+  say "building"
+  cmake --build "$BUILD_DIR" -j"$(nproc)"
+else
+  say "building the program (scripts/setup.sh --tests, which scripts/test.sh runs, builds the tests too)"
+  cmake --build "$BUILD_DIR" -j"$(nproc)" --target tandem
+fi
 # The Python package (Note [Python package]) is installed the pip way (`pip install .`; the test
 # command does it from this build folder). A path file of earlier setups would shadow it: gone.
 if [ -x .venv/bin/python ]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds (through setup.sh, fast when nothing changed) and runs the test suite with CTest.
+# Builds (through setup.sh --tests: the tests' tools and every target; fast when nothing changed)
+# and runs the test suite with CTest.
 # GPU tests skip where no CUDA device is visible.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --tests
 # The Python package the pip way (Note [Python package]): its wheel built from setup.sh's build
 # folder (nothing is compiled twice), installed into .venv, where the Python tests import it.
 build=${TANDEM_BUILD_DIR:-build}
