@@ -139,6 +139,19 @@ TEST(ParamStore, AHostRingSharesSlotsTheSizeOfTheLargestBlock) {
   EXPECT_EQ(ptr(s), ptr(store.ring()[1].staging));
 }
 
+// Three offload steps through the store, so its masters and states hold realistic values.
+void train_three_steps(Model& model, ParamStore& store) {
+  OffloadEngine engine(model, store, {});
+  for (int step = 0; step < 3; ++step) {
+    engine.begin_step(3e-3);
+    engine.begin_micro(true);
+    auto [in, tgt] = batch(step);
+    model.loss(model.forward(in), tgt).backward();
+    engine.end_step();
+  }
+  engine.wait_all();
+}
+
 TEST(ParamStore, BlockMigrationKeepsMasterAndStatesBitExact) {
   // fp32 host states, and bf16 ones (widened exactly on the way up, rounded back to the same bits).
   for (const auto state : {torch::kFloat32, torch::kBFloat16}) {
@@ -147,17 +160,7 @@ TEST(ParamStore, BlockMigrationKeepsMasterAndStatesBitExact) {
     ParamStoreOptions so;
     so.host_state_dtype = state;
     ParamStore store(*model, so, 0);
-    {
-      OffloadEngine engine(*model, store, {});
-      for (int step = 0; step < 3; ++step) {
-        engine.begin_step(3e-3);
-        engine.begin_micro(true);
-        auto [in, tgt] = batch(step);
-        model->loss(model->forward(in), tgt).backward();
-        engine.end_step();
-      }
-      engine.wait_all();
-    }
+    train_three_steps(*model, store);
     std::vector<torch::Tensor> before;
     for (auto& b : store.blocks())
       for (auto* t : {&b.master, &b.m, &b.v}) before.push_back(t->clone());
@@ -184,17 +187,7 @@ TEST(ParamStore, EightBitStatesDecodeOnTheWayUpAndEncodeToTheSameCodesOnTheWayBa
   ParamStoreOptions so;
   so.host_state_dtype = torch::kInt8;
   ParamStore store(*model, so, 0);
-  {
-    OffloadEngine engine(*model, store, {});
-    for (int step = 0; step < 3; ++step) {
-      engine.begin_step(3e-3);
-      engine.begin_micro(true);
-      auto [in, tgt] = batch(step);
-      model->loss(model->forward(in), tgt).backward();
-      engine.end_step();
-    }
-    engine.wait_all();
-  }
+  train_three_steps(*model, store);
   auto& b = store.blocks()[1];
   ASSERT_EQ(b.m.scalar_type(), torch::kInt8);
   ASSERT_EQ(b.v.scalar_type(), torch::kUInt8);

@@ -184,6 +184,15 @@ TEST(Trainer, Bf16AutocastAndCheckpointingTrain) {
 namespace tandem {
 namespace {
 
+// `c` trained in `dir` up to step `steps`, resumed from checkpoint `from` when given.
+auto train_in(Config c, const std::string& dir, int64_t steps, const std::string& from = "") {
+  c.train.run_dir = dir;
+  c.train.steps = steps;
+  TrainOptions options;
+  options.resume = from;
+  return train(c, options);
+}
+
 // offload.optimizer=cpu through the whole trainer, the CPU as the device: the same losses as the
 // fused optimizer, with accumulation and clipping; a bitwise resume; checkpoints of fp32 masters.
 TEST(TrainerOffload, MatchesTheDefaultOptimizerAndResumesBitwise) {
@@ -205,23 +214,12 @@ TEST(TrainerOffload, MatchesTheDefaultOptimizerAndResumesBitwise) {
   for (size_t i = 0; i < off.losses.size(); ++i)
     EXPECT_NEAR(off.losses[i], plain.losses[i], 1e-5 * std::abs(plain.losses[i])) << "step " << i + 1;
 
-  Config first = o;
-  first.train.run_dir = split_dir.path();
-  first.train.steps = 5;
-  const auto a = train(first, {});
-  Config second = o;
-  second.train.run_dir = split_dir.path();
-  TrainOptions resume;
-  resume.resume = a.last_checkpoint;
-  const auto b = train(second, resume);
+  const auto a = train_in(o, split_dir.path(), 5);
+  const auto b = train_in(o, split_dir.path(), 10, a.last_checkpoint);
   ASSERT_EQ(b.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], off.losses[5 + i]) << "step " << 6 + i;
   // The checkpoint holds fp32 weights (the masters), readable by the plain trainer.
-  Config plain_resume = c;
-  plain_resume.train.run_dir = split_dir.path();
-  plain_resume.train.steps = 6;
-  resume.resume = a.last_checkpoint;
-  const auto p = train(plain_resume, resume);
+  const auto p = train_in(c, split_dir.path(), 6, a.last_checkpoint);
   ASSERT_EQ(p.losses.size(), 1u);
   EXPECT_NEAR(p.losses[0], off.losses[5], 1e-5 * off.losses[5]);
 }
@@ -239,34 +237,18 @@ TEST(TrainerOffload, EightBitStatesResumeBitwiseAndFromOtherStateDtypes) {
   o.offload.update_split = "0";
   o.optim.state_dtype = StateDtype::kInt8;
   const auto full = train(o, {});
-  Config first = o;
-  first.train.run_dir = split_dir.path();
-  first.train.steps = 5;
-  const auto a = train(first, {});
-  Config second = o;
-  second.train.run_dir = split_dir.path();
-  TrainOptions resume;
-  resume.resume = a.last_checkpoint;
-  const auto b = train(second, resume);
+  const auto a = train_in(o, split_dir.path(), 5);
+  const auto b = train_in(o, split_dir.path(), 10, a.last_checkpoint);
   ASSERT_EQ(b.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], full.losses[5 + i]) << "step " << 6 + i;
 
   Config f32 = o;
-  f32.train.run_dir = fp32_dir.path();
-  f32.train.steps = 5;
   f32.optim.state_dtype = StateDtype::kFp32;
-  const auto c = train(f32, {});
-  Config into_q8 = o;
-  into_q8.train.run_dir = fp32_dir.path();
-  into_q8.train.steps = 6;
-  resume.resume = c.last_checkpoint;
-  const auto d = train(into_q8, resume);
+  const auto c = train_in(f32, fp32_dir.path(), 5);
+  const auto d = train_in(o, fp32_dir.path(), 6, c.last_checkpoint);
   ASSERT_EQ(d.losses.size(), 1u);
   EXPECT_NEAR(d.losses[0], full.losses[5], 1e-2 * full.losses[5]);
-  Config back = f32;
-  back.train.steps = 6;
-  resume.resume = a.last_checkpoint;
-  const auto e = train(back, resume);
+  const auto e = train_in(f32, fp32_dir.path(), 6, a.last_checkpoint);
   ASSERT_EQ(e.losses.size(), 1u);
   EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
 }
