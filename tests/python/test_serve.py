@@ -4,6 +4,7 @@ server generates greedily must equal transformers' own greedy generation from th
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -207,6 +208,12 @@ def test_a_few_hundred_concurrent_requests_lose_none_and_leak_nothing(server):
     m = server.metrics()
     assert m["tandem_serve_kv_pages_used"] == 0 and m["tandem_serve_running_requests"] == 0
     assert m["tandem_serve_queued_requests"] == 0
+    # The body is valid exposition text for Prometheus' own checker (where it is installed).
+    if shutil.which("promtool"):
+        text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read()
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert b'tandem_serve_http_responses_total{route="/v1/completions",status="200"}' in text
 
 
 def test_a_full_queue_answers_429(model_dir):

@@ -1,10 +1,8 @@
 #include "tandem/monitor/web_server.h"
 
-#include <chrono>
-#include <thread>
-
 #include "tandem/core/error.h"
 #include "tandem/core/fs.h"
+#include "tandem/core/http_listener.h"
 #include "tandem/core/strings.h"
 #include "tandem/monitor/prometheus.h"
 #include "tandem/monitor/run_feed.h"
@@ -26,9 +24,8 @@ struct WebServer::Impl {
   RunFeed& feed;
   WebServerOptions options;
   httplib::Server server;
-  std::thread thread;
-  int port = 0;
   std::string chartjs, page, warning;
+  std::unique_ptr<HttpListener> listener;  // last: stopped and joined before the routes' state goes
   Impl(RunFeed& f, WebServerOptions o) : feed(f), options(std::move(o)) {}
 };
 
@@ -85,39 +82,17 @@ WebServer::WebServer(RunFeed& feed, WebServerOptions options)
       res.set_content(prometheus_text(im.feed, im.options.run_label), "text/plain; version=0.0.4; charset=utf-8");
     });
   }
-  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, which would let a second run
-  // share a taken port silently instead of being told.
-  im.server.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
-  });
   im.server.Get("/healthz",
                 [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
-  if (o.port == 0) {
-    im.port = im.server.bind_to_any_port(o.host);
-    TANDEM_CHECK(im.port > 0, "cannot listen on ", o.host, ": no free port (check monitor.bind)");
-  } else {
-    TANDEM_CHECK(o.port > 0 && o.port < 65536, "port ", o.port, " is not a TCP port; give one in 1..65535");
-    TANDEM_CHECK(im.server.bind_to_port(o.host, o.port), "cannot listen on ", o.host, ":", o.port,
-                 " (in use, or not an address of this machine); pick another port or check monitor.bind");
-    im.port = o.port;
-  }
-  im.thread = std::thread([&im] { im.server.listen_after_bind(); });
-  // stop() is a no-op until the accept loop runs: wait for it, so a destructor never waits forever.
-  for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  TANDEM_CHECK(im.server.is_running(), "the HTTP server on ", o.host, ":", im.port,
-               " did not start within 5 s; check monitor.bind and that the port is free");
+  im.listener = std::make_unique<HttpListener>(im.server, o.host, o.port, "pick another port or check monitor.bind");
 }
 
-WebServer::~WebServer() {
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+WebServer::~WebServer() = default;
 
-int WebServer::port() const { return impl_->port; }
+int WebServer::port() const { return impl_->listener->port(); }
 std::string WebServer::url() const {
   const std::string& h = impl_->options.host;
-  return "http://" + (h == "0.0.0.0" ? std::string("127.0.0.1") : h) + ":" + std::to_string(impl_->port) + "/";
+  return "http://" + (h == "0.0.0.0" ? std::string("127.0.0.1") : h) + ":" + std::to_string(port()) + "/";
 }
 const std::string& WebServer::warning() const { return impl_->warning; }
 

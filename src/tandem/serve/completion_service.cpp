@@ -6,6 +6,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/tokenizer_files.h"
+#include "tandem/monitor/prometheus.h"
 #include "tandem/serve/batch_scheduler.h"
 #include "tandem/serve/chat_format.h"
 
@@ -132,14 +133,14 @@ std::string CompletionService::model_id() const { return impl_->name; }
 
 std::string CompletionService::metrics_text() const {
   const auto s = impl_->scheduler->stats();
-  std::string out;
+  PrometheusText out;
   const auto metric = [&out](const char* name, const char* type, const char* help, double value) {
-    out += strprintf("# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, value);
+    out.metric(name, type, help, value);
   };
   metric("tandem_serve_queued_requests", "gauge", "Requests waiting for a place in the batch.", double(s.queued));
   metric("tandem_serve_running_requests", "gauge", "Sequences in the running batch.", double(s.running));
   metric("tandem_serve_kv_pages_used", "gauge", "KV cache pages held by sequences.", double(s.pages_used));
-  metric("tandem_serve_kv_pages_total", "gauge", "KV cache pages in all.", double(s.pages_total));
+  metric("tandem_serve_kv_pages_capacity", "gauge", "KV cache pages in all.", double(s.pages_total));
   metric("tandem_serve_requests_total", "counter", "Requests accepted.", double(s.submitted));
   metric("tandem_serve_refused_requests_total", "counter", "Requests refused for a full queue.", double(s.refused));
   metric("tandem_serve_finished_requests_total", "counter", "Requests finished.", double(s.finished));
@@ -168,7 +169,7 @@ std::string CompletionService::metrics_text() const {
          "Device time of those steps' sampling (CUDA events).", s.split_sample_device_seconds);
   metric("tandem_serve_time_to_first_token_seconds", "gauge", "Mean time to first token.",
          s.mean_time_to_first_token_s);
-  return out;
+  return out.str();
 }
 
 std::string CompletionService::description() const {

@@ -7,10 +7,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "tandem/core/error.h"
+#include "tandem/core/http_listener.h"
+#include "tandem/monitor/prometheus.h"
 
 #ifdef TANDEM_WITH_HTTP
 #include <httplib.h>
@@ -95,9 +96,6 @@ struct HttpServer::Impl {
   CompletionBackend& backend;
   HttpServerOptions options;
   httplib::Server server;
-  std::thread thread;
-  int port = 0;
-  socket_t listen_socket = -1;
   int64_t started = unix_now();
   std::mutex counts_mutex;
   std::map<std::pair<std::string, int>, int64_t> responses;  // (route, status) -> count
@@ -107,6 +105,7 @@ struct HttpServer::Impl {
   bool draining = false, cutting = false;
   int64_t admitted = 0;
   std::map<uint64_t, std::shared_ptr<RequestStream>> active;
+  std::unique_ptr<HttpListener> listener;  // last: stopped and joined before the state above goes
 
   Impl(CompletionBackend& b, HttpServerOptions o) : backend(b), options(std::move(o)) {}
 
@@ -323,14 +322,13 @@ void HttpServer::Impl::not_served(const httplib::Request& req, httplib::Response
 }
 
 std::string HttpServer::Impl::metrics() {
-  std::string out = backend.metrics_text();
-  out += "# HELP tandem_serve_http_responses_total HTTP responses by route and status.\n";
-  out += "# TYPE tandem_serve_http_responses_total counter\n";
+  PrometheusText out;
+  out.family("tandem_serve_http_responses_total", "counter", "HTTP responses by route and status.");
   const std::lock_guard<std::mutex> lock(counts_mutex);
   for (const auto& [key, n] : responses)
-    out += "tandem_serve_http_responses_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) +
-           "\"} " + std::to_string(n) + "\n";
-  return out;
+    out.sample("tandem_serve_http_responses_total", double(n),
+               "route=\"" + prometheus_label(key.first) + "\",status=\"" + std::to_string(key.second) + "\"");
+  return backend.metrics_text() + out.str();
 }
 
 HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
@@ -371,39 +369,15 @@ HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
     res.status = 413;  // the final answer: the body is never sent
     return 413;
   });
-  im.server.set_socket_options([&im](socket_t sock) {  // SO_REUSEADDR only: a taken port is an error
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
-    im.listen_socket = sock;  // the listening socket: the only one this option callback sees
-  });
-  if (im.options.port == 0) {
-    im.port = im.server.bind_to_any_port(im.options.host);
-    TANDEM_CHECK(im.port > 0, "cannot listen on ", im.options.host, ": no free port (check --host)");
-  } else {
-    TANDEM_CHECK(im.options.port > 0 && im.options.port < 65536, "port ", im.options.port,
-                 " is not a TCP port; give one in 1..65535");
-    TANDEM_CHECK(im.server.bind_to_port(im.options.host, im.options.port), "cannot listen on ", im.options.host, ":",
-                 im.options.port, " (in use, or not an address of this machine); pick another --port or --host");
-    im.port = im.options.port;
-  }
-  // cpp-httplib listens with a backlog of 5: under a burst of new connections (a client per request)
-  // the kernel's accept queue overflows and those connections are reset before any answer. Listening
-  // again on the bound socket raises the backlog (to the kernel's somaxconn at most).
-  if (im.listen_socket >= 0) ::listen(im.listen_socket, 4096);
-  im.thread = std::thread([&im] { im.server.listen_after_bind(); });
-  for (int i = 0; i < 5000 && !im.server.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  im.listener = std::make_unique<HttpListener>(im.server, im.options.host, im.options.port,
+                                               "pick another --port or --host");
 }
 
-HttpServer::~HttpServer() {
-  stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+HttpServer::~HttpServer() = default;
 
-int HttpServer::port() const { return impl_->port; }
+int HttpServer::port() const { return impl_->listener->port(); }
 
-void HttpServer::wait() {
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+void HttpServer::wait() { impl_->listener->wait(); }
 
 void HttpServer::refuse_new() {
   const std::lock_guard<std::mutex> lock(impl_->active_mutex);
@@ -420,7 +394,7 @@ int64_t HttpServer::drain(std::chrono::milliseconds timeout) {
   return cut;
 }
 
-void HttpServer::stop() { impl_->server.stop(); }
+void HttpServer::stop() { impl_->listener->stop(); }
 
 #else  // no cpp-httplib at build time
 
