@@ -64,6 +64,12 @@ export PYTHONUNBUFFERED=1
 # DeepSpeed and its missing dependencies, from the wheels carried in .whl. Fails only when there are
 # none; a failed install shows in pip's output and in the DeepSpeed run's import error.
 # `install_wheels clients` leaves DeepSpeed out: transformers imports whatever DeepSpeed it finds.
+# PyPI ships DeepSpeed as a source distribution only; its wheel (pure Python, its ops compiled when
+# first used) is built beside the checkout:
+#   .venv/bin/pip install wheel && DS_BUILD_OPS=0 .venv/bin/pip wheel deepspeed==0.19.8 --no-deps \
+#     --no-build-isolation -w .whl
+#   .venv/bin/pip download --no-deps --python-version 3.12 --only-binary :all: \
+#     --platform manylinux2014_x86_64 -d .whl hjson einops msgpack py-cpuinfo ninja
 install_wheels() {
   compgen -G ".whl/*.whl" >/dev/null || return 1
   local wheels=(.whl/*.whl) site=/tmp/site
