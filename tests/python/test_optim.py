@@ -198,6 +198,39 @@ def test_state_dict_round_trip_and_a_torch_state_dict():
     opt.engine.close()
 
 
+def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
+    # optim.state_dtype=int8 (Note [8-bit states]): close to fp32 states but not the same, and a
+    # state_dict (decoded to fp32, as torch's) resumes into the same run exactly. Every Block is
+    # CPU-updated from the start (update_split=0): an adaptive split keeps a Block's states in fp32
+    # while it is updated on the device, so a resumed run would quantise at other steps.
+    q8 = dict(CPU, **{"optim.state_dtype": "int8", "offload.update_split": "0"})
+    torch.manual_seed(0)
+    start = Net().state_dict()
+    losses = {}
+    for name, config in (("fp32", CPU), ("int8", q8)):
+        model = Net()
+        model.load_state_dict(start)
+        opt = tandem.optim.OffloadAdamW(groups_of(model), lr=3e-3, config=config)
+        losses[name] = run(model, opt, 8)
+        opt.engine.close()
+    assert losses["int8"] != losses["fp32"]
+    assert losses["int8"] == pytest.approx(losses["fp32"], rel=1e-2)
+
+    first = Net()
+    first.load_state_dict(start)
+    opt = tandem.optim.OffloadAdamW(groups_of(first), lr=3e-3, config=q8)
+    run(first, opt, 4)
+    saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
+    opt.engine.close()
+    assert saved["state"][0]["exp_avg"].dtype == torch.float32
+    second = Net()
+    second.load_state_dict(weights)
+    opt = tandem.optim.OffloadAdamW(groups_of(second), lr=3e-3, config=q8)
+    opt.load_state_dict(saved)
+    assert run(second, opt, 4, first=4) == losses["int8"][4:]
+    opt.engine.close()
+
+
 def test_a_second_backward_before_the_step_is_refused():
     _, model = net_pair()
     opt = tandem.optim.OffloadAdamW(model.parameters(), lr=3e-3, config=CPU)

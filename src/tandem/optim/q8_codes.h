@@ -23,9 +23,11 @@
 // unquantised new moments), then quantises the new moments with the tile's new scales. Blocks start
 // at each parameter's first element (a span's tiles), so a parameter owns its scales; sharded
 // stores quantise each rank's slice of a parameter the same way. Checkpoints hold the states
-// decoded to fp32 (engine/host_states), which encode back to the same codes: a resume is exact, and
-// fp32, bf16 and int8 runs resume from one another; writing one takes 8 bytes of host memory a
-// parameter for the copies while it is written.
+// decoded to fp32 (engine/host_states), which encode back to the same codes: a resume is exact where
+// each Block is updated on the same side as in the uninterrupted run (a fixed offload.update_split;
+// a GPU-updated Block keeps fp32 states, so an adaptive split that decides otherwise after a resume
+// quantises at other steps), and fp32, bf16 and int8 runs resume from one another; writing one takes
+// 8 bytes of host memory a parameter for the copies while it is written.
 
 #include <cstdint>
 #include <cstring>
