@@ -48,18 +48,45 @@ void allocate_undo_states(BlockStore& b) {
   }
 }
 
+std::pair<torch::Tensor, torch::Tensor> param_states_f32(const BlockStore& b, size_t k) {
+  const FlatParam& f = b.shard_params.at(k);
+  if (!q8_states(b))
+    return {b.m.narrow(0, f.offset, f.numel).to(torch::kFloat32, false, true),
+            b.v.narrow(0, f.offset, f.numel).to(torch::kFloat32, false, true)};
+  auto m = torch::empty({f.numel}), v = torch::empty({f.numel});
+  q8::decode(b.m.data_ptr<int8_t>() + f.offset, b.v.data_ptr<uint8_t>() + f.offset,
+             b.m_scale.data_ptr<float>() + f.scale_offset, b.v_scale.data_ptr<float>() + f.scale_offset, f.numel,
+             m.data_ptr<float>(), v.data_ptr<float>());
+  return {m, v};
+}
+
+void set_param_states(BlockStore& b, size_t k, const torch::Tensor& m, const torch::Tensor& v) {
+  const FlatParam& f = b.shard_params.at(k);
+  TANDEM_ASSERT(m.numel() == f.numel && v.numel() == f.numel, "block ", b.name, ": states of ", m.numel(),
+                " elements for ", f.name, "'s ", f.numel);
+  torch::NoGradGuard no_grad;
+  if (!q8_states(b)) {
+    b.m.narrow(0, f.offset, f.numel).copy_(m.reshape(-1));
+    b.v.narrow(0, f.offset, f.numel).copy_(v.reshape(-1));
+    return;
+  }
+  const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(), v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
+  q8::encode(m32.data_ptr<float>(), v32.data_ptr<float>(), f.numel, b.m.data_ptr<int8_t>() + f.offset,
+             b.v.data_ptr<uint8_t>() + f.offset, b.m_scale.data_ptr<float>() + f.scale_offset,
+             b.v_scale.data_ptr<float>() + f.scale_offset);
+}
+
 std::pair<torch::Tensor, torch::Tensor> states_f32(const BlockStore& b) {
   if (!q8_states(b)) {
     if (b.m.scalar_type() == torch::kFloat32) return {b.m, b.v};
     return {b.m.to(torch::kFloat32), b.v.to(torch::kFloat32)};
   }
   auto m = torch::zeros({b.shard_numel}), v = torch::zeros({b.shard_numel});
-  const auto& ps = b.shard_params;
-  CpuThreadPool::global().run(static_cast<int64_t>(ps.size()), [&](int64_t i) {
-    const FlatParam& f = ps[static_cast<size_t>(i)];
-    q8::decode(b.m.data_ptr<int8_t>() + f.offset, b.v.data_ptr<uint8_t>() + f.offset,
-               b.m_scale.data_ptr<float>() + f.scale_offset, b.v_scale.data_ptr<float>() + f.scale_offset, f.numel,
-               m.data_ptr<float>() + f.offset, v.data_ptr<float>() + f.offset);
+  CpuThreadPool::global().run(static_cast<int64_t>(b.shard_params.size()), [&](int64_t k) {
+    const FlatParam& f = b.shard_params[static_cast<size_t>(k)];
+    auto [pm, pv] = param_states_f32(b, static_cast<size_t>(k));
+    m.narrow(0, f.offset, f.numel).copy_(pm);
+    v.narrow(0, f.offset, f.numel).copy_(pv);
   });
   return {m, v};
 }
@@ -74,12 +101,9 @@ void set_states(BlockStore& b, const torch::Tensor& m, const torch::Tensor& v) {
     return;
   }
   const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(), v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
-  const auto& ps = b.shard_params;
-  CpuThreadPool::global().run(static_cast<int64_t>(ps.size()), [&](int64_t i) {
-    const FlatParam& f = ps[static_cast<size_t>(i)];
-    q8::encode(m32.data_ptr<float>() + f.offset, v32.data_ptr<float>() + f.offset, f.numel,
-               b.m.data_ptr<int8_t>() + f.offset, b.v.data_ptr<uint8_t>() + f.offset,
-               b.m_scale.data_ptr<float>() + f.scale_offset, b.v_scale.data_ptr<float>() + f.scale_offset);
+  CpuThreadPool::global().run(static_cast<int64_t>(b.shard_params.size()), [&](int64_t k) {
+    const FlatParam& f = b.shard_params[static_cast<size_t>(k)];
+    set_param_states(b, static_cast<size_t>(k), m32.narrow(0, f.offset, f.numel), v32.narrow(0, f.offset, f.numel));
   });
 }
 

@@ -29,4 +29,10 @@ std::pair<torch::Tensor, torch::Tensor> states_f32(const BlockStore& b);
 /// states are bf16), or encoded where they are 8-bit.
 void set_states(BlockStore& b, const torch::Tensor& m, const torch::Tensor& v);
 
+/// The same for parameter k of the Block's slice (b.shard_params[k]; its own scales, so nothing
+/// else of the Block is read or written): fp32 copies of its m and v, flat, on the states' device.
+std::pair<torch::Tensor, torch::Tensor> param_states_f32(const BlockStore& b, size_t k);
+/// Sets parameter k's m and v from values of any float dtype and device (its numel each).
+void set_param_states(BlockStore& b, size_t k, const torch::Tensor& m, const torch::Tensor& v);
+
 }  // namespace tandem

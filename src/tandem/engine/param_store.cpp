@@ -336,29 +336,22 @@ void ParamStore::load_state(const std::function<std::optional<torch::Tensor>(con
                             const std::string& source, torch::Tensor& step) {
   TANDEM_ASSERT(!sharded(), "a sharded store loads per rank (load_shard_state)");
   torch::NoGradGuard no_grad;
-  bool step_read = false;
-  for (auto& b : blocks_) {
-    auto [m, v] = states_f32(b);
-    if (m.data_ptr() == b.m.data_ptr()) m = m.clone(), v = v.clone();  // set_states copies back
-    for (const auto& f : b.params) {
-      for (auto& [kind, dst] : {std::pair<std::string, torch::Tensor&>{"exp_avg", m}, {"exp_avg_sq", v}}) {
-        const std::string name = f.name + "." + kind;
-        const auto t = lookup(name);
-        TANDEM_CHECK(t.has_value(), source, ": optimizer state '", name,
-                     "' is missing; the checkpoint does not match this model or optim.type");
-        TANDEM_CHECK(t->numel() == f.numel, source, ": optimizer state '", name, "' has shape ", t->sizes(),
-                     " but the model needs ", f.shape, "; resume with the checkpoint's model settings");
-        dst.narrow(0, f.offset, f.numel).copy_(t->reshape(-1));
-      }
-      if (!step_read) {
-        const auto s = lookup(f.name + ".step");
-        TANDEM_CHECK(s.has_value(), source, ": optimizer state '", f.name, ".step' is missing");
-        step.copy_(*s);
-        step_read = true;
-      }
-    }
-    set_states(b, m, v);
-  }
+  const auto get = [&](const FlatParam& f, const char* kind, int64_t numel) {
+    const std::string name = f.name + "." + kind;
+    const auto t = lookup(name);
+    TANDEM_CHECK(t.has_value(), source, ": optimizer state '", name,
+                 "' is missing; the checkpoint does not match this model or optim.type");
+    TANDEM_CHECK(t->numel() == numel, source, ": optimizer state '", name, "' has shape ", t->sizes(),
+                 " but the model needs ", numel == 1 ? std::vector<int64_t>{} : f.shape,
+                 "; resume with the checkpoint's model settings");
+    return *t;
+  };
+  for (auto& b : blocks_)
+    for (size_t k = 0; k < b.params.size(); ++k)  // unsharded: params and shard_params coincide
+      set_param_states(b, k, get(b.params[k], "exp_avg", b.params[k].numel),
+                       get(b.params[k], "exp_avg_sq", b.params[k].numel));
+  TANDEM_CHECK(!blocks_.empty() && !blocks_.front().params.empty(), source, ": the engine holds no parameters");
+  step.copy_(get(blocks_.front().params.front(), "step", 1).reshape({}));
 }
 
 // Note [Parameter groups]
@@ -399,14 +392,10 @@ std::pair<BlockStore*, const FlatParam*> ParamStore::find(const torch::Tensor& p
 }
 
 std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
-  const auto where = find(param);
-  const BlockStore* b = where.first;
-  const FlatParam* f = where.second;
-  const auto slice = [&](const torch::Tensor& t) {
-    return t.narrow(0, f->offset, f->numel).to(torch::kCPU, torch::kFloat32, false, true).view(f->shape);
-  };
-  const auto [m, v] = states_f32(*b);
-  return {slice(b->master), slice(m), slice(v)};
+  const auto [b, f] = find(param);
+  const auto [m, v] = param_states_f32(*b, static_cast<size_t>(f - b->params.data()));
+  const auto cpu = [&](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat32, false, true).view(f->shape); };
+  return {cpu(b->master.narrow(0, f->offset, f->numel)), cpu(m), cpu(v)};
 }
 
 void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
@@ -414,15 +403,11 @@ void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tenso
   torch::NoGradGuard no_grad;
   auto [bp, f] = find(param);
   BlockStore& b = *bp;
-  auto [bm, bv] = states_f32(b);
-  if (bm.data_ptr() == b.m.data_ptr()) bm = bm.clone(), bv = bv.clone();
-  for (const auto& [dst, src, what] :
-       {std::tuple{b.master, master, "master"}, std::tuple{bm, m, "exp_avg"}, std::tuple{bv, v, "exp_avg_sq"}}) {
+  for (const auto& [src, what] : {std::pair{master, "master"}, std::pair{m, "exp_avg"}, std::pair{v, "exp_avg_sq"}})
     TANDEM_CHECK(src.numel() == f->numel, "the state's ", what, " of ", f->name, " has ", src.numel(),
                  " elements, the parameter ", f->numel);
-    dst.narrow(0, f->offset, f->numel).copy_(src.reshape(-1));
-  }
-  set_states(b, bm, bv);
+  b.master.narrow(0, f->offset, f->numel).copy_(master.reshape(-1));
+  set_param_states(b, static_cast<size_t>(f - b.params.data()), m, v);
   const torch::Tensor new_weights = b.master.narrow(0, f->offset, f->numel);
   view_of(b.working, *f).copy_(new_weights.view(f->shape));
   if (b.staging.defined()) b.staging.narrow(0, f->offset, f->numel).copy_(new_weights);
