@@ -161,6 +161,13 @@ def test_add_param_group_and_parameters_in_no_group():
     opt.engine.close()
 
 
+def net_with(weights, config, lr=3e-3):
+    """A Net holding `weights` and an OffloadAdamW over its groups."""
+    model = Net()
+    model.load_state_dict(weights)
+    return model, tandem.optim.OffloadAdamW(groups_of(model), lr=lr, config=config)
+
+
 def test_state_dict_round_trip_and_a_torch_state_dict():
     torch.manual_seed(0)
     straight = Net()
@@ -169,9 +176,7 @@ def test_state_dict_round_trip_and_a_torch_state_dict():
     want = run(straight, opt, 6)
     opt.engine.close()
 
-    first = Net()
-    first.load_state_dict(start)
-    opt = tandem.optim.OffloadAdamW(groups_of(first), lr=3e-3, config=CPU)
+    first, opt = net_with(start, CPU)
     run(first, opt, 3)
     saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
     opt.engine.close()
@@ -179,9 +184,7 @@ def test_state_dict_round_trip_and_a_torch_state_dict():
     assert set(saved["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "master"}
     assert float(saved["state"][0]["step"]) == 3
 
-    second = Net()
-    second.load_state_dict(weights)
-    opt = tandem.optim.OffloadAdamW(groups_of(second), lr=1.0, config=CPU)  # the state's lr wins
+    second, opt = net_with(weights, CPU, lr=1.0)  # the state's lr wins
     opt.load_state_dict(saved)
     assert opt.param_groups[0]["lr"] == 3e-3
     assert run(second, opt, 3, first=3) == want[3:]
@@ -208,24 +211,18 @@ def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
     start = Net().state_dict()
     losses = {}
     for name, config in (("fp32", CPU), ("int8", q8)):
-        model = Net()
-        model.load_state_dict(start)
-        opt = tandem.optim.OffloadAdamW(groups_of(model), lr=3e-3, config=config)
+        model, opt = net_with(start, config)
         losses[name] = run(model, opt, 8)
         opt.engine.close()
     assert losses["int8"] != losses["fp32"]
     assert losses["int8"] == pytest.approx(losses["fp32"], rel=1e-2)
 
-    first = Net()
-    first.load_state_dict(start)
-    opt = tandem.optim.OffloadAdamW(groups_of(first), lr=3e-3, config=q8)
+    first, opt = net_with(start, q8)
     run(first, opt, 4)
     saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
     opt.engine.close()
     assert saved["state"][0]["exp_avg"].dtype == torch.float32
-    second = Net()
-    second.load_state_dict(weights)
-    opt = tandem.optim.OffloadAdamW(groups_of(second), lr=3e-3, config=q8)
+    second, opt = net_with(weights, q8)
     opt.load_state_dict(saved)
     assert run(second, opt, 4, first=4) == losses["int8"][4:]
     opt.engine.close()
