@@ -169,6 +169,23 @@ TEST(WebServer, ALiveRunServesItsRowsAndSamplesWhileItTrains) {
   EXPECT_EQ(get(port, "/api/series"), "") << "the server should stop with the run";
 }
 
+// `tandem dashboard` on a finished run: /metrics alone (no page polling) reads its rows and says it
+// is no longer up.
+TEST(WebServer, AFollowedRunThatFinishedIsDownOnMetrics) {
+  test::TempDir dir;
+  tiny_run(dir.path(), 5);
+  ASSERT_TRUE(fs::exists(dir.file("summary.json")));
+  RunFeed feed;
+  WebServerOptions o;
+  o.follow_metrics = dir.file("metrics.jsonl");
+  WebServer server(feed, o);
+  int status = 0;
+  const std::string text = get(server.port(), "/metrics", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_NE(text.find("tandem_up 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("tandem_steps_total 5"), std::string::npos) << text;
+}
+
 TEST(Dashboard, LoadsInHeadlessChromiumWithChartsAndNoErrors) {
   if (!have("chromium")) GTEST_SKIP() << "chromium not installed (Debian's chromium; scripts/setup.sh)";
   if (!fs::exists(kDefaultChartJs)) GTEST_SKIP() << "Chart.js not installed (Debian's libjs-chart.js)";

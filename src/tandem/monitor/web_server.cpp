@@ -27,6 +27,15 @@ struct WebServer::Impl {
   std::string chartjs, page, warning;
   std::unique_ptr<HttpListener> listener;  // last: stopped and joined before the routes' state goes
   Impl(RunFeed& f, WebServerOptions o) : feed(f), options(std::move(o)) {}
+
+  // `tandem dashboard`: the followed metrics.jsonl's new rows, and a run that wrote its summary
+  // has finished (the page stops polling; /metrics says tandem_up 0).
+  void follow() {
+    if (options.follow_metrics.empty()) return;
+    feed.follow(options.follow_metrics);
+    if (std::filesystem::exists(std::filesystem::path(options.follow_metrics).parent_path() / "summary.json"))
+      feed.finish();
+  }
 };
 
 namespace {
@@ -66,19 +75,14 @@ WebServer::WebServer(RunFeed& feed, WebServerOptions options)
       res.set_content(im.chartjs, "application/javascript");
     });
     im.server.Get("/api/series", [&im](const httplib::Request& req, httplib::Response& res) {
-      if (!im.options.follow_metrics.empty()) {
-        im.feed.follow(im.options.follow_metrics);
-        // A run that wrote its summary has finished: the page stops polling.
-        if (std::filesystem::exists(std::filesystem::path(im.options.follow_metrics).parent_path() / "summary.json"))
-          im.feed.finish();
-      }
+      im.follow();
       res.set_header("Cache-Control", "no-store");
       res.set_content(im.feed.since(query_int(req, "row"), query_int(req, "sample")).dump(), "application/json");
     });
   }
   if (o.metrics) {
     im.server.Get("/metrics", [&im](const httplib::Request&, httplib::Response& res) {
-      if (!im.options.follow_metrics.empty()) im.feed.follow(im.options.follow_metrics);
+      im.follow();
       res.set_content(prometheus_text(im.feed, im.options.run_label), "text/plain; version=0.0.4; charset=utf-8");
     });
   }
