@@ -18,10 +18,10 @@
 
 #include "../test_util.h"
 #include "engine_fixtures.h"
-#include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
+#include "tandem/parallel/comm.h"
 
 namespace tandem {
 namespace {

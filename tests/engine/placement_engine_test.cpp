@@ -12,9 +12,9 @@
 #include "tandem/core/error.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
+#include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
-#include "tandem/run/autocast.h"
 
 namespace tandem {
 namespace {

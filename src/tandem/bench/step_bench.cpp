@@ -9,13 +9,13 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
-#include "tandem/core/fs.h"
 #include "tandem/io/hf.h"
+#include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
-#include "tandem/run/autocast.h"
 #include "tandem/run/run_setup.h"
 
 namespace tandem {

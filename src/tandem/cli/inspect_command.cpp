@@ -12,7 +12,6 @@
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/dist/pipeline_grid.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/host_fit.h"
@@ -20,7 +19,8 @@
 #include "tandem/models/family.h"
 #include "tandem/models/recipe.h"
 #include "tandem/models/spec.h"
-#include "tandem/run/pipeline_profile.h"
+#include "tandem/parallel/pipeline_grid.h"
+#include "tandem/parallel/pipeline_profile.h"
 
 namespace tandem {
 namespace {

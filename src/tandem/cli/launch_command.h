@@ -1,11 +1,11 @@
 #pragma once
 // `tandem launch --nproc-per-node N -- CMD...`: worker processes with torchrun's environment
-// (dist/launcher.h), their output passed on by rank, restarted on failure.
+// (parallel/launcher.h), their output passed on by rank, restarted on failure.
 
 #include <string>
 
 #include "tandem/cli/command.h"
-#include "tandem/dist/launcher.h"
+#include "tandem/parallel/launcher.h"
 
 namespace CLI {
 class App;

@@ -9,7 +9,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/models/model.h"
-#include "tandem/run/pipeline_profile.h"
+#include "tandem/parallel/pipeline_profile.h"
 #include "tandem/run/run_setup.h"
 #include "tandem/sched/pipeline_partition.h"
 

@@ -36,10 +36,10 @@
 #include <string>
 #include <vector>
 
-#include "tandem/dist/comm.h"
 #include "tandem/memory/update_side.h"
 #include "tandem/models/block_sequence.h"
 #include "tandem/optim/cpu_update.h"
+#include "tandem/parallel/comm.h"
 
 namespace tandem {
 

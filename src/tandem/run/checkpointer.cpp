@@ -7,11 +7,11 @@
 #include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/dist/comm.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/io/safetensors.h"
 #include "tandem/models/model.h"
+#include "tandem/parallel/comm.h"
 #include "tandem/run/run_setup.h"
 
 namespace fs = std::filesystem;

@@ -10,10 +10,10 @@
 #include <utility>
 
 #include "tandem/core/config.h"
-#include "tandem/dist/rank_info.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/memory/plan.h"
 #include "tandem/models/spec.h"
+#include "tandem/parallel/rank_info.h"
 
 namespace tandem {
 

@@ -5,24 +5,18 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/dist/comm.h"
-#include "tandem/dist/stage_link.h"
 #include "tandem/models/model.h"
 #include "tandem/models/stage_blocks.h"
-#include "tandem/run/pipeline_profile.h"
-#include "tandem/run/pipeline_step.h"
+#include "tandem/parallel/comm.h"
+#include "tandem/parallel/pipeline_profile.h"
+#include "tandem/parallel/pipeline_step.h"
+#include "tandem/parallel/stage_link.h"
 #include "tandem/run/run_plan.h"
 #include "tandem/run/run_setup.h"
 #include "tandem/sched/pipeline_partition.h"
 #include "tandem/sched/pipeline_schedule.h"
 
 namespace tandem {
-
-PipelineParts::PipelineParts() = default;
-PipelineParts::PipelineParts(PipelineParts&&) noexcept = default;
-PipelineParts& PipelineParts::operator=(PipelineParts&&) noexcept = default;
-PipelineParts::~PipelineParts() = default;
-
 namespace {
 
 // What a pipeline does not compose with yet: the reason and its fix, or "" when it runs.
@@ -151,13 +145,6 @@ PipelineParts open_pipeline(Model& model, RunPlan& plan, RunContext& ctx) {
   log::info(strprintf("rank %d: %s | %s, %lld micro-batches", ctx.ranks.rank, describe_stage(parts, model).c_str(),
                       to_string(cfg.dist.pipeline_schedule), static_cast<long long>(cfg.train.grad_accum)));
   return parts;
-}
-
-std::string describe_stage(const PipelineParts& parts, const Model& model) {
-  const auto first = parts.blocks->first(), end = parts.blocks->end();
-  return strprintf("stage %d of %d (Blocks %zu .. %zu of %zu: %s .. %s), replica %d of %d", parts.grid.stage(),
-                   parts.grid.stages(), first, end - 1, model.block_count(), model.block_name(first).c_str(),
-                   model.block_name(end - 1).c_str(), parts.grid.replica(), parts.grid.replicas());
 }
 
 }  // namespace tandem

@@ -8,12 +8,12 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/dist/comm.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/host_fit.h"
+#include "tandem/parallel/comm.h"
+#include "tandem/parallel/pipeline_profile.h"
 #include "tandem/run/engine_setup.h"
-#include "tandem/run/pipeline_profile.h"
 #include "tandem/run/run_setup.h"
 
 namespace fs = std::filesystem;

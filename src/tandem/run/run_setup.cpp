@@ -12,7 +12,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/dist/comm.h"
+#include "tandem/parallel/comm.h"
 
 namespace tandem {
 

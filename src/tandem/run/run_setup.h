@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tandem/core/config.h"
-#include "tandem/dist/rank_info.h"
+#include "tandem/parallel/rank_info.h"
 
 namespace tandem {
 

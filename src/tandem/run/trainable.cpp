@@ -4,13 +4,13 @@
 
 #include "tandem/core/error.h"
 
-#include "tandem/dist/comm.h"
-#include "tandem/dist/grad_reducer.h"
 #include "tandem/models/model.h"
 #include "tandem/models/stage_blocks.h"
 #include "tandem/optim/optimizer.h"
+#include "tandem/parallel/comm.h"
+#include "tandem/parallel/grad_reducer.h"
+#include "tandem/parallel/pipeline_checkpoint.h"
 #include "tandem/run/checkpointer.h"
-#include "tandem/run/pipeline_checkpoint.h"
 #include "tandem/run/pipeline_setup.h"
 #include "tandem/run/run_metrics.h"
 #include "tandem/run/run_plan.h"
