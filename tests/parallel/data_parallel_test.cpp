@@ -1,5 +1,5 @@
 // Note [Data parallel]: rows per rank from dist.balance (rebalancing runs across processes in
-// tests/dist).
+// tests/parallel).
 #include "tandem/parallel/data_parallel.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Note [Run plan]: what a run decides before building, on one process (the ranks' agreement runs
-// in tests/dist).
+// in tests/parallel).
 #include "tandem/run/run_plan.h"
 
 #include <gtest/gtest.h>
