@@ -47,7 +47,7 @@
 #   pipeline the partitioner's profile and plan (1B, the CPU weighed as a stage), and a 125M run in two
 #          stages over the CPU and the GPU with the predicted step against the measured one;
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
-#          states, host ring), one plot (bench/train_curves.py).
+#          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8 and delayedN.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -254,7 +254,8 @@ if has curve; then
 # Convergence on real text (the Python sources as bytes), 1B, B=8, T=1024, CURVE_STEPS (default 320)
 # steps, the recipe's defaults: GPU-only AdamW, the offload engine at k = 0 (bf16 host states, a
 # 4-slot host ring) exact, the same delayed, and (CURVE_RUNS may add) int8: exact with 8-bit host
-# states (Note [8-bit states]). bench/train_curves.py tabulates them.
+# states (Note [8-bit states]), delayedN: N exact updates, then delayed (offload.delayed_after=N).
+# bench/train_curves.py tabulates them.
 corpus="$OUT/corpus.txt"
 [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
 cur=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 --steps "${CURVE_STEPS:-320}"
@@ -266,6 +267,7 @@ for c in ${CURVE_RUNS:-gpu exact delayed}; do
   extra=()
   [[ $c != gpu ]] && extra=("${ring[@]}")
   [[ $c == delayed ]] && extra+=(--set offload.delayed_update=true)
+  [[ $c =~ ^delayed([0-9]+)$ ]] && extra+=(--set offload.delayed_update=true --set offload.delayed_after="${BASH_REMATCH[1]}")
   [[ $c == int8 ]] && extra+=(--set optim.state_dtype=int8)
   echo "== curve: 1B $c"
   "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"

@@ -77,6 +77,14 @@ TEST(Config, BadValuesAreUserErrors) {
   apply_override(r, "offload.speculate=never");
   apply_override(r, "offload.delayed_update=true");
   validate_config(r);  // a ring delays with its slots (Note [Delayed host ring])
+  apply_override(r, "offload.delayed_after=40");
+  validate_config(r);  // ZeRO-Offload's start: 40 exact updates, then delayed
+  apply_override(r, "offload.delayed_after=-1");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("offload.delayed_after must be >= 0"), std::string::npos);
+  apply_override(r, "offload.delayed_after=40");
+  apply_override(r, "offload.delayed_update=false");
+  EXPECT_NE(error_of([&] { validate_config(r); }).find("set offload.delayed_update=true or offload.delayed_after=0"),
+            std::string::npos);
 }
 
 TEST(Config, OverridesAndOptionalReset) {

@@ -41,8 +41,9 @@ constexpr double kLr = 3e-3, kB1 = 0.9, kB2 = 0.95, kEps = 1e-8, kWd = 0.1;
 // The reference: LibTorch's AdamW with FusedAdamW's groups (decay on matrices only), clipping
 // by torch::nn::utils::clip_grad_norm_, accumulation in .grad.
 // With `delayed`, the gradient of step s (0-based) is taken at the weights after step s-2's update
-// (Note [Delayed update]): a second model holds the lagging weights.
-std::vector<double> reference_losses(int steps, int accum, double clip, bool delayed = false) {
+// (Note [Delayed update]) once s > exact_first (the updates before run exact): a second model holds
+// the lagging weights.
+std::vector<double> reference_losses(int steps, int accum, double clip, bool delayed = false, int exact_first = 0) {
   const auto spec = small_spec();
   torch::manual_seed(7);
   auto model = build_model(spec, false);
@@ -70,7 +71,7 @@ std::vector<double> reference_losses(int steps, int accum, double clip, bool del
     Model& fwd = delayed ? *lagging : *model;
     if (delayed) {
       torch::NoGradGuard ng;
-      const auto& w = history[std::max(step - 1, 0)];
+      const auto& w = history[static_cast<size_t>(step <= exact_first ? step : step - 1)];
       auto ps = lagging->parameters();
       for (size_t i = 0; i < ps.size(); ++i) {
         ps[i].copy_(w[i]);
@@ -366,6 +367,22 @@ TEST(OffloadEngine, DelayedUpdateLagsTheCpuBlocksByExactlyOneUpdate) {
   double most = 0;
   for (size_t i = 0; i < exact.size(); ++i) most = std::max(most, std::abs(exact[i] - got.losses[i]) / exact[i]);
   EXPECT_GT(most, 1e-3);
+}
+
+TEST(OffloadEngine, DelayedAfterNUpdatesRunsExactThenLagsByOneUpdate) {
+  // offload.delayed_after=5: updates 1..5 exact (speculating as the exact engine does), then the
+  // lag of one update from step 7 on (step 6 still sees update 5, the last exact one).
+  const auto want = reference_losses(14, 2, 1.0, /*delayed=*/true, /*exact_first=*/5);
+  const auto got = engine_losses(14, 2, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kAuto,
+                                 [](EngineOptions& o) {
+                                   o.delayed = true;
+                                   o.delayed_after = 5;
+                                 });
+  expect_same_losses(got.losses, want, 1e-5);
+  EXPECT_EQ(got.stats.delayed_steps, 9);
+  const auto exact = reference_losses(14, 2, 1.0);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got.losses[i], exact[i], 1e-5 * exact[i]) << "step " << i + 1;
+  EXPECT_GT(std::abs(got.losses[7] - exact[7]), 1e-4 * exact[7]);
 }
 
 TEST(OffloadEngine, ADelayedUpdateThroughAHostRingGivesTheSameBitsAsPerBlockBuffers) {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -127,6 +128,60 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
   const auto bf16 = run(2, StateDtype::kBf16);
   EXPECT_LT(bf16.back(), bf16.front() - 1.0);
   EXPECT_NEAR(bf16.back(), want.back(), 0.05 * want.back());
+}
+
+// An offloaded run on the GPU with deterministic kernels, checkpointed every `every` steps; resumed
+// from `resume` when given. The split is fixed (a resume repeats the run only then: Note [8-bit states]).
+TrainSummary offload_run(const test::TempDir& dir, int64_t steps, const std::function<void(Config&)>& tweak,
+                         int64_t every = 0, const std::string& resume = "") {
+  Config c = cuda_run(dir, steps);
+  c.train.precision = Precision::kBf16;
+  c.train.deterministic = true;
+  c.train.checkpoint_every = every;
+  c.offload.optimizer = OffloadTarget::kCpu;
+  c.offload.update_split = "0";
+  tweak(c);
+  TrainOptions o;
+  o.resume = resume;
+  return train(c, o);
+}
+
+// A straight run checkpointed at step 6, and the same run resumed from that checkpoint: steps 7-12 equal.
+void expect_resume_repeats(const std::function<void(Config&)>& tweak) {
+  test::TempDir straight_dir, resumed_dir;
+  const auto straight = offload_run(straight_dir, 12, tweak, 6);
+  ASSERT_EQ(straight.losses.size(), 12u);
+  const auto resumed = offload_run(resumed_dir, 12, tweak, 0, straight_dir.file("checkpoints/step_00000006"));
+  ASSERT_EQ(resumed.first_step, 6);
+  ASSERT_EQ(resumed.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[6 + i]) << "step " << 7 + i;
+}
+
+TEST(GpuOffload, EightBitStatesResumeOnCuda) {
+  REQUIRE_CUDA();
+  expect_resume_repeats([](Config& c) { c.optim.state_dtype = StateDtype::kInt8; });
+}
+
+TEST(GpuOffload, DelayedAfterNUpdatesRunsExactFirstAndResumesAtTheSameUpdate) {
+  REQUIRE_CUDA();
+  // Note [Delayed update]: the first 4 updates exact (the exact run's losses, bit for bit), then the
+  // one-update lag; counted on the update count, so a run resumed at update 6 with delayed_after=8
+  // runs two more exact updates, as the straight run does.
+  test::TempDir exact_dir, delayed_dir;
+  const auto exact = offload_run(exact_dir, 10, [](Config&) {});
+  const auto delayed = offload_run(delayed_dir, 10, [](Config& c) {
+    c.offload.delayed_update = true;
+    c.offload.delayed_after = 4;
+  });
+  ASSERT_EQ(delayed.losses.size(), 10u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(delayed.losses[i], exact.losses[i]) << "step " << i + 1;
+  double most = 0;
+  for (size_t i = 5; i < 10; ++i) most = std::max(most, std::abs(delayed.losses[i] - exact.losses[i]));
+  EXPECT_GT(most, 1e-4);
+  expect_resume_repeats([](Config& c) {
+    c.offload.delayed_update = true;
+    c.offload.delayed_after = 8;
+  });
 }
 
 }  // namespace

@@ -116,6 +116,13 @@ TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
   const MemoryPlan plain = plan_offload_memory(s, c, 2048, 8);
   EXPECT_EQ(row_bytes(plain, kTierPinned, "undo log"), -1);
   EXPECT_EQ(spec.pinned_bytes() - plain.pinned_bytes(), 12 * n_cpu);
+  // A delayed update waits for the norm and keeps no undo log, unless exact updates come first.
+  Config delayed = bf16_config();
+  delayed.offload.delayed_update = true;
+  EXPECT_EQ(row_bytes(plan_offload_memory(s, delayed, 2048, 8), kTierPinned, "undo log"), -1);
+  delayed.offload.delayed_after = 40;
+  EXPECT_EQ(row_bytes(plan_offload_memory(s, delayed, 2048, 8), kTierPinned, "undo log (speculative updates)"),
+            12 * n_cpu);
 }
 
 TEST(MemoryPlan, PageableHostWhenPinningIsOff) {

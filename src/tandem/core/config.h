@@ -179,6 +179,7 @@ struct OffloadConfig {
   std::string update_split = "auto";  ///< k: fraction of decoder Blocks updated on the GPU, "auto" = solved
   int64_t resolve_every = 50;         ///< auto k: re-solve every this many steps (0 = only at start-up)
   bool delayed_update = false;        ///< opt-in one-step delayed update (weights may lag one step)
+  int64_t delayed_after = 0;          ///< with delayed_update: the first N updates exact, then delayed
   Speculation speculate = Speculation::kAuto;
   double gpu_memory_fraction = 0.92;  ///< share of the GPU's memory the plan may use
   double host_memory_fraction = 0.8;  ///< share of the host's available memory the plan may pin
@@ -191,7 +192,7 @@ struct OffloadConfig {
   int64_t host_ring = -1;
 };
 
-/// Several processes (dist/): how they meet, reduce and share the optimizer state.
+/// Several processes (parallel/): how they meet, reduce and share the optimizer state.
 struct DistConfig {
   DistBackend backend = DistBackend::kAuto;
   int64_t zero_stage = 0;           ///< 0: every rank holds all masters and states; 2: sharded (ZeRO-2 style)

@@ -369,6 +369,10 @@ const std::vector<Field>& fields() {
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),
+      int_field("offload.delayed_after",
+                "with offload.delayed_update: the first N updates run exact, the rest delayed (0 = delayed from "
+                "the start; ZeRO-Offload waits N steps)",
+                F(offload.delayed_after)),
       double_field("offload.host_memory_gib",
                    "host memory the memory plan assumes, GiB (0 = MemAvailable now; set it where the host's memory "
                    "grows as it is used)",

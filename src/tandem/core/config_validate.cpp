@@ -88,6 +88,10 @@ void validate_offload(const OffloadConfig& o) {
                "or offload.host_ring=0");
   TANDEM_CHECK(o.host_ring <= 0 || o.host_ring >= 3 || !o.delayed_update, "offload.host_ring=", o.host_ring,
                " with offload.delayed_update=true: a delayed ring needs at least 3 slots; set offload.host_ring=4");
+  TANDEM_CHECK(o.delayed_after >= 0, "offload.delayed_after must be >= 0 (0 = delayed from the start), got ",
+               o.delayed_after);
+  TANDEM_CHECK(o.delayed_after == 0 || o.delayed_update, "offload.delayed_after=", o.delayed_after,
+               " does nothing without the delayed update: set offload.delayed_update=true or offload.delayed_after=0");
   TANDEM_CHECK(o.resolve_every >= 0, "offload.resolve_every must be >= 0 (0 = at start-up only), got ",
                o.resolve_every);
   TANDEM_CHECK(o.gpu_memory_fraction > 0 && o.gpu_memory_fraction <= 1,

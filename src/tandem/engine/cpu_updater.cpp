@@ -55,6 +55,12 @@ void CpuUpdater::wait_updated(size_t i) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void CpuUpdater::set_delayed(bool delayed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TANDEM_ASSERT(in_flight_ == 0, "the delayed mode changes between steps");
+  options_.delayed = delayed;
+}
+
 void CpuUpdater::wait_idle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return in_flight_ == 0; });
@@ -132,7 +138,11 @@ void CpuUpdater::upload(size_t i, int64_t slot) {
 // updated first and the CPU's work hides under the whole next forward and backward whenever it is
 // shorter than them. wait_all() (evaluation, checkpoints, split solves, traced steps, the
 // end) uploads what is pending, so checkpoints hold consistent weights and a resumed run repeats
-// the uninterrupted one.
+// the uninterrupted one. With offload.delayed_after = N the first N updates run exact (speculating
+// as the exact engine does; the store keeps its undo log for them) and the engine switches between
+// steps once the update count reaches N (OffloadEngine::start_delayed), as ZeRO-Offload starts its
+// delayed parameter update after a warm-up; the count comes from the checkpoint, so a resumed run
+// switches at the same update.
 void CpuUpdater::upload_after_backward(size_t i) {
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -73,6 +73,8 @@ class CpuUpdater {
   /// rethrows the updater thread's first failure.
   void wait_updated(size_t i);
   /// Until no job is queued or running; rethrows the updater thread's first failure.
+  /// Between steps, idle: updates go up after the next backward from now on (Note [Delayed update]).
+  void set_delayed(bool delayed);
   void wait_idle();
 
   /// Restores Block i's master and states from its undo log, bit for bit, and its staging buffer
@@ -109,7 +111,7 @@ class CpuUpdater {
   void run_update(const CpuUpdateJob& job);
 
   ParamStore& store_;
-  const CpuUpdaterOptions options_;
+  CpuUpdaterOptions options_;  // `delayed` changes only while idle (set_delayed)
   TransferStreams* const streams_;  // null: the CPU device
   StepStamps& stamps_;
   const bool ring_;                  // Note [Host ring]

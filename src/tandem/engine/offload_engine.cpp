@@ -130,8 +130,8 @@ OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOpti
             f.param, f.param.register_hook([this, i](const torch::Tensor&) { on_gradient_arriving(i); }));
   }
   model_.set_before_block([this](size_t i) { before_block(i); });
-  updater_ = std::make_unique<CpuUpdater>(store_, CpuUpdaterOptions{hyper, options_.pool, options_.delayed},
-                                          streams_.get(), *stamps_);
+  updater_ = std::make_unique<CpuUpdater>(store_, CpuUpdaterOptions{hyper, options_.pool, false}, streams_.get(),
+                                          *stamps_);
 }
 
 OffloadEngine::~OffloadEngine() {
@@ -186,6 +186,7 @@ void OffloadEngine::sync_streams() {
 
 void OffloadEngine::begin_step(double lr, double loss_scale) {
   TANDEM_ASSERT(loss_scale > 0, "loss scale ", loss_scale);
+  if (options_.delayed && !delayed_now_ && stats_.steps >= options_.delayed_after) start_delayed();
   const bool solve_now = tuner_->begin_step(steps_begun_);
   if (trace_->active()) collect_trace();
   if (solve_now) resolve_split();
@@ -200,11 +201,11 @@ void OffloadEngine::begin_step(double lr, double loss_scale) {
   }
   using S = EngineOptions::Speculate;
   speculate_now_ =
-      !options_.delayed && (options_.speculate == S::kAlways ||
+      !delayed_now_ && !ring_ && (options_.speculate == S::kAlways ||
                             (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
                              std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; })));
   if (speculate_now_) ++stats_.speculative_steps;
-  if (options_.delayed) {
+  if (delayed_now_) {
     ++stats_.delayed_steps;
     std::fill(arrived_.begin(), arrived_.end(), 0);
     backward_order_.clear();
@@ -226,7 +227,7 @@ void OffloadEngine::begin_micro(bool last) {
 // update has been copied out of that buffer (Note [Delayed host ring]). One autograd thread: a
 // delayed update runs no Block on the CPU.
 void OffloadEngine::on_gradient_arriving(size_t i) {
-  if (arrived_[i]) return;
+  if (!delayed_now_ || arrived_[i]) return;
   arrived_[i] = 1;
   backward_order_.push_back(i);
   if (!await_gradient_taken_[i]) return;
@@ -307,7 +308,7 @@ void OffloadEngine::dispatch(size_t i) {
   dispatched_[i] = 1;
   mark_on_compute(stamps_->bwd[i]);
   if (host_run_[i]) return dispatch_host_run(i);
-  if (options_.delayed && updater_->pending_upload(i)) updater_->upload_after_backward(i);
+  if (delayed_now_ && updater_->pending_upload(i)) updater_->upload_after_backward(i);
   const torch::Tensor grad = reduce_gradient(i);
   const bool reduced_on_d2h = cuda_ && options_.comm != nullptr;  // G_i already recorded
   if (store_.blocks()[i].side == UpdateSide::kGpu) return;        // updated in end_step(), once the clip is known
@@ -353,7 +354,7 @@ void OffloadEngine::copy_down(size_t i, const torch::Tensor& grad, bool reduced_
 }
 
 void OffloadEngine::wait_block(size_t i) {
-  if (!options_.delayed || !updater_->pending_upload(i)) updater_->wait_updated(i);
+  if (!delayed_now_ || !updater_->pending_upload(i)) updater_->wait_updated(i);
   if (cuda_ && store_.blocks()[i].side == UpdateSide::kCpu) streams_->compute().wait(*streams_->uploaded[i]);
 }
 
@@ -508,7 +509,7 @@ double OffloadEngine::clip_coefficient(StepOutcome& out) {
 void OffloadEngine::queue_cpu_updates(double grad_scale) {
   const size_t n = store_.blocks().size();
   std::vector<size_t> order;
-  if (options_.delayed) {
+  if (delayed_now_) {
     order = backward_order_;
     for (size_t i = n; i-- > 0;)
       if (!arrived_[i]) order.push_back(i);
@@ -519,9 +520,9 @@ void OffloadEngine::queue_cpu_updates(double grad_scale) {
   queued_order_.clear();
   for (const size_t i : order) {
     if (store_.blocks()[i].side != UpdateSide::kCpu) continue;
-    jobs.push_back(job(i, grad_scale, false, !options_.delayed && upload_now_[i]));
+    jobs.push_back(job(i, grad_scale, false, !delayed_now_ && upload_now_[i]));
     queued_order_.push_back(i);
-    if (options_.delayed && ring_) await_gradient_taken_[i] = 1;
+    if (delayed_now_ && ring_) await_gradient_taken_[i] = 1;
   }
   updater_->enqueue(jobs);
 }
@@ -566,10 +567,24 @@ void OffloadEngine::resolve_split() {
   in.step = steps_begun_;
   in.cpu_update_s = c.cpu_update_s;
   in.cpu_updated_params = c.cpu_updated_params;
-  in.cpu_start = options_.delayed                                                              ? CS::kDelayed
+  in.cpu_start = delayed_now_                                                                  ? CS::kDelayed
                  : (options_.speculate == EngineOptions::Speculate::kNever || !speculate_now_) ? CS::kAfterBackward
                                                                                                : CS::kAsGradientsArrive;
   tuner_->solve(in);
+}
+
+// Note [Delayed update]: from the update count offload.delayed_after on (at once by default), with
+// every exact update done and uploaded first; a solved split is solved again once a few delayed
+// steps are measured, since the delayed mode hides a different share of the CPU's work.
+void OffloadEngine::start_delayed() {
+  wait_all();
+  sync_streams();
+  updater_->set_delayed(true);
+  delayed_now_ = true;
+  if (stats_.steps > 0) {
+    tuner_->solve_again(steps_begun_ + options_.first_solve_step);
+    if (options_.log) options_.log("delayed update from update " + std::to_string(stats_.steps + 1) + " on");
+  }
 }
 
 // Note [Offload trace]: a traced step starts and ends with every update done and the streams idle.

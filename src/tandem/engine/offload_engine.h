@@ -45,6 +45,10 @@ struct EngineOptions {
   /// the CPU updates; a CPU-updated Block's new weights go up once the following backward is done
   /// with it, so its weights lag one update. Clipping stays exact (the norm is known first).
   bool delayed = false;
+  /// With `delayed`: the first this many updates run exact, the rest delayed (as ZeRO-Offload
+  /// starts its delayed parameter update after N steps); counted on the update count, so a resumed
+  /// run switches at the same step.
+  int64_t delayed_after = 0;
   /// Rounding of bf16 host states (ParamStoreOptions::host_state_dtype); seed 0 as CpuOptimizer.
   Rounding state_rounding = Rounding::kNearestEven;
 
@@ -178,6 +182,7 @@ class OffloadEngine {
   void sync_streams();
   void mark_on_compute(Stamp& st);
   void resolve_split();
+  void start_delayed();
   void start_trace();
   void collect_trace();
 
@@ -196,6 +201,7 @@ class OffloadEngine {
   bool last_micro_ = true;
   bool in_forward_ = false;
   bool speculate_now_ = true;
+  bool delayed_now_ = false;           // Note [Delayed update]: options_.delayed, past delayed_after
   std::deque<bool> would_roll_back_;   // recent steps: clipped or non-finite
   std::vector<int64_t> remaining_;     // per Block: parameters whose gradient is not yet complete
   std::vector<char> dispatched_;       // char, not bool: the CPU and device autograd threads dispatch concurrently

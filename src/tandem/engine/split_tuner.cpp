@@ -88,7 +88,8 @@ bool SplitTuner::begin_step(int64_t begun) {
   last_begin_ = now;
   const int64_t first = options_.first_solve_step;
   return options_.solve && begun >= first &&
-         (begun == first || (options_.resolve_every > 0 && (begun - first) % options_.resolve_every == 0));
+         (begun == first || begun == extra_solve_ ||
+          (options_.resolve_every > 0 && (begun - first) % options_.resolve_every == 0));
 }
 
 // Note [Split tuner]

@@ -67,6 +67,8 @@ class SplitTuner {
   /// At the start of a step, `begun` steps begun before it: records the time since the previous
   /// start and says whether a solve is due before this step.
   bool begin_step(int64_t begun);
+  /// One more solve before step `begun` (as begin_step counts), whatever resolve_every says.
+  void solve_again(int64_t begun) { extra_solve_ = begun; }
   /// Solves from the last step's stamps (its work complete, the streams idle) and `in`, and moves
   /// Blocks between the sides when the split changes.
   void solve(const SplitInputs& in);
@@ -88,6 +90,7 @@ class SplitTuner {
   const StepStamps& stamps_;
   const TransferStreams* const streams_;
   SplitTunerOptions options_;
+  int64_t extra_solve_ = -1;
   SplitStatus status_;
   std::chrono::steady_clock::time_point last_begin_{};
   std::vector<double> step_times_;  // since the last solve

@@ -199,7 +199,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   }
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (n_cpu > 0 && ring == 0 && cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update)
+  if (n_cpu > 0 && ring == 0 && keeps_undo_log(cfg.offload))
     add(host, "undo log (speculative updates)" + slices, 4 * shard(n_cpu) + 2 * state_buffer_bytes(sd, shard(n_cpu)));
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
@@ -285,6 +285,10 @@ bool auto_host_ring_allowed(const Config& cfg) {
   const auto& o = cfg.offload;
   if (!o.pin_memory || o.speculate == Speculation::kAlways) return false;
   return !(o.delayed_update && cfg.train.grad_accum > 1);  // Note [Delayed host ring]: one micro-batch
+}
+
+bool keeps_undo_log(const OffloadConfig& o) {
+  return o.speculate != Speculation::kNever && !(o.delayed_update && o.delayed_after == 0);
 }
 
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,

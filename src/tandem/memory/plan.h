@@ -142,6 +142,11 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, con
 /// ring]). The CLI's plan and the Python engine's both ask it.
 bool auto_host_ring_allowed(const Config& cfg);
 
+/// Whether CPU updates may speculate and so keep an undo log (Note [Speculative clipping]): not with
+/// offload.speculate=never, nor with a delayed update from the first step on (it waits for the norm).
+/// The host ring (which waits too) is counted by whoever knows it.
+bool keeps_undo_log(const OffloadConfig& offload);
+
 /// offload.host_ring = -1 resolved for a plan at `gpu_blocks`: per-block buffers (0) when that plan's
 /// pinned tier fits (or the host is unknown), else a ring of 4 slots with offload.speculate=never
 /// (an explicit speculate=always or delayed_update keeps per-block buffers). Other values as set.

@@ -65,7 +65,7 @@ HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
   const double state = double(state_buffer_bytes(cfg.optim.state_dtype, 1 << 20)) / double(1 << 20);
   const double compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
   const double landing = cfg.train.precision == Precision::kBf16 ? 2 : 4;  // fp16 gradients land widened
-  const bool undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
+  const bool undo = keeps_undo_log(cfg.offload);
   HostBytesPerParam b;
   b.states = 4 + 2 * state;
   b.buffers = landing + compute;

@@ -139,6 +139,7 @@ EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> spli
                  : cfg.offload.speculate == Speculation::kNever ? EngineOptions::Speculate::kNever
                                                                 : EngineOptions::Speculate::kAuto;
   eo.delayed = cfg.offload.delayed_update;
+  eo.delayed_after = cfg.offload.delayed_after;
   eo.mirror_every = cfg.placement.mirror_every;
   eo.state_rounding =
       cfg.optim.state_rounding == StateRounding::kStochastic ? Rounding::kStochastic : Rounding::kNearestEven;
@@ -167,7 +168,7 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
                         : cfg.optim.state_dtype == StateDtype::kInt8 ? torch::kInt8
                                                                       : torch::kFloat32;
   so.ring_slots = cfg.offload.host_ring;
-  so.undo = cfg.offload.speculate != Speculation::kNever && !cfg.offload.delayed_update;
+  so.undo = keeps_undo_log(cfg.offload);  // the ring, resolved above, set speculate=never
   so.decay_1d = cfg.optim.decay_1d;
   if (ctx.comm && cfg.dist.zero_stage == 2) {  // over the stage's replicas (the world without a pipeline)
     so.shard_rank = ctx.comm->replica();
