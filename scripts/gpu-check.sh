@@ -101,6 +101,7 @@ if [ ! -x .venv/bin/python ]; then
   chmod +x .venv/bin/python
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit --format=csv | tee "$OUT/gpu.txt"
+if [[ -z ${NO_BUILD:-} ]]; then  # NO_BUILD=1: $BUILD as an earlier call left it (runs beside another call)
 echo "== build"
 t0=$(date +%s)
 cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
@@ -111,6 +112,7 @@ grep -E "^-- tandem:" "$OUT/cmake.log"
 # shellcheck disable=SC2086
 ninja -C "$BUILD" ${BUILD_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
+fi
 
 test_rc=0
 if has tests; then

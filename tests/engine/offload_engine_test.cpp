@@ -442,6 +442,26 @@ TEST(OffloadEngine, TheSolvedSplitMovesBlocksBetweenStepsWithoutChangingTheResul
   EXPECT_GT(got.split.measured_step_s, 0.0);
 }
 
+TEST(OffloadEngine, ASolveKeepsDelayedWeightsPendingAndADelayedRingGetsThrough) {
+  // Note [Delayed update]: a solve that moves nothing leaves the lag as it is (the lagged reference
+  // holds through the solve at step 3); through a host ring the solve uploads what is pending, since
+  // the updater waits for the slots those uploads free (it must not wait on itself).
+  const auto solve_at_3 = [](EngineOptions& o) {
+    o.delayed = true;
+    o.solve_split = true;
+    o.fixed_k = 0.0;
+    o.first_solve_step = 3;
+  };
+  const auto per_block = engine_losses(8, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kNever, solve_at_3);
+  expect_same_losses(per_block.losses, reference_losses(8, 1, 1.0, /*delayed=*/true), 1e-5);
+  EXPECT_TRUE(per_block.split.solved);
+  const auto ring = engine_losses(8, 1, 1.0, 0, torch::kFloat32, EngineOptions::Speculate::kNever, solve_at_3,
+                                  [](ParamStoreOptions& o) { o.ring_slots = 3; });
+  EXPECT_TRUE(ring.split.solved);
+  EXPECT_EQ(ring.stats.delayed_steps, 8);
+  EXPECT_LT(ring.losses.back(), ring.losses.front());
+}
+
 TEST(OffloadEngine, OnTheCpuDeviceTheSplitChangesNoBit) {
   // Note [One update kernel on the CPU device]: the split is solved from measured times, so two runs
   // (or a run and its resumption) may update different Blocks on the device side; that must not

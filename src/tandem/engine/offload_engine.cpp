@@ -558,8 +558,14 @@ void OffloadEngine::zero_gradients(bool skipped) {
   }
 }
 
+// Note [Delayed update]: delayed weights stay pending through a solve unless it moves Blocks (a
+// resumed run, whose solves come at other steps, then repeats the straight one). Not through a host
+// ring: the updater waits for the slots their uploads free (Note [Delayed host ring]).
 void OffloadEngine::resolve_split() {
-  wait_all();
+  if (delayed_now_ && !ring_)
+    updater_->wait_idle();
+  else
+    wait_all();
   sync_streams();
   const CpuUpdaterCounters c = updater_->counters();
   using CS = SplitCosts::CpuStart;
@@ -570,7 +576,10 @@ void OffloadEngine::resolve_split() {
   in.cpu_start = delayed_now_                                                                  ? CS::kDelayed
                  : (options_.speculate == EngineOptions::Speculate::kNever || !speculate_now_) ? CS::kAfterBackward
                                                                                                : CS::kAsGradientsArrive;
-  tuner_->solve(in);
+  tuner_->solve(in, [this] {
+    wait_all();
+    sync_streams();
+  });
 }
 
 // Note [Delayed update]: from the update count offload.delayed_after on (at once by default), with

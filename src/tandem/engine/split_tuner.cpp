@@ -100,7 +100,7 @@ bool SplitTuner::begin_step(int64_t begun) {
 // per-parameter costs from the CPU updater's clock and the D2H, H2D and GPU-update stamps where
 // Blocks of that side exist, else from scratch-buffer calibration. The solver's choice is then
 // limited to the memory plan's range and applied between steps (Blocks move bit-exactly).
-void SplitTuner::solve(const SplitInputs& in) {
+void SplitTuner::solve(const SplitInputs& in, const std::function<void()>& before_move) {
   const std::vector<BlockTiming> timing = block_timing();
   int64_t cpu_params = 0, gpu_params = 0;
   for (const auto& b : store_.blocks()) (b.side == UpdateSide::kCpu ? cpu_params : gpu_params) += b.shard_numel;
@@ -119,7 +119,9 @@ void SplitTuner::solve(const SplitInputs& in) {
   status_.solved = true;
   step_times_.clear();
   log_solve(in, c, current);
-  if (g != current) store_.set_gpu_blocks(g);
+  if (g == current) return;
+  if (before_move) before_move();
+  store_.set_gpu_blocks(g);
 }
 
 std::vector<BlockTiming> SplitTuner::block_timing() const {

@@ -71,7 +71,8 @@ class SplitTuner {
   void solve_again(int64_t begun) { extra_solve_ = begun; }
   /// Solves from the last step's stamps (its work complete, the streams idle) and `in`, and moves
   /// Blocks between the sides when the split changes.
-  void solve(const SplitInputs& in);
+  /// `before_move` runs first when Blocks move (the engine's delayed weights go up then).
+  void solve(const SplitInputs& in, const std::function<void()>& before_move = nullptr);
   const SplitStatus& status() const { return status_; }
   const CalibratedCosts& calibrated() const { return cal_; }
   /// The top of the range the split may move in, measured at run time (Note [Python engine]);
