@@ -21,7 +21,7 @@ namespace {
 
 constexpr double kLr = 1e-2, kB1 = 0.9, kB2 = 0.95, kEps = 1e-8, kWd = 0.1;
 
-ModelSpec small_spec() { return test::small_llama_spec(3); }
+ModelSpec small_spec() { return test::small_engine_spec(3); }
 
 // A model, its store, the stamps and an updater over them (the CPU as the device).
 struct Rig {

@@ -8,7 +8,9 @@
 
 namespace tandem::test {
 
-inline ModelSpec small_llama_spec(int64_t n_layer) {
+// Named apart from tests/serve's small_llama_spec(vocab): two inline functions of one signature in
+// one namespace would be one function to the linker (the other file's tests then run a wrong model).
+inline ModelSpec small_engine_spec(int64_t n_layer) {
   ModelSpec s = preset_spec("tiny");
   s.n_layer = n_layer;
   s.d_model = 64;

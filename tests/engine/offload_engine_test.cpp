@@ -25,7 +25,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() { return test::small_llama_spec(3); }
+ModelSpec small_spec() { return test::small_engine_spec(3); }
 
 struct Batch2 {
   torch::Tensor in, tgt;

@@ -26,7 +26,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() { return test::small_llama_spec(3); }
+ModelSpec small_spec() { return test::small_engine_spec(3); }
 
 std::shared_ptr<Model> small_model() {
   torch::manual_seed(7);

@@ -19,7 +19,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec llama_spec() { return test::small_llama_spec(3); }
+ModelSpec llama_spec() { return test::small_engine_spec(3); }
 
 ModelSpec amx_moe_spec() {
   ModelSpec s = preset_spec("amx-moe-tiny");

@@ -20,7 +20,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() { return test::small_llama_spec(3); }
+ModelSpec small_spec() { return test::small_engine_spec(3); }
 
 void at(Stamp& st, double host_s) {
   st.host = host_s;

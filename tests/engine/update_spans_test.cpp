@@ -15,7 +15,7 @@
 namespace tandem {
 namespace {
 
-ModelSpec small_spec() { return test::small_llama_spec(2); }
+ModelSpec small_spec() { return test::small_engine_spec(2); }
 
 const char* at(const torch::Tensor& t, int64_t elements) {
   return static_cast<const char*>(t.data_ptr()) + elements * t.element_size();
