@@ -1,12 +1,15 @@
 """tandem's C++ tokenizers against the reference libraries: byte-level BPE tokenizer.json files
-trained here by Hugging Face `tokenizers` (GPT-2 style, Llama 3 style, Qwen style with NFC) and
-SentencePiece models trained here by `sentencepiece`, on a multilingual sample: the same ids,
+trained here by Hugging Face `tokenizers` (GPT-2 style, Llama 3 style, Qwen style with NFC),
+SentencePiece models trained here by `sentencepiece`, and those models converted to
+SentencePiece-style BPE tokenizer.json files by transformers' own converters (Llama legacy and
+not, Gemma, a bare tokenizer.model), on a multilingual sample: the same ids and decoded text,
 decode(encode(x)) == x, and `tandem tokenize` writing exactly the reference's ids + EOS."""
 
 import json
 import os
 import random
 import subprocess
+import types
 
 import numpy as np
 import pytest
@@ -274,3 +277,166 @@ def test_tokenize_command_bad_input_is_one_line(tmp_path):
     r = run_cli("tokenize", "--out", str(tmp_path / "out.bin"), "--tokenizer", folder, "--field", "body",
                 str(tmp_path / "ok.jsonl"))
     assert r.returncode == 0, r.stderr
+
+
+# ---- SentencePiece-style BPE: tokenizer.json as transformers converts a tokenizer.model ----------
+# Note [SentencePiece-style BPE]. The converters' normalizer, pre-tokenizer and decoder are taken
+# from transformers itself; the BPE model is built from the trained model's pieces as transformers
+# builds it (convert_slow_tokenizer's SentencePieceExtractor needs protobuf, which this environment
+# need not have, so the pieces come from SentencePieceProcessor instead).
+
+try:
+    import transformers  # noqa: F401
+    from transformers.convert_slow_tokenizer import LlamaConverter, SpmConverter
+    from transformers.tokenization_utils_base import generate_merges
+except ImportError:
+    transformers = None
+
+USER_DEFINED = ["<sep>"]
+
+
+def sp_pieces(sp):
+    """The model's pieces with SentencePiece's type numbers (1 normal, 2 unknown, 3 control, 4 user, 6 byte)."""
+    def kind(i):
+        if sp.IsUnknown(i):
+            return 2
+        if sp.IsControl(i):
+            return 3
+        if sp.IsByte(i):
+            return 6
+        return 4 if sp.id_to_piece(i) in USER_DEFINED else 1
+    return [types.SimpleNamespace(piece=sp.id_to_piece(i), score=sp.get_score(i), type=kind(i))
+            for i in range(sp.get_piece_size())]
+
+
+def added_pieces(pieces):
+    """Control and user-defined pieces as the converters add them: not normalized; control ones special."""
+    return [tokenizers.AddedToken(p.piece, normalized=False, special=p.type == 3) for p in pieces if p.type in (3, 4)]
+
+
+def llama_converter(pieces, legacy):
+    """LlamaConverter(...).converted() for a model whose slow tokenizer has `legacy`, with the
+    post-processor LlamaTokenizerFast adds (BOS)."""
+    conv = LlamaConverter.__new__(LlamaConverter)  # its proto is not needed by the methods used
+    conv.original_tokenizer = types.SimpleNamespace(legacy=legacy, add_prefix_space=True)
+    vocab = {p.piece: i for i, p in enumerate(pieces)}
+    merges = generate_merges(vocab, [(p.piece, p.score) for p in pieces])  # as SpmConverter.tokenizer ranks them
+    tok = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True,
+                                          dropout=None))
+    tok.add_tokens(added_pieces(pieces))
+    if (normalizer := conv.normalizer(None)) is not None:
+        tok.normalizer = normalizer
+    if (pre := conv.pre_tokenizer("\u2581", True)) is not None:
+        tok.pre_tokenizer = pre
+    tok.decoder = conv.decoder("\u2581", True)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def transformers_class(cls_name, pieces, **kwargs):
+    """transformers 5's LlamaTokenizer / GemmaTokenizer as from_pretrained builds it from a tokenizer.model."""
+    vocab = {p.piece: i for i, p in enumerate(pieces)}
+    cls = getattr(transformers, cls_name)
+    if cls_name == "GemmaTokenizer":  # its own special-token names; ours are <unk> <s> </s>
+        kwargs.update(unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>", mask_token="<unk>")
+    t = cls(vocab=vocab, merges=generate_merges(vocab), add_bos_token=True,
+            additional_special_tokens=added_pieces(pieces), **kwargs)
+    return t.backend_tokenizer
+
+
+def spm_proto(pieces, legacy):
+    """SpmConverter.build_tokenizer_from_spm_proto: a tokenizer.model without a model class."""
+    proto = types.SimpleNamespace(
+        pieces=pieces, trainer_spec=types.SimpleNamespace(byte_fallback=True, unk_piece="<unk>"),
+        normalizer_spec=types.SimpleNamespace(precompiled_charsmap=b"", remove_extra_whitespaces=False,
+                                              escape_whitespaces=True, add_dummy_prefix=True))
+    tok = SpmConverter.build_tokenizer_from_spm_proto(proto, {p.piece: i for i, p in enumerate(pieces)}, legacy=legacy)
+    tok.add_tokens(added_pieces([p for p in pieces if p.type == 3]))
+    return tok
+
+
+SP_BPE_SHAPES = {
+    # normalizer Sequence[Prepend, Replace], no pre-tokenizer (Llama 2 and Mistral v0.1 on the Hub)
+    "llama_converter_legacy": lambda p: llama_converter(p, legacy=True),
+    # no normalizer, Metaspace(prepend_scheme first, split false)
+    "llama_converter": lambda p: llama_converter(p, legacy=False),
+    "llama5": lambda p: transformers_class("LlamaTokenizer", p, legacy=False),
+    "llama5_legacy": lambda p: transformers_class("LlamaTokenizer", p, legacy=True),  # Metaspace always
+    "llama5_no_prefix": lambda p: transformers_class("LlamaTokenizer", p, legacy=False, add_prefix_space=False),
+    # normalizer Replace(" ", "▁"), Split(" ", MergedWithPrevious), no Strip decoder
+    "gemma5": lambda p: transformers_class("GemmaTokenizer", p),
+    # Replace normalizers (one a regex), Metaspace, a Split of user-defined pieces, ignore_merges
+    "spm_proto_legacy": lambda p: spm_proto(p, legacy=True),
+    "spm_proto": lambda p: spm_proto(p, legacy=False),
+}
+SP_BPE_TEXTS = SAMPLE + [DECOMPOSED, "a <sep> b", "<s>not control</s>", " leading", "x  <s> y", "<s> z", "▁x ▁",
+                         "\U0001F600 unseen \u0915\u094D\u0937 \uFFFF \U0010FFFF"]
+
+
+def shown(tok, ids):
+    """token_bytes over ids as serve's TextStream shows them: special (control) tokens as nothing."""
+    control = {i for i, _ in tok.special_tokens}
+    return streamed(tok, [i for i in ids if i not in control])
+
+
+@pytest.fixture(scope="module")
+def sp_bpe_pieces(tmp_path_factory):
+    _, sp = sentencepiece_model(tmp_path_factory.mktemp("sp"), **SP_KINDS["bpe_byte_fallback"])
+    return sp_pieces(sp)
+
+
+def mixed_text(size=1 << 20, seed=2):
+    rng = random.Random(seed)
+    lines = [t for t in SP_BPE_TEXTS if t.strip()]
+    parts, n = [], 0
+    while n < size:
+        parts.append(rng.choice(lines) + rng.choice(["\n", " ", "\n\n", "  ", "<s>", "\t"]))
+        n += len(parts[-1].encode())
+    return "".join(parts)
+
+
+@pytest.mark.skipif(spm is None or transformers is None, reason="needs sentencepiece and transformers")
+@pytest.mark.parametrize("shape", list(SP_BPE_SHAPES))
+def test_sentencepiece_style_bpe_equals_tokenizers(tmp_path, sp_bpe_pieces, shape):
+    folder = tmp_path / shape
+    folder.mkdir()
+    SP_BPE_SHAPES[shape](sp_bpe_pieces).save(str(folder / "tokenizer.json"))
+    ref = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert json.loads((folder / "tokenizer.json").read_text())["model"]["byte_fallback"]
+    tok = tandem.Tokenizer.open(str(folder))
+    assert tok.kind == "SentencePiece-style BPE"
+    assert tok.vocab_size == ref.get_vocab_size()
+    assert tok.eos_id == ref.token_to_id("</s>") and tok.bos_id == ref.token_to_id("<s>")
+    for text in SP_BPE_TEXTS:
+        ids = tok.encode(text)
+        assert_same_ids(ids, ref.encode(text, add_special_tokens=False).ids, text)
+        assert_same_ids(tok.encode(text, add_special_tokens=True), ref.encode(text).ids, text)
+        assert tok.decode(ids) == ref.decode(ids, skip_special_tokens=False), text
+        assert tok.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True), text
+        assert shown(tok, ids) == ref.decode(ids, skip_special_tokens=True).encode(), text
+    # Byte tokens that are not a character, alone and in runs: one U+FFFD per token, as ByteFallback does.
+    byte = {b: ref.token_to_id(f"<0x{b:02X}>") for b in (0xE6, 0x97, 0xA5, 0x41)}
+    for ids in ([byte[0xE6], byte[0x97]], [byte[0xE6], byte[0x97], byte[0xA5]], [byte[0x97], 300, byte[0x41]]):
+        assert tok.decode(ids) == ref.decode(ids, skip_special_tokens=False), ids
+    text = mixed_text()
+    ids = tok.encode(text)
+    assert_same_ids(ids, ref.encode(text, add_special_tokens=False).ids, "the 1 MB text")
+    assert tok.decode(ids) == ref.decode(ids, skip_special_tokens=False)
+
+
+@cli_only
+@pytest.mark.skipif(spm is None or transformers is None, reason="needs sentencepiece and transformers")
+def test_tokenize_command_reads_sentencepiece_style_json(tmp_path, sp_bpe_pieces):
+    SP_BPE_SHAPES["llama5"](sp_bpe_pieces).save(str(tmp_path / "tokenizer.json"))
+    ref = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    docs = [t for t in SP_BPE_TEXTS if t]
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps({"text": d}, ensure_ascii=False) + "\n")
+    out = tmp_path / "docs.bin"
+    r = run_cli("tokenize", "--tokenizer", str(tmp_path), "--out", str(out), "--val-fraction", "0", "--threads", "2",
+                str(tmp_path / "docs.jsonl"))
+    assert r.returncode == 0, r.stderr
+    eos = ref.token_to_id("</s>")
+    expected = [t for d in docs for t in ref.encode(d, add_special_tokens=False).ids + [eos]]
+    np.testing.assert_array_equal(read_token_file(out), np.array(expected))

@@ -1,11 +1,12 @@
 #pragma once
 // Hugging Face tokenizer.json with a byte-level BPE model, as GPT-2, Llama 3 and Qwen ship it
-// (Note [Byte-level BPE]): added tokens split out first, the normalizer (none or Unicode normal
-// forms), the pre-tokenizer (Split by a regex or a string, ByteLevel, a Sequence of those) run with
-// ICU's regex engine on the file's own patterns, the BPE merges by rank, the post-processor's
-// template, the ByteLevel decoder.
+// (Note [Byte-level BPE]): added tokens split out first, the normalizer (Unicode normal forms,
+// Prepend, Replace, Strip), the pre-tokenizer (Split by a regex or a string, ByteLevel, a
+// Sequence of those) run with ICU's regex engine on the file's own patterns, the BPE merges by
+// rank, the post-processor's template, the ByteLevel decoder.
 
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "tandem/data/tokenizer.h"
@@ -20,6 +21,9 @@ class BpeTokenizer final : public Tokenizer {
   /// Parses tokenizer.json text; `source` names it in errors.
   static std::unique_ptr<BpeTokenizer> from_json(const std::string& json_text, const std::string& source,
                                                  const SpecialTokenNames& names = {});
+  /// Reads a parsed tokenizer.json.
+  static std::unique_ptr<BpeTokenizer> from_parsed(const nlohmann::json& tokenizer, const std::string& source,
+                                                   const SpecialTokenNames& names = {});
   ~BpeTokenizer() override;
 
   TokenizerKind kind() const override { return TokenizerKind::kByteLevelBpe; }

@@ -43,6 +43,8 @@ const char* tokenizer_kind_name(TokenizerKind kind) {
   switch (kind) {
     case TokenizerKind::kByteLevelBpe:
       return "byte-level BPE";
+    case TokenizerKind::kSentencePieceBpe:
+      return "SentencePiece-style BPE";
     case TokenizerKind::kSentencePiece:
       return "SentencePiece";
     case TokenizerKind::kByte:

@@ -1,6 +1,7 @@
 #pragma once
-// Text to token ids and back. One small interface over the three kinds tandem reads: Hugging Face
-// byte-level BPE (tokenizer.json), SentencePiece (tokenizer.model) and tandem's byte models.
+// Text to token ids and back. One small interface over the kinds tandem reads: Hugging Face
+// byte-level BPE and SentencePiece-style BPE (tokenizer.json), SentencePiece (tokenizer.model) and
+// tandem's byte models.
 // open_tokenizer (tokenizer_files.h) picks one for a file or a model folder.
 
 #include <cstdint>
@@ -38,9 +39,9 @@ struct SpecialTokenNames {
 };
 
 /// The tokenizer families tandem reads.
-enum class TokenizerKind { kByteLevelBpe, kSentencePiece, kByte };
+enum class TokenizerKind { kByteLevelBpe, kSentencePieceBpe, kSentencePiece, kByte };
 
-/// "byte-level BPE", "SentencePiece", "byte".
+/// "byte-level BPE", "SentencePiece-style BPE", "SentencePiece", "byte".
 const char* tokenizer_kind_name(TokenizerKind kind);
 
 /// Text to ids and back. Implementations are immutable after construction, so every method may be

@@ -12,6 +12,8 @@
 #include "tandem/data/bpe_tokenizer.h"
 #include "tandem/data/byte_tokenizer.h"
 #include "tandem/data/sentencepiece_tokenizer.h"
+#include "tandem/data/sp_bpe_tokenizer.h"
+#include "tandem/data/tokenizer_json.h"
 
 namespace fs = std::filesystem;
 
@@ -82,6 +84,13 @@ void find_in_folder(const fs::path& dir, TokenizerSource& s) {
   }
 }
 
+// A tokenizer.json, read by the reader its BPE model needs (Note [Two kinds of BPE tokenizer.json]).
+std::unique_ptr<Tokenizer> open_tokenizer_json(const std::string& file, const SpecialTokenNames& names) {
+  const json j = detail::parse_tokenizer_json(read_file(file, "tokenizer file"), file);
+  if (detail::is_sentencepiece_style_bpe(j)) return SpBpeTokenizer::from_parsed(j, file, names);
+  return BpeTokenizer::from_parsed(j, file, names);
+}
+
 }  // namespace
 
 TokenizerConfig read_tokenizer_config(const std::string& path) {
@@ -132,7 +141,7 @@ std::unique_ptr<Tokenizer> open_tokenizer(const TokenizerSource& source, const S
   tmpl.add_eos = source.config.add_eos_token.value_or(false);
   if (!looks_like_json(source.file)) return SentencePieceTokenizer::from_file(source.file, names, tmpl);
   try {
-    return BpeTokenizer::from_file(source.file, names);
+    return open_tokenizer_json(source.file, names);
   } catch (const UserError& e) {
     if (source.sibling.empty()) throw;
     log::info(std::string("reading ") + source.sibling + " (" + one_line(e.what()) + ")");

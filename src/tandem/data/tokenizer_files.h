@@ -24,7 +24,7 @@ struct TokenizerConfig {
 struct TokenizerSource {
   std::string path;         ///< as given
   std::string file;         ///< the tokenizer.json or tokenizer.model to read; "" for the byte tokenizer
-  std::string sibling;      ///< tokenizer.model beside a tokenizer.json, read when the JSON is not byte-level BPE
+  std::string sibling;      ///< tokenizer.model beside a tokenizer.json, read when tandem cannot read the JSON
   std::string config_file;  ///< tokenizer_config.json read, "" when none
   TokenizerConfig config;
 };

@@ -52,8 +52,9 @@ std::vector<std::pair<TokenId, std::string>> special_tokens(const PyTokenizer& t
 }
 
 constexpr const char* kOpenDoc =
-    "Opens a tokenizer: a tokenizer.json (byte-level BPE), a tokenizer.model (SentencePiece), a model folder "
-    "or checkpoint holding one (its tokenizer_config.json names BOS, EOS and the chat template), or 'byte'. "
+    "Opens a tokenizer: a tokenizer.json (byte-level or SentencePiece-style BPE), a tokenizer.model "
+    "(SentencePiece), a model folder or checkpoint holding one (its tokenizer_config.json names BOS, EOS and the "
+    "chat template), or 'byte'. "
     "`eos` names the end-of-text token instead. ValueError names the path and the fix.";
 
 }  // namespace
@@ -87,7 +88,7 @@ void bind_tokenizer(py::module_& m) {
       .def_property_readonly("special_tokens", &special_tokens, "[(id, text)] of the special (control) tokens.")
       .def_property_readonly(
           "kind", [](const PyTokenizer& t) { return tokenizer_kind_name(t.tokenizer->kind()); },
-          "'byte-level BPE', 'SentencePiece' or 'byte'.")
+          "'byte-level BPE', 'SentencePiece-style BPE', 'SentencePiece' or 'byte'.")
       .def_property_readonly(
           "file", [](const PyTokenizer& t) { return t.source.file; }, "The file read ('' for the byte tokenizer).")
       .def_property_readonly(
