@@ -185,6 +185,7 @@ TEST(GpuOffload, DelayedAfterNUpdatesRunsExactFirstAndResumesAtTheSameUpdate) {
 }
 
 TEST(GpuOffload, TheDelayedUpdateLagsOnCudaAsOnTheCpu) {
+  REQUIRE_CUDA();
   // Note [Delayed update]: the CPU device's engine matches the lagged-AdamW reference (the engine
   // tests); on CUDA the uploads follow the backward on streams, and through the ring. In fp32 a CUDA
   // run follows the CPU run of the same buffers to within their numerics, far closer than the exact
