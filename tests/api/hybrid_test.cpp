@@ -23,7 +23,7 @@ TEST(HybridApi, EachPlacementHelperSetsItsKeysAndTheConfigValidates) {
 
   use_static(c, "GCCGGG");
   EXPECT_EQ(c.placement.policy, PlacementPolicyKind::kStatic);
-  EXPECT_EQ(c.placement.blocks, "GCCGGG");
+  EXPECT_EQ(c.placement.blocks.str(), "GCCGGG");
   EXPECT_NO_THROW(validate_config(c));
 
   use_threshold(c, 250, 70);
@@ -39,7 +39,7 @@ TEST(HybridApi, EachPlacementHelperSetsItsKeysAndTheConfigValidates) {
   EXPECT_NO_THROW(validate_config(c));
 
   set_movable(c, "1,2");
-  EXPECT_EQ(c.placement.movable, "1,2");
+  EXPECT_EQ(c.placement.movable.str(), "1,2");
   EXPECT_NO_THROW(validate_config(c));
 }
 

@@ -32,7 +32,7 @@ TEST(DataParallelRows, EqualRowsPerRankTileTheGlobalBatch) {
 TEST(DataParallelRows, AGivenListSetsEachRanksRows) {
   Config c;
   c.train.micro_batch = 4;
-  c.dist.balance = "5,3";
+  c.dist.balance = RowBalance::parse("5,3");
   const DataParallelRows r0(c, rank_of(0, 2)), r1(c, rank_of(1, 2));
   EXPECT_EQ(r0.rows(), 5);
   EXPECT_EQ(r1.rows(), 3);
@@ -42,7 +42,7 @@ TEST(DataParallelRows, AGivenListSetsEachRanksRows) {
 
 TEST(DataParallelRows, AutoMeasuresOnceAfterBalanceAfterSteps) {
   Config c;
-  c.dist.balance = "auto";
+  c.dist.balance = RowBalance::parse("auto");
   c.dist.balance_after = 4;
   const DataParallelRows rows(c, rank_of(0, 2));
   EXPECT_FALSE(rows.balances_at(3, 0));
@@ -55,13 +55,15 @@ TEST(DataParallelRows, BadListsAreRefusedWithTheFix) {
   Config c;
   c.train.micro_batch = 4;
   const auto err = [&](const std::string& balance) {
-    c.dist.balance = balance;
-    return test::error_of([&] { DataParallelRows(c, rank_of(0, 2)); });
+    return test::error_of([&] {
+      c.dist.balance = RowBalance::parse(balance);
+      DataParallelRows(c, rank_of(0, 2));
+    });
   };
   EXPECT_NE(err("8").find("gives 1 row counts for 2 ranks"), std::string::npos);
   EXPECT_NE(err("4,5").find("sums to 9"), std::string::npos);
-  EXPECT_NE(err("8,0").find("is not a row count"), std::string::npos);
-  EXPECT_NE(err("4x,4").find("is not a row count"), std::string::npos);
+  EXPECT_NE(err("8,0").find("is not a list of row counts"), std::string::npos);
+  EXPECT_NE(err("4x,4").find("is not a list of row counts"), std::string::npos);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "../error_of.h"
+#include "tandem/core/config_values.h"
 #include "tandem/parallel/pipeline_grid.h"
 
 namespace tandem {
@@ -25,16 +26,16 @@ TEST(PipelineGrid, ABadWorldOrCutIsRefusedWithTheFix) {
   EXPECT_NE(test::error_of([] { PipelineGrid(0, 6, 4); }).find("does not divide the world of 6"), std::string::npos);
   EXPECT_NE(test::error_of([] { even_pipeline_cut(7, 6); }).find("more stages than the model's 6 Blocks"),
             std::string::npos);
-  EXPECT_NE(test::error_of([] { parse_pipeline_cut("2", 3, 6); }).find("gives 1 ends for 3 stages"), std::string::npos);
-  EXPECT_NE(test::error_of([] { parse_pipeline_cut("4,2", 3, 6); }).find("must rise strictly"), std::string::npos);
-  EXPECT_NE(test::error_of([] { parse_pipeline_cut("2,6", 3, 6); }).find("must rise strictly"), std::string::npos);
-  EXPECT_NE(test::error_of([] { parse_pipeline_cut("a,3", 3, 6); }).find("not a comma list"), std::string::npos);
+  EXPECT_NE(test::error_of([] { given_pipeline_cut({2}, 3, 6); }).find("gives 1 ends for 3 stages"), std::string::npos);
+  EXPECT_NE(test::error_of([] { given_pipeline_cut({4, 2}, 3, 6); }).find("must rise strictly"), std::string::npos);
+  EXPECT_NE(test::error_of([] { given_pipeline_cut({2, 6}, 3, 6); }).find("must rise strictly"), std::string::npos);
+  EXPECT_NE(test::error_of([] { PipelineCut::parse("a,3"); }).find("not a comma list"), std::string::npos);
 }
 
 TEST(PipelineGrid, CutsCoverEveryBlockOnce) {
   EXPECT_EQ(even_pipeline_cut(4, 6), (std::vector<int64_t>{2, 4, 5, 6}));
   EXPECT_EQ(even_pipeline_cut(1, 6), (std::vector<int64_t>{6}));
-  EXPECT_EQ(parse_pipeline_cut("1,5", 3, 6), (std::vector<int64_t>{1, 5, 6}));
+  EXPECT_EQ(given_pipeline_cut({1, 5}, 3, 6), (std::vector<int64_t>{1, 5, 6}));
 }
 
 }  // namespace

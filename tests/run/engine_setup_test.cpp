@@ -62,7 +62,7 @@ TEST(EngineSetup, PlacementKeepsItsMovableBlocksCpuUpdated) {
   test::TempDir dir;
   Config c = offload_config(dir.path());
   c.placement.policy = PlacementPolicyKind::kStatic;
-  c.placement.blocks = "GGCCGG";
+  c.placement.blocks = StaticBlocks::parse("GGCCGG");
   c.offload.update_split = "1";
   const RunContext ctx = open_run_context(c);
   const RunPlan plan = resolve_run_plan(c, {}, ctx);

@@ -55,7 +55,7 @@ TEST(PlacementTrainer, StaticPlacementTrainsLikeNone) {
   test::TempDir off_dir, placed_dir;
   const Config off = placed_run(off_dir.path(), 10, PlacementPolicyKind::kOff);
   Config placed = placed_run(placed_dir.path(), 10, PlacementPolicyKind::kStatic);
-  placed.placement.blocks = "GCCGGG";
+  placed.placement.blocks = StaticBlocks::parse("GCCGGG");
   const auto a = train(off, {});
   const auto b = train(placed, {});
   ASSERT_EQ(a.losses.size(), 10u);
@@ -97,7 +97,7 @@ TEST(PlacementTrainer, CostPolicyProfilesTheMovableBlocks) {
   test::TempDir dir;
   // Warm-up of 4 steps, then 2 probes (all-GPU, and the dense layers' group) of profile_steps each.
   Config c = placed_run(dir.path(), 12, PlacementPolicyKind::kCost);
-  c.placement.movable = "1,2";
+  c.placement.movable = MovableBlocks::parse("1,2");
   const int64_t profile_end = 4 + 2 * c.placement.profile_steps;
   const auto s = train(c, {});
   EXPECT_EQ(s.losses.size(), 12u);
@@ -149,11 +149,11 @@ TEST(PlacementTrainer, BadPlacementSettingsNameTheKey) {
   expect_has(error([](Config& c) { apply_override(c, "placement.policy=bogus"); }), "placement.policy");
   expect_has(error([](Config& c) { c.offload.optimizer = OffloadTarget::kNone; }), "offload.optimizer=cpu");
   expect_has(error([](Config& c) { c.train.precision = Precision::kFp16; }), "train.precision=bf16");
-  expect_has(error([](Config& c) { c.placement.blocks = "CGGGGG"; }), "not movable");
-  expect_has(error([](Config& c) { c.placement.blocks = "GGG"; }), "GGG");
-  expect_has(error([](Config& c) { c.placement.movable = "0"; }), "not a decoder layer");
-  expect_has(error([](Config& c) { c.placement.movable = "9"; }), "placement.movable");
-  expect_has(error([](Config& c) { c.placement.movable = "x"; }), "placement.movable");
+  expect_has(error([](Config& c) { apply_override(c, "placement.blocks=CGGGGG"); }), "not movable");
+  expect_has(error([](Config& c) { apply_override(c, "placement.blocks=GGG"); }), "GGG");
+  expect_has(error([](Config& c) { apply_override(c, "placement.movable=0"); }), "not a decoder layer");
+  expect_has(error([](Config& c) { apply_override(c, "placement.movable=9"); }), "placement.movable");
+  expect_has(error([](Config& c) { apply_override(c, "placement.movable=x"); }), "placement.movable");
 }
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }

@@ -19,17 +19,18 @@ Config hybrid_config(const HybridModel& m) {
   cfg.offload.host_ring = 0;  // per-block host buffers: a block runs on the CPU from them
   cfg.train.precision = resolve_device(cfg.train.device).is_cuda() ? Precision::kBf16 : Precision::kFp32;
   cfg.placement.policy = PlacementPolicyKind::kStatic;
-  cfg.placement.blocks = "gpu";
-  std::string dense;
-  for (int64_t i = 1; i <= m.dense_blocks; ++i) dense += (dense.empty() ? "" : ",") + std::to_string(i);
-  cfg.placement.movable = dense.empty() ? "none" : dense;
+  cfg.placement.blocks = StaticBlocks{};
+  MovableBlocks movable{MovableBlocks::Kind::kNone, {}};
+  for (int64_t i = 1; i <= m.dense_blocks; ++i) movable.blocks.push_back(i);
+  if (!movable.blocks.empty()) movable.kind = MovableBlocks::Kind::kGiven;
+  cfg.placement.movable = movable;
   apply_preset_recipe(cfg);
   return cfg;
 }
 
 void use_static(Config& cfg, const std::string& blocks) {
   cfg.placement.policy = PlacementPolicyKind::kStatic;
-  cfg.placement.blocks = blocks;
+  cfg.placement.blocks = StaticBlocks::parse(blocks);
 }
 
 void use_threshold(Config& cfg, double gpu_power_w, double cpu_util_pct) {
@@ -44,6 +45,6 @@ void use_cost_model(Config& cfg, double gpu_power_budget_w) {
   cfg.placement.gpu_power_budget_w = gpu_power_budget_w;
 }
 
-void set_movable(Config& cfg, const std::string& blocks) { cfg.placement.movable = blocks; }
+void set_movable(Config& cfg, const std::string& blocks) { cfg.placement.movable = MovableBlocks::parse(blocks); }
 
 }  // namespace tandem

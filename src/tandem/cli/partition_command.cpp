@@ -83,7 +83,7 @@ int run_partition_inspect(const Config& cfg, const ModelSpec& spec, int64_t seq_
     const auto p = static_cast<int64_t>(cut->size());
     auto given = evaluate_pipeline(blocks, stage_devices(relative_to_first(ranks), p), *cut, partition_options(cfg));
     given.replicas = static_cast<int64_t>(ranks.size()) / p;
-    std::printf("\ndist.pipeline_cut=%s, which the run takes instead:\n%s%s", cfg.dist.pipeline_cut.c_str(),
+    std::printf("\ndist.pipeline_cut=%s, which the run takes instead:\n%s%s", cfg.dist.pipeline_cut.str().c_str(),
                 format_pipeline_plan(blocks, given).c_str(), fits(given) ? "" : "it does NOT fit\n");
   }
   bool cpu_helps = false;

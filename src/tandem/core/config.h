@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/core/config_values.h"
+
 namespace tandem {
 
 /// Arithmetic used for the forward and backward passes.
@@ -201,7 +203,7 @@ struct DistConfig {
   double heartbeat_timeout_s = 60;  ///< a rank silent this long is lost: the ranks exit for a restart
   /// Rows of the global micro-batch per rank: equal | auto (measured speed and memory after
   /// balance_after steps) | a comma list, one count per rank summing to micro_batch x world.
-  std::string balance = "equal";
+  RowBalance balance;
   int64_t balance_after = 5;
   /// Pipeline parallel (Note [Pipeline parallel]): "1" (none), a stage count dividing the world, or
   /// "auto" (the partitioner's choice, Note [Pipeline partition]); read with pipeline_stage_count().
@@ -209,7 +211,7 @@ struct DistConfig {
   PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
   /// Where stage s's Blocks end, a comma list of p - 1 Block indices; "even" = equal Block counts;
   /// "" = the partitioner's cut (Note [Pipeline partition]).
-  std::string pipeline_cut;
+  PipelineCut pipeline_cut;
   /// The device of each stage, a comma list (cuda, cuda:N, cpu); "" = every stage on train.device.
   /// A cpu stage computes its Blocks on the host's cores beside the GPU stages (seed 000's hybrid).
   std::string pipeline_devices;
@@ -223,9 +225,9 @@ int64_t pipeline_stage_count(const DistConfig& d);
 /// Where each Block runs per step, CPU or GPU (sched/placement.h, Note [Block placement]).
 struct PlacementConfig {
   PlacementPolicyKind policy = PlacementPolicyKind::kOff;
-  std::string blocks = "gpu";  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
+  StaticBlocks blocks;  ///< static: gpu | cpu (every movable Block) | one letter per Block, G or C
   /// Blocks that may run on the CPU: "" = every decoder layer, "none", or a comma list of Block indices (0 = embedding)
-  std::string movable;
+  MovableBlocks movable;
   double threshold_w = 200;       ///< threshold: GPU power above which a Block moves to the CPU
   double threshold_cpu_pct = 80;  ///< threshold: the CPU must be less busy than this
   double release_w = 20;          ///< threshold: a Block comes back under threshold_w - release_w

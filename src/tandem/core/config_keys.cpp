@@ -100,6 +100,12 @@ Field string_field(std::string name, std::string doc, Get get) {
   return {name, "string", std::move(doc), [get](Config& c, const std::string& v) { get(c) = v; },
           [get](const Config& c) { return get(const_cast<Config&>(c)); }};
 }
+/// A keyword-or-value key (config_values.h): parsed once here, written back as the user would.
+template <typename T, typename Get>
+Field value_field(std::string name, std::string type, std::string doc, Get get) {
+  return {name, std::move(type), std::move(doc), [get, name](Config& c, const std::string& v) { get(c) = T::parse(v, name); },
+          [get](const Config& c) { return get(const_cast<Config&>(c)).str(); }};
+}
 /// An optional field: "null" (or empty) resets it to "use the preset".
 template <typename Get, typename Parse, typename Format>
 Field optional_field(std::string name, std::string type, std::string doc, Get get, Parse parse, Format format) {
@@ -303,10 +309,10 @@ const std::vector<Field>& fields() {
       double_field("dist.heartbeat_s", "heartbeat period in seconds (0 = off)", F(dist.heartbeat_s)),
       double_field("dist.heartbeat_timeout_s", "a rank silent this long is lost; the others exit for a restart",
                    F(dist.heartbeat_timeout_s)),
-      string_field("dist.balance",
-                   "rows of the global micro-batch per rank: equal | auto (measured speed and memory) | a comma list "
-                   "summing to train.micro_batch x world",
-                   F(dist.balance)),
+      value_field<RowBalance>("dist.balance", "equal|auto|list",
+                              "rows of the global micro-batch per rank: equal | auto (measured speed and memory) | a "
+                              "comma list summing to train.micro_batch x world",
+                              F(dist.balance)),
       int_field("dist.balance_after", "dist.balance=auto: steps measured before the rows are rebalanced",
                 F(dist.balance_after)),
       string_field("dist.pipeline_stages",
@@ -323,8 +329,8 @@ const std::vector<Field>& fields() {
                    "pipeline steps to draw into <run dir>/pipeline_trace.json (comma list; \"\" = none): each "
                    "stage's forward and backward passes on its own track, for Perfetto",
                    F(dist.pipeline_trace_steps)),
-      string_field(
-          "dist.pipeline_cut",
+      value_field<PipelineCut>(
+          "dist.pipeline_cut", "list|even|\"\"",
           "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
           "partitioner's cut from a profile of the Blocks and every rank's device)",
           F(dist.pipeline_cut)),
@@ -333,12 +339,13 @@ const std::vector<Field>& fields() {
           "where each block runs per step: off | static | threshold (GPU power and CPU load, seed 000's rule) "
           "| cost (measured time and energy per block); needs offload.optimizer=cpu",
           F(placement.policy)),
-      string_field("placement.blocks", "static: gpu | cpu (every movable block) | one letter per block, G or C",
-                   F(placement.blocks)),
-      string_field("placement.movable",
-                   "blocks that may run on the CPU: empty = every decoder layer, none, or a comma list of block "
-                   "indices (0 = embedding); they stay CPU-updated",
-                   F(placement.movable)),
+      value_field<StaticBlocks>("placement.blocks", "gpu|cpu|letters",
+                                "static: gpu | cpu (every movable block) | one letter per block, G or C",
+                                F(placement.blocks)),
+      value_field<MovableBlocks>("placement.movable", "list|none|\"\"",
+                                 "blocks that may run on the CPU: empty = every decoder layer, none, or a comma list "
+                                 "of block indices (0 = embedding); they stay CPU-updated",
+                                 F(placement.movable)),
       double_field("placement.threshold_w", "threshold: GPU power (W) above which a block moves to the CPU",
                    F(placement.threshold_w)),
       double_field("placement.threshold_cpu_pct", "threshold: the CPU must be less busy than this (%)",

@@ -13,23 +13,20 @@ DataParallelRows::DataParallelRows(const Config& cfg, const RankInfo& ranks)
     : rank_(ranks.rank),
       global_rows_(cfg.train.micro_batch * ranks.world_size),
       rows_(static_cast<size_t>(ranks.world_size), cfg.train.micro_batch),
-      automatic_(cfg.dist.balance == "auto"),
+      automatic_(cfg.dist.balance.kind == RowBalance::Kind::kAuto),
       balance_after_(cfg.dist.balance_after) {
-  const std::string& balance = cfg.dist.balance;
-  if (balance == "equal" || balance == "auto") return;
-  const auto parts = split(balance, ',');
-  TANDEM_CHECK(static_cast<int>(parts.size()) == ranks.world_size, "dist.balance='", balance, "' gives ", parts.size(),
-               " row counts for ", ranks.world_size, " ranks; give one per rank, or equal / auto");
+  const RowBalance& balance = cfg.dist.balance;
+  if (balance.kind != RowBalance::Kind::kGiven) return;
+  TANDEM_CHECK(static_cast<int>(balance.rows.size()) == ranks.world_size, "dist.balance='", balance.str(), "' gives ",
+               balance.rows.size(), " row counts for ", ranks.world_size, " ranks; give one per rank, or equal / auto");
   int64_t sum = 0;
-  for (size_t r = 0; r < parts.size(); ++r) {
-    char* end = nullptr;
-    const long long v = std::strtoll(parts[r].c_str(), &end, 10);
-    TANDEM_CHECK(end != parts[r].c_str() && *end == '\0' && v >= 1 && v <= global_rows_, "dist.balance: '", parts[r],
-                 "' is not a row count within 1 .. ", global_rows_);
-    rows_[r] = v;
-    sum += v;
+  for (size_t r = 0; r < balance.rows.size(); ++r) {
+    TANDEM_CHECK(balance.rows[r] <= global_rows_, "dist.balance: ", balance.rows[r], " is not a row count within 1 .. ",
+                 global_rows_);
+    rows_[r] = balance.rows[r];
+    sum += balance.rows[r];
   }
-  TANDEM_CHECK(sum == global_rows_, "dist.balance='", balance, "' sums to ", sum,
+  TANDEM_CHECK(sum == global_rows_, "dist.balance='", balance.str(), "' sums to ", sum,
                " rows; the global micro-batch is train.micro_batch x world = ", global_rows_);
 }
 

@@ -1,8 +1,6 @@
 #include "tandem/parallel/pipeline_grid.h"
 
-#include <cstdlib>
-#include <sstream>
-
+#include "tandem/core/config_values.h"
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 
@@ -37,24 +35,17 @@ std::vector<int64_t> even_pipeline_cut(int64_t stages, int64_t blocks) {
   return ends;
 }
 
-std::vector<int64_t> parse_pipeline_cut(const std::string& cut, int64_t stages, int64_t blocks) {
+std::vector<int64_t> given_pipeline_cut(const std::vector<int64_t>& cut, int64_t stages, int64_t blocks) {
   TANDEM_CHECK(stages <= blocks, "dist.pipeline_stages=", stages, " is more stages than the model's ", blocks,
                " Blocks; use at most ", blocks, " stages");
-  std::vector<int64_t> ends;
-  std::stringstream in(cut);
-  for (std::string t; std::getline(in, t, ',');) {
-    char* end = nullptr;
-    const long long v = std::strtoll(t.c_str(), &end, 10);
-    TANDEM_CHECK(!t.empty() && end && *end == '\0', "dist.pipeline_cut='", cut,
-                 "' is not a comma list of Block indices (e.g. 3,6 for 3 stages)");
-    ends.push_back(v);
-  }
-  TANDEM_CHECK(static_cast<int64_t>(ends.size()) == stages - 1, "dist.pipeline_cut='", cut, "' gives ", ends.size(),
+  const std::string written = PipelineCut{PipelineCut::Kind::kGiven, cut}.str();
+  TANDEM_CHECK(static_cast<int64_t>(cut.size()) == stages - 1, "dist.pipeline_cut='", written, "' gives ", cut.size(),
                " ends for ", stages, " stages; give ", stages - 1, " (the last stage ends at the model's end)");
+  std::vector<int64_t> ends = cut;
   ends.push_back(blocks);
   int64_t previous = 0;
   for (const int64_t e : ends) {
-    TANDEM_CHECK(e > previous && e <= blocks, "dist.pipeline_cut='", cut, "' must rise strictly within 1 .. ",
+    TANDEM_CHECK(e > previous && e <= blocks, "dist.pipeline_cut='", written, "' must rise strictly within 1 .. ",
                  blocks - 1, " so that every stage has a Block");
     previous = e;
   }

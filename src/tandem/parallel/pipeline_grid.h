@@ -45,9 +45,9 @@ class PipelineGrid {
 };
 
 /// Stage ends (each stage's end Block, ascending, the last = `blocks`) from dist.pipeline_cut's
-/// comma list of the first p - 1 ends; UserError naming the fix when it does not cut `blocks`
-/// Blocks into `stages` non-empty ranges.
-std::vector<int64_t> parse_pipeline_cut(const std::string& cut, int64_t stages, int64_t blocks);
+/// first p - 1 ends; UserError naming the fix when they do not cut `blocks` Blocks into `stages`
+/// non-empty ranges.
+std::vector<int64_t> given_pipeline_cut(const std::vector<int64_t>& cut, int64_t stages, int64_t blocks);
 /// Equal Block counts per stage (the first stages take the remainder); UserError when stages > blocks.
 std::vector<int64_t> even_pipeline_cut(int64_t stages, int64_t blocks);
 

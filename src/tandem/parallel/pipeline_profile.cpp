@@ -326,14 +326,15 @@ PipelinePlan plan_pipeline(Model& model, const Config& cfg, int64_t seq_len, con
 }
 
 std::optional<std::vector<int64_t>> configured_pipeline_cut(const DistConfig& dist, int64_t blocks) {
-  if (trim(dist.pipeline_cut).empty()) return std::nullopt;
+  const PipelineCut& cut = dist.pipeline_cut;
+  if (cut.kind == PipelineCut::Kind::kPartitioner) return std::nullopt;
   int64_t stages = pipeline_stage_count(dist);
-  if (trim(dist.pipeline_cut) == "even") {
+  if (cut.kind == PipelineCut::Kind::kEven) {
     TANDEM_CHECK(stages > 0, "dist.pipeline_cut=even needs a stage count; set dist.pipeline_stages=N");
     return even_pipeline_cut(stages, blocks);
   }
-  if (stages == 0) stages = static_cast<int64_t>(split(dist.pipeline_cut, ',').size()) + 1;
-  return parse_pipeline_cut(dist.pipeline_cut, stages, blocks);
+  if (stages == 0) stages = static_cast<int64_t>(cut.ends.size()) + 1;
+  return given_pipeline_cut(cut.ends, stages, blocks);
 }
 
 std::vector<int64_t> pipeline_stage_ends(Model& model, const Config& cfg, int64_t seq_len,

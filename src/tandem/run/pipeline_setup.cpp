@@ -21,8 +21,8 @@ namespace {
 
 // What a pipeline does not compose with yet: the reason and its fix, or "" when it runs.
 std::string pipeline_refusal(const Config& cfg) {
-  if (cfg.dist.balance != "equal")
-    return "dist.balance=" + cfg.dist.balance +
+  if (cfg.dist.balance.kind != RowBalance::Kind::kEqual)
+    return "dist.balance=" + cfg.dist.balance.str() +
            " does not run with pipeline stages yet; set dist.balance=equal or dist.pipeline_stages=1";
   if (cfg.placement.policy != PlacementPolicyKind::kOff)
     return "placement.policy runs in one process; set placement.policy=off or dist.pipeline_stages=1";

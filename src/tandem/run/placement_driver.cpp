@@ -14,18 +14,14 @@ namespace tandem {
 std::vector<bool> placement_movable(const PlacementConfig& cfg, const BlockSequence& model) {
   const size_t count = model.block_count();
   std::vector<bool> out(count, false);
-  if (cfg.policy == PlacementPolicyKind::kOff || trim(cfg.movable) == "none") return out;
-  if (trim(cfg.movable).empty()) {
+  if (cfg.policy == PlacementPolicyKind::kOff || cfg.movable.kind == MovableBlocks::Kind::kNone) return out;
+  if (cfg.movable.kind == MovableBlocks::Kind::kLayers) {
     for (size_t i = 0; i < count; ++i) out[i] = model.block_kind(i) == BlockKind::kLayer;
     return out;
   }
-  for (const auto& part : split(cfg.movable, ',')) {
-    const std::string t = trim(part);
-    char* end = nullptr;
-    const long long i = std::strtoll(t.c_str(), &end, 10);
-    TANDEM_CHECK(!t.empty() && end != nullptr && *end == '\0' && i >= 0 && i < static_cast<long long>(count),
-                 "placement.movable: '", t, "' is not a block index in 0 .. ", count - 1,
-                 " (0 = embedding; decoder layers are 1 .. ", count - 2, ")");
+  for (const int64_t i : cfg.movable.blocks) {
+    TANDEM_CHECK(i < static_cast<int64_t>(count), "placement.movable: ", i, " is not a block index in 0 .. ",
+                 count - 1, " (0 = embedding; decoder layers are 1 .. ", count - 2, ")");
     TANDEM_CHECK(model.block_kind(static_cast<size_t>(i)) == BlockKind::kLayer, "placement.movable: block ", i, " (",
                  model.block_name(static_cast<size_t>(i)),
                  ") is not a decoder layer; only decoder layers move to the CPU");
@@ -52,15 +48,14 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, BlockSequence& mode
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return numel(a) < numel(b); });
   if (cfg.policy == PlacementPolicyKind::kStatic) {
     Placement p;
-    if (cfg.blocks == "cpu") {
-      p.blocks.assign(count, BlockDevice::kGpu);
+    p.blocks.assign(count, BlockDevice::kGpu);
+    if (cfg.blocks.kind == StaticBlocks::Kind::kCpu) {
       for (const int64_t i : order) p.blocks[static_cast<size_t>(i)] = BlockDevice::kCpu;
-    } else {
-      try {
-        p = parse_placement(cfg.blocks, n);
-      } catch (const UserError& e) {
-        TANDEM_FAIL("placement.blocks: ", e.what());
-      }
+    } else if (cfg.blocks.kind == StaticBlocks::Kind::kLetters) {
+      TANDEM_CHECK(cfg.blocks.on_cpu.size() == count, "placement.blocks: '", cfg.blocks.str(), "' has ",
+                   cfg.blocks.on_cpu.size(), " letters for ", count, " blocks; give one G or C per block, or gpu / cpu");
+      for (size_t i = 0; i < count; ++i)
+        if (cfg.blocks.on_cpu[i]) p.blocks[i] = BlockDevice::kCpu;
       for (int64_t i = 0; i < n; ++i)
         TANDEM_CHECK(p.blocks[static_cast<size_t>(i)] == BlockDevice::kGpu || movable_[static_cast<size_t>(i)],
                      "placement.blocks puts block ", i, " (", model.block_name(static_cast<size_t>(i)),
