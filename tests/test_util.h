@@ -64,7 +64,7 @@ inline Config tiny_cpu_config(const std::string& dir, int64_t steps) {
   c.train.steps = steps;
   c.train.micro_batch = 8;
   c.train.seq_len = 64;
-  c.train.device = "cpu";
+  c.train.device.kind = DeviceSpec::Kind::kCpu;
   c.train.eval_every = 0;
   c.train.progress = ProgressMode::kOff;
   c.train.run_dir = dir;

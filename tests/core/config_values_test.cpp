@@ -51,6 +51,25 @@ TEST(ConfigValues, StaticBlocksAndMovableBlocks) {
   EXPECT_NE(error_of([] { MovableBlocks::parse("x"); }).find("placement.movable='x'"), std::string::npos);
 }
 
+TEST(ConfigValues, DevicesOfTheRunAndOfEachStage) {
+  const auto stages = StageDevices::parse("cuda:1, cpu");
+  ASSERT_EQ(stages.devices.size(), 2u);
+  EXPECT_EQ(stages.devices[0].index, 1);
+  EXPECT_TRUE(stages.any_cpu());
+  EXPECT_EQ(stages.str(), "cuda:1,cpu");
+  EXPECT_TRUE(StageDevices::parse("").empty());
+  EXPECT_FALSE(StageDevices::parse("cuda,cuda").any_cpu());
+  EXPECT_NE(error_of([] { StageDevices::parse("cuda,tpu"); }).find("dist.pipeline_devices 'tpu' is not a device"),
+            std::string::npos);
+  Config c;
+  EXPECT_EQ(c.train.device.kind, DeviceSpec::Kind::kAuto);
+  apply_override(c, "train.device=cuda:2");
+  EXPECT_EQ(c.train.device.kind, DeviceSpec::Kind::kCuda);
+  EXPECT_EQ(get_config_key(c, "train.device"), "cuda:2");
+  EXPECT_NE(error_of([&] { apply_override(c, "train.device=gpu"); }).find("train.device 'gpu' is not a device"),
+            std::string::npos);
+}
+
 TEST(ConfigValues, TheKeysParseOnceAndWriteBack) {
   Config c;
   apply_override(c, "dist.balance=5,3");

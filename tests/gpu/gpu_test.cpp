@@ -23,7 +23,7 @@ namespace {
 Config cuda_run(const test::TempDir& dir, int64_t steps) {
   Config c;
   c.train.steps = steps;
-  c.train.device = "cuda";
+  c.train.device.kind = DeviceSpec::Kind::kCuda;
   c.train.progress = ProgressMode::kOff;
   c.train.eval_every = 0;
   c.train.run_dir = dir.path();
@@ -194,7 +194,7 @@ TEST(GpuOffload, TheDelayedUpdateLagsOnCudaAsOnTheCpu) {
   const auto run = [](const std::string& device, bool delayed, int64_t ring) {
     test::TempDir dir;
     Config c = cuda_run(dir, 10);
-    c.train.device = device;
+    c.train.device = DeviceSpec::parse(device, "train.device");
     c.train.deterministic = true;
     c.train.tf32 = false;
     c.train.precision = Precision::kFp32;

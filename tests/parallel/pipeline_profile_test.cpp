@@ -17,7 +17,7 @@ Config tiny_pipeline_config() {
   Config c;
   c.model.preset = "tiny";
   c.model.tie_embeddings = false;
-  c.train.device = "cpu";
+  c.train.device.kind = DeviceSpec::Kind::kCpu;
   c.train.micro_batch = 2;
   c.train.seq_len = 32;
   c.train.grad_accum = 4;

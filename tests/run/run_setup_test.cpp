@@ -31,7 +31,7 @@ TEST(RunSetup, OneProcessHasNoRendezvous) {
   if (std::getenv("WORLD_SIZE") || std::getenv("SLURM_NTASKS") || std::getenv("OMPI_COMM_WORLD_SIZE"))
     GTEST_SKIP() << "started by a launcher";
   Config c;
-  c.train.device = "cpu";
+  c.train.device.kind = DeviceSpec::Kind::kCpu;
   const RunContext ctx = open_run_context(c);
   EXPECT_TRUE(ctx.main_rank());
   EXPECT_EQ(ctx.world(), 1);

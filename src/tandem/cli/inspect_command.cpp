@@ -77,7 +77,7 @@ int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const I
   MemoryCapacity cap;
   std::string gpu_source;
   const bool cuda =
-      cfg.train.device != "cpu" && torch::cuda::is_available() && accelerator() && accelerator()->device_count() > 0;
+      cfg.train.device.kind != DeviceSpec::Kind::kCpu && torch::cuda::is_available() && accelerator() && accelerator()->device_count() > 0;
   if (cuda && !opts.gpu_memory_given) {
     cap.gpu_total = accelerator()->memory_stats(0).total;
     gpu_source = accelerator()->device_name(0);
@@ -201,7 +201,7 @@ int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
   if (opts.plan) return print_offload_plan(cfg, s, T, opts);
   if (opts.partition || opts.partition_opts.with_cpu) return run_partition_inspect(cfg, s, T, opts.partition_opts);
   const auto e = estimate_training_memory(s, cfg.train.micro_batch, T, cfg.train.precision, cfg.model.checkpointing);
-  const bool cuda = cfg.train.device != "cpu" && torch::cuda::is_available();
+  const bool cuda = cfg.train.device.kind != DeviceSpec::Kind::kCpu && torch::cuda::is_available();
   std::printf("\nmemory estimate for training: micro-batch %lld x %lld tokens, %s, activation checkpointing %s\n",
               (long long)cfg.train.micro_batch, (long long)T, to_string(cfg.train.precision),
               cfg.model.checkpointing ? "on" : "off");

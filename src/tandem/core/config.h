@@ -109,7 +109,7 @@ struct TrainConfig {
   int64_t grad_accum = 1;
   double grad_clip = 1.0;  ///< global-norm clipping; 0 disables
   Precision precision = Precision::kFp32;
-  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
+  DeviceSpec device;  ///< auto | cpu | cuda | cuda:N
   uint64_t seed = 1337;
   int64_t eval_every = 100;  ///< 0 disables evaluation
   int64_t eval_batches = 8;
@@ -214,7 +214,7 @@ struct DistConfig {
   PipelineCut pipeline_cut;
   /// The device of each stage, a comma list (cuda, cuda:N, cpu); "" = every stage on train.device.
   /// A cpu stage computes its Blocks on the host's cores beside the GPU stages (seed 000's hybrid).
-  std::string pipeline_devices;
+  StageDevices pipeline_devices;
   /// Steps (1-based, comma list) drawn into <run dir>/pipeline_trace.json, one track per stage.
   std::string pipeline_trace_steps = "4";
 };

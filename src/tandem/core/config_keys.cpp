@@ -209,7 +209,7 @@ const std::vector<Field>& fields() {
                 F(train.oom_grow_after)),
       enum_field<Precision>("train.precision", "fp32, bf16 autocast, or fp16 autocast with dynamic loss scaling",
                             F(train.precision)),
-      string_field("train.device", "auto | cpu | cuda | cuda:N", F(train.device)),
+      value_field<DeviceSpec>("train.device", "auto|cpu|cuda|cuda:N", "auto | cpu | cuda | cuda:N", F(train.device)),
       uint_field("train.seed", "seed for initialisation and data order", F(train.seed)),
       int_field("train.eval_every", "evaluate on the held-out split every N steps; 0 disables", F(train.eval_every)),
       int_field("train.eval_batches", "micro-batches per evaluation", F(train.eval_batches)),
@@ -322,9 +322,10 @@ const std::vector<Field>& fields() {
       enum_field<PipelineSchedule>("dist.pipeline_schedule",
                                    "1f1b | gpipe: micro-batches (train.grad_accum) through the stages",
                                    F(dist.pipeline_schedule)),
-      string_field("dist.pipeline_devices",
-                   "each stage's device, a comma list (cuda | cuda:N | cpu); \"\" = every stage on train.device",
-                   F(dist.pipeline_devices)),
+      value_field<StageDevices>("dist.pipeline_devices", "list|\"\"",
+                                "each stage's device, a comma list (cuda | cuda:N | cpu); \"\" = every stage on "
+                                "train.device",
+                                F(dist.pipeline_devices)),
       string_field("dist.pipeline_trace_steps",
                    "pipeline steps to draw into <run dir>/pipeline_trace.json (comma list; \"\" = none): each "
                    "stage's forward and backward passes on its own track, for Perfetto",

@@ -68,6 +68,25 @@ std::string PipelineCut::str() const {
   return kind == Kind::kPartitioner ? "" : kind == Kind::kEven ? "even" : join_ints(ends);
 }
 
+StageDevices StageDevices::parse(const std::string& text, const std::string& key) {
+  StageDevices d;
+  if (trim(text).empty()) return d;
+  for (const auto& part : split(text, ',')) d.devices.push_back(DeviceSpec::parse(trim(part), key));
+  return d;
+}
+
+std::string StageDevices::str() const {
+  std::string s;
+  for (const auto& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  return s;
+}
+
+bool StageDevices::any_cpu() const {
+  for (const auto& d : devices)
+    if (d.kind == DeviceSpec::Kind::kCpu) return true;
+  return false;
+}
+
 StaticBlocks StaticBlocks::parse(const std::string& text, const std::string& key) {
   const std::string t = trim(text);
   StaticBlocks p;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/core/device_spec.h"
+
 namespace tandem {
 
 /// dist.balance: rows of the global micro-batch per rank.
@@ -28,6 +30,17 @@ struct PipelineCut {
   /// "" | "even" | a comma list of Block indices.
   static PipelineCut parse(const std::string& text, const std::string& key = "dist.pipeline_cut");
   std::string str() const;
+};
+
+/// dist.pipeline_devices: each pipeline stage's device; empty = every stage on train.device.
+struct StageDevices {
+  std::vector<DeviceSpec> devices;
+  /// "" | a comma list of devices (auto, cpu, cuda, cuda:N).
+  static StageDevices parse(const std::string& text, const std::string& key = "dist.pipeline_devices");
+  std::string str() const;
+  bool empty() const { return devices.empty(); }
+  /// Whether a stage computes on the host (seed 000's hybrid: the stages then meet through Gloo).
+  bool any_cpu() const;
 };
 
 /// placement.blocks: where the static placement runs each Block.

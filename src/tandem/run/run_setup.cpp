@@ -20,29 +20,32 @@ RunContext::RunContext() = default;
 RunContext::RunContext(RunContext&&) noexcept = default;
 RunContext::~RunContext() = default;
 
-c10::Device resolve_device(const std::string& s, const std::string& what) {
-  const DeviceSpec d = DeviceSpec::parse(s, what);
+c10::Device resolve_device(const DeviceSpec& d, const std::string& what) {
   if (d.kind == DeviceSpec::Kind::kAuto)
     return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (d.kind == DeviceSpec::Kind::kCpu) return torch::Device(torch::kCPU);
-  TANDEM_CHECK(torch::cuda::is_available(), what, "=", s,
+  TANDEM_CHECK(torch::cuda::is_available(), what, "=", d.str(),
                " but no CUDA device is visible (or this build has no CUDA); use cpu or auto");
   const int n = static_cast<int>(torch::cuda::device_count());
   const int index = std::max(d.index, 0);
-  TANDEM_CHECK(index < n, what, "=", s, " but only ", n, " CUDA device(s) are visible");
+  TANDEM_CHECK(index < n, what, "=", d.str(), " but only ", n, " CUDA device(s) are visible");
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+c10::Device resolve_device(const std::string& s, const std::string& what) {
+  return resolve_device(DeviceSpec::parse(s, what), what);
 }
 
 namespace {
 
 // This rank's device setting: its pipeline stage's from dist.pipeline_devices (Note [Pipeline
 // parallel]; each name is taken as written), else train.device.
-std::string device_setting(const Config& cfg, const RankInfo& ranks) {
+DeviceSpec device_setting(const Config& cfg, const RankInfo& ranks) {
   if (cfg.dist.pipeline_devices.empty()) return cfg.train.device;
-  const std::vector<std::string> devices = split(cfg.dist.pipeline_devices, ',');
+  const std::vector<DeviceSpec>& devices = cfg.dist.pipeline_devices.devices;
   const int64_t stages = pipeline_stage_count(cfg.dist);
   TANDEM_CHECK(stages >= 1 && static_cast<int64_t>(devices.size()) == stages, "dist.pipeline_devices='",
-               cfg.dist.pipeline_devices, "' names ", devices.size(),
+               cfg.dist.pipeline_devices.str(), "' names ", devices.size(),
                " devices for dist.pipeline_stages=", cfg.dist.pipeline_stages,
                "; give one device per stage and a stage count");
   TANDEM_CHECK(ranks.world_size % stages == 0, "dist.pipeline_stages=", stages, " does not divide the world of ",
@@ -83,7 +86,7 @@ RunContext open_run_context(const Config& cfg) {
   CommOptions co;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1e3));
   // Stages on the host and on GPUs meet through Gloo (host memory).
-  const bool host_stage = stage_devices && cfg.dist.pipeline_devices.find("cpu") != std::string::npos;
+  const bool host_stage = cfg.dist.pipeline_devices.any_cpu();
   co.nccl = ctx.device.is_cuda() && cfg.dist.backend != DistBackend::kGloo && !host_stage;
   TANDEM_CHECK(!(cfg.dist.backend == DistBackend::kNccl && !ctx.device.is_cuda()),
                "dist.backend=nccl needs GPUs; this run is on ", ctx.device.str(), ": set dist.backend=auto or gloo");

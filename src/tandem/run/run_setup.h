@@ -34,6 +34,8 @@ struct RunContext {
 
 /// A device setting (core/device_spec.h): auto (the first GPU, else the CPU), cpu, cuda or cuda:N;
 /// UserError naming `what` (the key it came from) otherwise, or for a GPU this machine lacks.
+c10::Device resolve_device(const DeviceSpec& d, const std::string& what = "train.device");
+/// As above, from a device as written (a command's --device flag).
 c10::Device resolve_device(const std::string& s, const std::string& what = "train.device");
 
 /// Rank (from the launcher's environment), device (the launcher's slot or the local rank's GPU),
