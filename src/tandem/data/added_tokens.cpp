@@ -163,4 +163,12 @@ void AddedTokens::split(std::string_view text, const NormalizeText& normalize,
       on_token);
 }
 
+std::vector<SpecialToken> AddedTokens::special() const {
+  std::vector<SpecialToken> out;
+  for (const auto& a : tokens)
+    if (a.special) out.push_back({a.id, a.content});
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return out;
+}
+
 }  // namespace tandem::detail

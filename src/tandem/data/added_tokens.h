@@ -57,6 +57,8 @@ struct AddedTokens {
   static AddedTokens parse(const json& list, const std::string& source, const NormalizeText& normalize);
 
   std::optional<TokenId> find(std::string_view content) const;
+  /// The special ones, by id (Tokenizer::special_tokens of a tokenizer.json).
+  std::vector<SpecialToken> special() const;
 
   /// Splits `text` at the added tokens, normalizing the text between them: on_piece gets each
   /// normalized piece and whether it starts the text, on_token each added token's id, in text order.

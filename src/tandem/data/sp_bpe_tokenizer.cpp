@@ -351,21 +351,10 @@ std::string SpBpeTokenizer::id_to_token(TokenId id) const {
   return id >= 0 && id < vocab_size() ? m_->stored[id] : std::string();
 }
 
-std::vector<SpecialToken> SpBpeTokenizer::special_tokens() const {
-  std::vector<SpecialToken> out;
-  for (const auto& a : m_->added.tokens)
-    if (a.special) out.push_back({a.id, a.content});
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
-  return out;
-}
+std::vector<SpecialToken> SpBpeTokenizer::special_tokens() const { return m_->added.special(); }
 
 std::string SpBpeTokenizer::description() const {
-  auto name = [&](const std::optional<TokenId>& id) {
-    return id ? "'" + m_->stored[*id] + "' (" + std::to_string(*id) + ")" : std::string("none");
-  };
-  return strprintf("SentencePiece-style BPE from %s: %lld tokens (%zu added), BOS %s, EOS %s", m_->source.c_str(),
-                   static_cast<long long>(vocab_size()), m_->added.tokens.size(), name(m_->bos).c_str(),
-                   name(m_->eos).c_str());
+  return describe_json_tokenizer("SentencePiece-style BPE", m_->source, m_->stored, m_->added.tokens.size(), m_->bos, m_->eos);
 }
 
 }  // namespace tandem

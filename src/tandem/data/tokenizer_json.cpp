@@ -1,6 +1,7 @@
 #include "tandem/data/tokenizer_json.h"
 
 #include "tandem/core/error.h"
+#include "tandem/core/strings.h"
 
 // Note [Two kinds of BPE tokenizer.json]
 // Hugging Face writes two unrelated BPE tokenizers into the same format. Byte-level BPE (GPT-2,
@@ -130,6 +131,15 @@ std::vector<std::pair<std::string, TokenId>> parse_vocab(const json& model, cons
     out.emplace_back(token, static_cast<TokenId>(value));
   }
   return out;
+}
+
+std::string describe_json_tokenizer(const char* kind, const std::string& source, const std::vector<std::string>& stored,
+                                    size_t added, std::optional<TokenId> bos, std::optional<TokenId> eos) {
+  const auto name = [&](const std::optional<TokenId>& id) {
+    return id ? "'" + stored[static_cast<size_t>(*id)] + "' (" + std::to_string(*id) + ")" : std::string("none");
+  };
+  return strprintf("%s from %s: %zu tokens (%zu added), BOS %s, EOS %s", kind, source.c_str(), stored.size(), added,
+                   name(bos).c_str(), name(eos).c_str());
 }
 
 }  // namespace tandem::detail

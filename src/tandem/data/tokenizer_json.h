@@ -48,6 +48,10 @@ std::pair<std::optional<TokenId>, std::optional<TokenId>> choose_bos_eos(const S
                                                                          const std::string& source,
                                                                          const FindToken& find);
 
+/// Tokenizer::description of a tokenizer.json: "<kind> from <source>: N tokens (A added), BOS .., EOS ..".
+std::string describe_json_tokenizer(const char* kind, const std::string& source, const std::vector<std::string>& stored,
+                                    size_t added, std::optional<TokenId> bos, std::optional<TokenId> eos);
+
 /// The vocabulary of model.vocab (stored form -> id); UserError for an id out of range.
 std::vector<std::pair<std::string, TokenId>> parse_vocab(const json& model, const std::string& source);
 
