@@ -24,9 +24,9 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 }
 
 std::string join_ints(const std::vector<int64_t>& v) {
-  std::string s;
-  for (const int64_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-  return s;
+  std::vector<std::string> parts;
+  for (const int64_t x : v) parts.push_back(std::to_string(x));
+  return join(parts, ",");
 }
 
 }  // namespace
@@ -76,9 +76,9 @@ StageDevices StageDevices::parse(const std::string& text, const std::string& key
 }
 
 std::string StageDevices::str() const {
-  std::string s;
-  for (const auto& d : devices) s += (s.empty() ? "" : ",") + d.str();
-  return s;
+  std::vector<std::string> parts;
+  for (const auto& d : devices) parts.push_back(d.str());
+  return join(parts, ",");
 }
 
 bool StageDevices::any_cpu() const {
