@@ -47,15 +47,15 @@ PlacementDriver::PlacementDriver(const PlacementConfig& cfg, BlockSequence& mode
   };
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return numel(a) < numel(b); });
   if (cfg.policy == PlacementPolicyKind::kStatic) {
-    Placement p;
-    p.blocks.assign(count, BlockDevice::kGpu);
-    if (cfg.blocks.kind == StaticBlocks::Kind::kCpu) {
+    Placement p = placement_of(StaticBlocks{}, n);
+    if (cfg.blocks.kind == StaticBlocks::Kind::kCpu) {  // every movable Block, not every Block
       for (const int64_t i : order) p.blocks[static_cast<size_t>(i)] = BlockDevice::kCpu;
     } else if (cfg.blocks.kind == StaticBlocks::Kind::kLetters) {
-      TANDEM_CHECK(cfg.blocks.on_cpu.size() == count, "placement.blocks: '", cfg.blocks.str(), "' has ",
-                   cfg.blocks.on_cpu.size(), " letters for ", count, " blocks; give one G or C per block, or gpu / cpu");
-      for (size_t i = 0; i < count; ++i)
-        if (cfg.blocks.on_cpu[i]) p.blocks[i] = BlockDevice::kCpu;
+      try {
+        p = placement_of(cfg.blocks, n);
+      } catch (const UserError& e) {
+        TANDEM_FAIL("placement.blocks: ", e.what());
+      }
       for (int64_t i = 0; i < n; ++i)
         TANDEM_CHECK(p.blocks[static_cast<size_t>(i)] == BlockDevice::kGpu || movable_[static_cast<size_t>(i)],
                      "placement.blocks puts block ", i, " (", model.block_name(static_cast<size_t>(i)),

@@ -36,20 +36,21 @@ std::string Placement::str() const {
   return s;
 }
 
-Placement parse_placement(const std::string& text, int64_t blocks) {
+Placement placement_of(const StaticBlocks& spec, int64_t blocks) {
   Placement p;
-  if (text == "gpu" || text == "cpu") {
-    p.blocks.assign(static_cast<size_t>(blocks), text == "gpu" ? BlockDevice::kGpu : BlockDevice::kCpu);
+  if (spec.kind != StaticBlocks::Kind::kLetters) {
+    p.blocks.assign(static_cast<size_t>(blocks),
+                    spec.kind == StaticBlocks::Kind::kGpu ? BlockDevice::kGpu : BlockDevice::kCpu);
     return p;
   }
-  TANDEM_CHECK(static_cast<int64_t>(text.size()) == blocks, "placement '", text, "' has ", text.size(), " letters for ",
-               blocks, " blocks; give one G or C per block, or gpu / cpu");
-  for (const char c : text) {
-    TANDEM_CHECK(c == 'G' || c == 'g' || c == 'C' || c == 'c', "placement '", text, "': '", std::string(1, c),
-                 "' is neither G (GPU) nor C (CPU)");
-    p.blocks.push_back(c == 'G' || c == 'g' ? BlockDevice::kGpu : BlockDevice::kCpu);
-  }
+  TANDEM_CHECK(static_cast<int64_t>(spec.on_cpu.size()) == blocks, "placement '", spec.str(), "' has ",
+               spec.on_cpu.size(), " letters for ", blocks, " blocks; give one G or C per block, or gpu / cpu");
+  for (const bool cpu : spec.on_cpu) p.blocks.push_back(cpu ? BlockDevice::kCpu : BlockDevice::kGpu);
   return p;
+}
+
+Placement parse_placement(const std::string& text, int64_t blocks) {
+  return placement_of(StaticBlocks::parse(text, "placement"), blocks);
 }
 
 ThresholdPlacement::ThresholdPlacement(int64_t blocks, ThresholdOptions o) : o_(std::move(o)) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/core/config_values.h"
+
 namespace tandem {
 
 /// The device a Block runs on for a batch.
@@ -179,7 +181,10 @@ class PlacementProfiler {
   std::vector<Measure> measured_;  // per probe
 };
 
-/// Parses a static placement: "gpu", "cpu", or one letter per Block (G/C); UserError otherwise.
+/// A static placement of `blocks` Blocks: every one on the GPU, every one on the CPU, or one per
+/// letter; UserError when the letters do not count the Blocks.
+Placement placement_of(const StaticBlocks& spec, int64_t blocks);
+/// placement_of a placement as written: "gpu", "cpu", or one letter per Block (G/C).
 Placement parse_placement(const std::string& text, int64_t blocks);
 
 }  // namespace tandem
