@@ -180,9 +180,8 @@ class Engine:
         files, keys = split_config(config)
         self._files, self._keys = files, keys
         self.model = model
-        device, offload, precision, config_run_dir, oom_retry, oom_grow_after = config_values(
-            files, keys, ["train.device", "offload.optimizer", "train.precision", "train.run_dir", "train.oom_retry",
-                          "train.oom_grow_after"])
+        device, offload, precision, config_run_dir = config_values(
+            files, keys, ["train.device", "offload.optimizer", "train.precision", "train.run_dir"])
         self.device = resolve_device(device)
         self._offload = offload == "cpu"
         self.run_dir = run_dir or config_run_dir or _new_run_dir()
@@ -203,12 +202,6 @@ class Engine:
         if self.device.type == "cpu":
             self._warn_gpu_only_keys(keys)
         self._loss_sum: Optional[torch.Tensor] = None
-        # Note [Adaptive micro-batch] for train_step: parts per micro-batch, clean steps since.
-        self._oom_parts = 1
-        self._clean_steps = 0
-        self._oom_retry = oom_retry == "true"
-        self._oom_grow_after = int(oom_grow_after)
-        self.oom_retries = 0  #: steps run again after an out-of-memory error
 
     # Keys that shape only the GPU's side (its transfers, its memory tier, its matmul numerics): with the
     # CPU as the device they change nothing. (offload.delayed_update and offload.host_ring do change a
@@ -272,8 +265,9 @@ class Engine:
         if any(int(t.shape[0]) != rows for t in batch) or rows < accumulation:
             raise ValueError(f"train_step: the batch's tensors must share a first dimension of at least "
                              f"train.grad_accum={accumulation} rows")
+        micro_rows = -(-rows // accumulation)  # the rows of one micro-batch, rounded up
         while True:
-            pieces = min(accumulation * self._oom_parts, rows)
+            pieces = min(accumulation * self._live.parts(micro_rows), rows)
             try:
                 for p in range(pieces):
                     r0, r1 = rows * p // pieces, rows * (p + 1) // pieces
@@ -282,29 +276,18 @@ class Engine:
                     self._backward(loss, accumulation * (r1 - r0) / rows)
                 break
             except torch.OutOfMemoryError as e:
-                self._retry_smaller(pieces, rows, e)
+                what = str(e).splitlines()[0] if str(e) else "out of memory"
+                self._loss_sum = None
+                self._attach.tokens = 0
+                self._live.retry_smaller(what, micro_rows)  # ValueError when it cannot be cut further
             finally:
                 self._attach.last_part = None
-        info = self._finish_step()
-        if self._oom_parts > 1 and self._oom_grow_after > 0:
-            self._clean_steps += 1
-            if self._clean_steps >= self._oom_grow_after:
-                self._oom_parts //= 2
-                self._clean_steps = 0
-        return info
+        return self._finish_step()
 
-    def _retry_smaller(self, pieces: int, rows: int, error: BaseException) -> None:
-        what = str(error).splitlines()[0] if str(error) else "out of memory"
-        self.abandon_step()
-        if not self._oom_retry:
-            raise ValueError(f"out of memory at step {self.global_step + 1} ({what}); lower the batch, enable "
-                             "checkpointing, or set train.oom_retry=true") from None
-        if pieces >= rows:
-            raise ValueError(f"out of memory at step {self.global_step + 1} even at one row per micro-batch ({what}); "
-                             "shorten the sequences, enable checkpointing, or set offload.optimizer=cpu") from None
-        self._oom_parts *= 2
-        self._clean_steps = 0
-        self.oom_retries += 1
+    @property
+    def oom_retries(self) -> int:
+        """Steps run again after an out-of-memory error (train_step)."""
+        return self._live.oom_retries()
 
     def step(self) -> Optional[StepInfo]:
         """The optimizer step at the accumulation boundary (every train.grad_accum backward calls;

@@ -185,7 +185,10 @@ def test_train_step_halves_the_micro_batch_on_out_of_memory():
         run_dir = engine.run_dir
     assert sizes[:3] == [4, 2, 2]  # the whole batch, then halves
     assert 4 in sizes[3:]  # grown back after two clean steps
-    assert_close([r["loss"] for r in rows(run_dir)], ref, 1e-6)
+    written = rows(run_dir)
+    assert [r["micro_batch_effective"] for r in written if "oom" in r] == [2]  # the retry's row, as the CLI's
+    assert [r.get("micro_batch_effective") for r in written if "loss" in r][:3] == [2, 2, None]  # grown back
+    assert_close([r["loss"] for r in written if "loss" in r], ref, 1e-6)
 
 
 def test_default_run_directories_do_not_collide():
@@ -201,7 +204,7 @@ def test_train_step_gives_up_at_one_row():
         raise torch.OutOfMemoryError("injected")
 
     with tandem.Engine(model, engine_config(True)) as engine:
-        with pytest.raises(ValueError, match="even at one row"):
+        with pytest.raises(ValueError, match="even at micro-batch 1"):
             engine.train_step(loss_fn, *batch(0))
         engine_losses(model, engine, 1)  # the engine goes on
 

@@ -161,6 +161,10 @@ PYBIND11_MODULE(_C, m) {
       .def("accumulation", &EngineCore::accumulation)
       .def("update", &EngineCore::update, py::arg("loss"), py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
       .def("abandon", &EngineCore::abandon, py::call_guard<py::gil_scoped_release>())
+      .def("retry_smaller", &EngineCore::retry_smaller, py::arg("what"), py::arg("rows"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("parts", &EngineCore::parts, py::arg("rows"))
+      .def("oom_retries", &EngineCore::oom_retries)
       .def("save", &EngineCore::save, py::arg("run_dir"), py::arg("hf_config"),
            py::call_guard<py::gil_scoped_release>())
       .def("load", &EngineCore::load, py::arg("path"), py::call_guard<py::gil_scoped_release>())

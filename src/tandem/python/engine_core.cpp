@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <thread>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -24,7 +23,6 @@
 #include "tandem/run/engine_setup.h"
 #include "tandem/run/lr_schedule.h"
 #include "tandem/run/placement_driver.h"
-#include "tandem/run/resident_update.h"
 #include "tandem/run/run_metrics.h"
 #include "tandem/run/run_setup.h"
 
@@ -36,15 +34,16 @@ namespace tandem {
 // The user's loop runs forward and backward; the package's hooks and calls tell the engine where
 // the loop is:
 //   - the model's forward pre-hook (gradients on): begin_forward opens the step on its first
-//     micro-batch (the offload engine's begin_step at the schedule's learning rate) and tells the
+//     micro-batch (the step driver's begin_step at the schedule's learning rate) and tells the
 //     engine and the gradient reducer whether this micro-batch is the last of the step;
 //   - each Block's forward pre-hook: ModuleBlocks::before_block, where the offload engine waits
 //     for that Block's weights of this step (Note [Gradient streaming]);
 //   - engine.backward(loss): the loss times loss_multiplier() (accumulation, this rank's share of
 //     the global batch, the fp16 loss scale), backward, end_backward;
-//   - engine.step(): at the accumulation boundary, update(): the offload engine's end_step, or the
-//     resident update (resident_update.h), then the loss scale.
-// Everything else is the CLI's: the config keys and their checks, the run context (torchrun's or
+//   - engine.step(): at the accumulation boundary, update(): the step driver's update and read;
+//   - engine.train_step after an out-of-memory error: retry_smaller (Note [Adaptive micro-batch]).
+// The step's mechanics are the CLI's step driver (run/step_driver.h), as the StepRunner's.
+// Everything else is the CLI's too: the config keys and their checks, the run context (torchrun's or
 // tandem launch's environment), the ParamStore and OffloadEngine over the model's Blocks (Note
 // [Block sequence]), the split solver, ZeRO-2 sharding, the checkpoint format.
 // The memory plan is module_plan's (Note [Module plan]).
@@ -66,13 +65,8 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
                                           strprintf("Python model, %zu Blocks (%s params)", blocks_->block_count(),
                                                     format_count(double(blocks_->numel())).c_str()),
                                           *ctx_, offload() ? "offload engine" : "GPU-resident");
-  fp16_ = cfg_.train.precision == Precision::kFp16;
   for (auto& [name, p] : blocks_->all_parameters()) params_.push_back(p);
   check_data_parallel_start();
-  const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
-  loss_scale_ = fp16_ ? cfg_.scaler.init_scale : 1.0;
-  scale_ = torch::full({1}, loss_scale_, fopts);
-  growth_tracker_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(ctx_->device));
   if (offload()) {
     build_offload_engine();
     optimizer_ = std::make_unique<EngineOptimizer>(*offload_->engine, offload_->store->sharded());
@@ -84,11 +78,26 @@ EngineCore::EngineCore(std::shared_ptr<ModuleBlocks> blocks, Config cfg, std::st
     optimizer_ = make_optimizer(cfg_.optim, blocks_->all_parameters(), ctx_->device);
     if (ctx_->comm) reducer_ = std::make_unique<GradReducer>(*blocks_, *ctx_->comm);
   }
+  StepTargets targets;
+  targets.optimizer = optimizer_.get();
+  if (offload_) {
+    targets.engine = offload_->engine.get();
+    targets.store = offload_->store.get();
+    targets.placement = offload_->placement.get();
+  } else {
+    targets.params = params_;
+  }
+  targets.reducer = reducer_.get();
+  TrainerState start;
+  start.loss_scale = cfg_.train.precision == Precision::kFp16 ? cfg_.scaler.init_scale : 1.0;
+  driver_ = std::make_unique<StepDriver>(cfg_, *ctx_, std::move(targets), start,
+                                         [this](const nlohmann::json& row) { metrics_->publish(row); });
   metrics_->start();
 }
 
 EngineCore::~EngineCore() {
   finish_run();
+  driver_.reset();
   reducer_.reset();
   optimizer_.reset();
   offload_.reset();
@@ -165,15 +174,9 @@ void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> las
       accelerator()->reset_peak_memory(ctx_->device_index);
     lr_ = lr ? *lr : lr_at(cfg_.optim, step_, cfg_.train.steps);
     step_start_ = std::chrono::steady_clock::now();
-    if (offload_) stats0_ = offload_->engine->stats();
-    if (offload_ && offload_->placement) {  // Note [Block placement]: the policy's decision for this step
-      const auto latest = metrics_->latest();
-      offload_->placement->before_step(step_ + 1, latest ? &*latest : nullptr);
-    }
-    if (offload_) {
-      offload_->store->restore_grad_views();  // a zero_grad(set_to_none=True) in the user's loop
-      offload_->engine->begin_step(lr_, loss_scale_);
-    }
+    if (offload_) offload_->store->restore_grad_views();  // a zero_grad(set_to_none=True) in the user's loop
+    const auto latest = metrics_->latest();
+    driver_->begin_step(step_, lr_, latest ? &*latest : nullptr);
     open_ = true;
     micro_ = 0;
     forwards_ = 0;
@@ -187,15 +190,13 @@ void EngineCore::begin_forward(std::optional<double> lr, std::optional<bool> las
                "after each backward, run other forwards under torch.no_grad(), or set train.grad_accum to the "
                "backward passes of a step (tandem.Engine)");
   ++forwards_;
-  const bool last = last_micro ? *last_micro : micro_ + 1 >= cfg_.train.grad_accum;
-  if (offload_) offload_->engine->begin_micro(last);
-  if (reducer_) reducer_->begin_micro(last);
+  driver_->begin_micro(last_micro ? *last_micro : micro_ + 1 >= cfg_.train.grad_accum);
 }
 
 double EngineCore::loss_multiplier() const {
   // Note [Data parallel]: each rank's loss weighted by its share of the global batch (equal rows
   // per rank here); the gradients' sum over the ranks is the mean.
-  return loss_scale_ / double(cfg_.train.grad_accum) / double(world());
+  return driver_->loss_scale() / double(cfg_.train.grad_accum) / double(world());
 }
 
 void EngineCore::end_backward() {
@@ -210,39 +211,29 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
   TANDEM_CHECK(open_ && micro_ > 0,
                "step() without a backward since the last step; call engine.backward(loss) "
                "first (or loss.backward() with tandem.optim.OffloadAdamW)");
-  const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device);
-  torch::Tensor found_inf = torch::zeros({}, fopts), norm;
-  if (offload_) {
-    const StepOutcome out = offload_->engine->end_step();
-    norm = torch::full({}, out.grad_norm, fopts);
-    found_inf.fill_(out.skipped ? 1.0 : 0.0);
-  } else {
-    if (reducer_) reducer_->finish();
-    norm = resident_update(params_, *optimizer_, lr_, cfg_.train.grad_clip,
-                           fp16_ ? std::optional<torch::Tensor>(scale_) : std::nullopt, found_inf);
-  }
-  if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf, cfg_.scaler);
-  // One host synchronisation per step: the norm, the non-finite flag, the scale and the loss.
+  driver_->update(lr_);
   const torch::Tensor loss_now =
-      loss ? loss->detach().to(ctx_->device, torch::kFloat32).reshape({}) : torch::full({}, NAN, fopts);
-  auto host =
-      torch::stack({norm.to(torch::kFloat32), found_inf, scale_.squeeze(), loss_now}).to(torch::kCPU, torch::kFloat64);
+      loss ? *loss : torch::full({}, NAN, torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device));
+  const StepResult r = driver_->read(loss_now, strprintf("the end of step %lld (the GPU's work and its collectives)",
+                                                         static_cast<long long>(step_ + 1)));
   open_ = false;
   micro_ = 0;
   ++step_;
   StepInfo info;
   info.step = step_;
-  info.grad_norm = host[0].item<double>();
-  info.skipped = host[1].item<double>() != 0.0;
-  info.loss_scale = loss_scale_ = host[2].item<double>();
+  info.grad_norm = r.grad_norm;
+  info.skipped = r.skipped;
+  info.loss_scale = r.loss_scale;
   info.lr = lr_;
-  info.loss = host[3].item<double>();
+  info.loss = r.loss;
   if (info.skipped)
     log::warn(strprintf("step %lld skipped: non-finite gradients (norm %g); nothing was updated%s",
                         static_cast<long long>(step_), info.grad_norm,
-                        fp16_ ? strprintf(", the loss scale is now %g", info.loss_scale).c_str() : ""));
+                        cfg_.train.precision == Precision::kFp16
+                            ? strprintf(", the loss scale is now %g", info.loss_scale).c_str()
+                            : ""));
   if (step_times_.size() + 1 == kMeasuredPlanStep) widen_split_range();  // this engine's steps (a resumed run too)
-  publish_step(info, host[3].item<double>(), tokens);
+  publish_step(info, r, tokens);
   return info;
 }
 
@@ -255,9 +246,9 @@ void EngineCore::widen_split_range() {
 
 // The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's
 // loss and tokens.
-void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens) {
-  if (offload_ && offload_->placement && offload_->placement->pace_s() > 0)  // toward a GPU power budget
-    std::this_thread::sleep_for(std::chrono::duration<double>(offload_->placement->pace_s()));
+void EngineCore::publish_step(const StepInfo& info, const StepResult& r, int64_t tokens) {
+  driver_->pace();  // toward a GPU power budget (Note [Placement policies])
+  double loss = info.loss;
   if (ctx_->comm) {
     const auto sums = ctx_->comm->sum({loss / double(world()), double(tokens)});
     loss = sums[0];
@@ -267,12 +258,7 @@ void EngineCore::publish_step(const StepInfo& info, double loss, int64_t tokens)
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start_).count();
   nlohmann::json row =
       step_metrics_row(info.step, loss, info.lr, info.grad_norm, dt, tokens, tokens_seen_, metrics_->since_start_s());
-  add_device_memory_row(row, ctx_->device_index);
-  if (fp16_) row["loss_scale"] = info.loss_scale;
-  if (info.skipped) row["skipped"] = true;
-  const auto [gpu_j, cpu_j] = metrics_->add_telemetry(row, tokens);
-  if (offload_) add_engine_row(row, *offload_->engine, *offload_->store, stats0_);
-  if (offload_ && offload_->placement) offload_->placement->after_step(dt, gpu_j, cpu_j, row);
+  driver_->complete_row(row, r, dt, tokens, *metrics_);
   metrics_->publish(row);
   if (summary_.losses.empty()) summary_.first_step = info.step - 1;
   summary_.final_step = info.step;
@@ -288,6 +274,7 @@ void EngineCore::write_run_summary() {
   if (!metrics_ || summary_.losses.empty()) return;
   try {
     summary_.run_dir = run_dir_;
+    summary_.oom_retries = driver_ ? driver_->split().retries() : 0;
     add_speed_and_memory(summary_, step_times_, tokens_per_step_, ctx_->device_index);
     const nlohmann::json model = {{"params", blocks_->numel()},
                                   {"blocks", blocks_->block_count()},
@@ -303,15 +290,15 @@ void EngineCore::write_run_summary() {
 
 void EngineCore::abandon() {
   if (!open_) return;
-  if (offload_) {
-    offload_->engine->abandon_step();
-    offload_->store->restore_grad_views();
-  } else {
-    optimizer_->zero_grad();
-  }
+  driver_->abandon();
+  if (offload_) offload_->store->restore_grad_views();
   open_ = false;
   micro_ = 0;
-  if (ctx_->device_index >= 0 && accelerator()) accelerator()->empty_cache(ctx_->device_index);
+}
+
+void EngineCore::retry_smaller(const std::string& what, int64_t rows) {
+  abandon();
+  driver_->retry_smaller(step_, what, rows);
 }
 
 void EngineCore::wait() {
@@ -360,8 +347,7 @@ std::string EngineCore::save(const std::string& run_dir, const std::string& hf_c
   TrainerState state;
   state.step = step_;
   state.data_position = data_position_;
-  state.loss_scale = scale_.item<double>();
-  state.growth_tracker = growth_tracker_.item<int64_t>();
+  driver_->save_scaler(state);
   state.config_hash = config_hash(cfg_);
   auto ck = checkpointer(run_dir, hf_config);
   ck->write(state, /*allow_async=*/false);
@@ -379,9 +365,7 @@ std::string EngineCore::load(const std::string& path) {
   const TrainerState state = checkpointer(fs::path(dir).parent_path().parent_path().string(), "")->resume(dir);
   step_ = state.step;
   data_position_ = state.data_position;
-  loss_scale_ = state.loss_scale;
-  scale_.fill_(state.loss_scale);
-  growth_tracker_.fill_(state.growth_tracker);
+  driver_->load_scaler(state);
   return dir;
 }
 

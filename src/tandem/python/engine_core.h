@@ -17,6 +17,7 @@
 #include "tandem/engine/offload_engine.h"
 #include "tandem/python/module_blocks.h"
 #include "tandem/run/checkpointer.h"
+#include "tandem/run/step_driver.h"
 #include "tandem/run/trainer.h"  // TrainSummary
 
 namespace tandem {
@@ -72,6 +73,12 @@ class EngineCore {
   /// Gives up the open step (an out-of-memory error in the user's forward or backward): nothing is
   /// updated and the gradients are zeroed, so the loop may retry it.
   void abandon();
+  /// Note [Adaptive micro-batch] for train_step: after an out-of-memory error in micro-batches of
+  /// `rows` rows, the step is abandoned and they are cut into twice as many parts (UserError with
+  /// the fix when they cannot be); `parts` of a micro-batch of `rows` rows now; the retries.
+  void retry_smaller(const std::string& what, int64_t rows);
+  int64_t parts(int64_t rows) const { return driver_->split().parts(rows); }
+  int64_t oom_retries() const { return driver_->split().retries(); }
 
   /// Writes `<run_dir>/checkpoints/step_XXXXXXXX` in the CLI's format and returns its path;
   /// `hf_config` is the model's config.json text ("" = none).
@@ -115,7 +122,7 @@ class EngineCore {
 
  private:
   void check_data_parallel_start();
-  void publish_step(const StepInfo& info, double loss, int64_t tokens);
+  void publish_step(const StepInfo& info, const StepResult& r, int64_t tokens);
   void write_run_summary();
   bool finished_ = false;
   void widen_split_range();
@@ -133,18 +140,16 @@ class EngineCore {
   std::unique_ptr<OffloadParts> offload_;
   std::unique_ptr<Optimizer> optimizer_;  // the resident optimizer, or the engine's adapter
   std::unique_ptr<GradReducer> reducer_;  // several ranks without the offload engine
+  std::unique_ptr<StepDriver> driver_;    // the step's mechanics, as the CLI's trainer
   std::vector<torch::Tensor> params_;     // every trainable tensor once
   std::vector<NamedTensor> buffers_;      // the module's persistent buffers (checkpoints)
-  torch::Tensor scale_, growth_tracker_;  // fp16 loss scale, on the device
-  double loss_scale_ = 1.0;               // scale_ as the last step's host copy read it
-  bool fp16_ = false;
+
   bool open_ = false;     // a step has begun
   int64_t forwards_ = 0;  // forwards that record gradients in the open step (counted toward train.grad_accum)
   int64_t micro_ = 0, step_ = 0, data_position_ = 0;
   double lr_ = 0.0;
   int64_t tokens_seen_ = 0;
   std::chrono::steady_clock::time_point step_start_;
-  EngineStats stats0_;              // the engine's counters when the open step began
   TrainSummary summary_;            // for summary.json when the engine closes, as the CLI's run writes it
   std::vector<double> step_times_;  // each published step's seconds
   int64_t tokens_run_ = 0, tokens_per_step_ = 0;

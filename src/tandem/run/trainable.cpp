@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "tandem/core/error.h"
-
 #include "tandem/models/model.h"
 #include "tandem/models/stage_blocks.h"
 #include "tandem/optim/optimizer.h"
@@ -23,6 +22,17 @@ Trainable::Trainable(Trainable&&) noexcept = default;
 Trainable::~Trainable() = default;
 
 Optimizer& Trainable::optimizer() { return gathered ? static_cast<Optimizer&>(*gathered) : *stage_optimizer; }
+
+StepTargets Trainable::targets() {
+  StepTargets t;
+  t.optimizer = &optimizer();
+  t.engine = engine();
+  t.store = offload.store.get();
+  t.reducer = reducer.get();
+  t.placement = offload.placement.get();
+  t.params = params;
+  return t;
+}
 
 namespace {
 

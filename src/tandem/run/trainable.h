@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tandem/run/engine_setup.h"
+#include "tandem/run/step_driver.h"
 
 namespace tandem {
 
@@ -34,6 +35,8 @@ struct Trainable {
   /// The optimizer checkpoints read and write.
   Optimizer& optimizer();
   OffloadEngine* engine() { return offload.engine.get(); }
+  /// What the step driver updates.
+  StepTargets targets();
 };
 
 /// Places the model (or the stage's Blocks) on the device or under the offload engine and builds

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
-#include <thread>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
@@ -208,8 +207,7 @@ class TrainingRun {
 
  private:
   bool run_step(int64_t step);  // true: a stop was requested and the loop ends here
-  nlohmann::json metrics_row(const StepResult& r, double loss, double lr, double dt, const StepPhases& phases,
-                             const EngineStats& stats0);
+  nlohmann::json metrics_row(const StepResult& r, double loss, double lr, double dt, const StepPhases& phases);
   void rebalance(const StepPhases& phases);
   void evaluate();
   void checkpoint_between_steps();
@@ -262,8 +260,8 @@ TrainingRun::TrainingRun(RunContext& ctx, RunPlan plan)
       val_loader_(held_out_loader(data_, plan_, ctx, pipeline_.on())),
       timer_(ctx.device),
       runner_(
-          plan_, ctx, *model_, trainable_.params, trainable_.optimizer(), trainable_.engine(), trainable_.reducer.get(),
-          pipeline_.step.get(), timer_, [this](const nlohmann::json& row) { metrics_.publish(row); }, state_),
+          plan_, ctx, *model_, trainable_.targets(), pipeline_.step.get(), timer_,
+          [this](const nlohmann::json& row) { metrics_.publish(row); }, state_),
       pipeline_report_(pipeline_, *model_, cfg_, plan_.run_dir) {
   if (pipeline_.on())
     checkpointer_.set_before_write([this] {
@@ -297,14 +295,8 @@ TrainSummary TrainingRun::run() {
 bool TrainingRun::run_step(int64_t step) {
   const auto t0 = Clock::now();
   const double lr = lr_at(cfg_.optim, step, cfg_.train.steps);
-  OffloadEngine* engine = trainable_.engine();
-  PlacementDriver* placement = trainable_.offload.placement.get();
-  const EngineStats stats0 = engine ? engine->stats() : EngineStats{};  // one locked copy
-  if (placement) {
-    const auto latest = metrics_.latest();
-    placement->before_step(step + 1, latest ? &*latest : nullptr);
-  }
-  const StepResult r = runner_.run(step, lr, *train_loader_, rows_.share());
+  const auto latest = metrics_.latest();
+  const StepResult r = runner_.run(step, lr, *train_loader_, rows_.share(), latest ? &*latest : nullptr);
   double loss = r.loss;
   bool stop_now = stop_requested();
   if (ctx_.comm) {
@@ -313,9 +305,7 @@ bool TrainingRun::run_step(int64_t step) {
     loss = sums[0];
     stop_now = sums[1] > 0;
   }
-  // Pacing toward a GPU power budget (Note [Placement policies]): the GPU idles, the step's time counts it.
-  if (placement && placement->pace_s() > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(placement->pace_s()));
+  runner_.driver().pace();  // toward a GPU power budget (Note [Placement policies])
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
   state_.step = step + 1;
   state_.tokens_seen += tokens_per_step_;
@@ -325,7 +315,7 @@ bool TrainingRun::run_step(int64_t step) {
   step_times_.push_back(dt);
 
   const StepPhases phases = timer_.read(dt);
-  metrics_.publish(metrics_row(r, loss, lr, dt, phases, stats0));
+  metrics_.publish(metrics_row(r, loss, lr, dt, phases));
   fault_after_step(ctx_.ranks.rank, state_.step, ctx_.ranks.restart_count);  // Note [Test faults]
   rebalance(phases);
   progress_.update(progress_sample(cfg_, state_.step, loss, lr, r, dt, step_times_, tokens_per_step_));
@@ -334,19 +324,14 @@ bool TrainingRun::run_step(int64_t step) {
   return stops_after(stop_now);
 }
 
-// The step's metrics row, and the placement policy's reading of it.
+// The step's metrics row: the trainer's fields, then the step driver's (memory, telemetry, the
+// engine's counters, the placement policy's reading).
 nlohmann::json TrainingRun::metrics_row(const StepResult& r, double loss, double lr, double dt,
-                                        const StepPhases& phases, const EngineStats& stats0) {
+                                        const StepPhases& phases) {
   nlohmann::json m = step_row(state_, loss, lr, r, dt, tokens_per_step_, phases, metrics_.since_start_s());
-  add_device_memory_row(m, ctx_.device_index);
-  if (cfg_.train.precision == Precision::kFp16) m["loss_scale"] = r.loss_scale;
-  runner_.after_step(m);
-  if (r.skipped) m["skipped"] = true;
-  const auto [step_gpu_j, step_cpu_j] = metrics_.add_telemetry(m, tokens_per_step_);
-  if (OffloadEngine* engine = trainable_.engine()) add_engine_row(m, *engine, *trainable_.offload.store, stats0);
   if (ctx_.comm) m["dist_rows"] = rows_.all();
   if (pipeline_.on()) pipeline_report_.add_step(*ctx_.comm, state_.step, state_.step - summary_.first_step, dt, m);
-  if (trainable_.offload.placement) trainable_.offload.placement->after_step(dt, step_gpu_j, step_cpu_j, m);
+  runner_.driver().complete_row(m, r, dt, tokens_per_step_, metrics_);
   return m;
 }
 
@@ -375,7 +360,7 @@ void TrainingRun::checkpoint_between_steps() {
   if (cfg_.train.checkpoint_every > 0 && state_.step % cfg_.train.checkpoint_every == 0 &&
       state_.step < cfg_.train.steps) {
     state_.data_position = train_loader_->position();
-    runner_.save_scaler(state_);
+    runner_.driver().save_scaler(state_);
     checkpointer_.write(state_, true);
   }
   checkpointer_.collect(false);
@@ -404,7 +389,7 @@ void TrainingRun::finish() {
     metrics_.publish({{"step", state_.step}, {"eval_loss", summary_.last_eval_loss}});
   }
   state_.data_position = train_loader_->position();
-  runner_.save_scaler(state_);
+  runner_.driver().save_scaler(state_);
   checkpointer_.finish(state_, (cfg_.train.save_final || summary_.interrupted) && state_.step > summary_.first_step);
   summary_.last_checkpoint = checkpointer_.last();
   summary_.checkpoint_error = checkpointer_.error();
