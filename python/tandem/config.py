@@ -58,14 +58,4 @@ def resolve_device(setting: str) -> torch.device:
     """train.device as the C++ run context resolves it: auto = this rank's GPU when there is one.
     The setting is parsed by the C++ side (core/device_spec.h): anything but auto, cpu, cuda or
     cuda:N is a ValueError naming it."""
-    kind, index = _C.parse_device(setting, "train.device")
-    slot = os.environ.get("TANDEM_DEVICE_INDEX") or os.environ.get("LOCAL_RANK") or "0"
-    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ValueError(f"train.device={setting} but no GPU is visible; set train.device=cpu or auto")
-    if kind == "auto" or index < 0 or os.environ.get("WORLD_SIZE", "1") != "1":
-        return torch.device("cuda", int(slot) % torch.cuda.device_count())
-    if index >= torch.cuda.device_count():
-        raise ValueError(f"train.device={setting} but {torch.cuda.device_count()} GPU(s) are visible")
-    return torch.device("cuda", index)
+    return _C.run_device([], [("train.device", setting)])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -13,24 +12,11 @@ from torch import nn
 
 from . import _C
 from .blocks import BlockSpec, find_blocks
-from .config import ConfigArg, config_values, resolve_device, split_config
+from .config import ConfigArg, config_values, split_config
 
 __all__ = ["Engine", "StepInfo"]
 
 StepInfo = _C.StepInfo
-
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _new_run_dir() -> str:
-    """runs/<date>-<time>-python, as the CLI names its runs, with a suffix when that exists."""
-    base = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + "-python")
-    path, n = base, 1
-    while os.path.exists(path):
-        n += 1
-        path = f"{base}-{n}"
-    return path
-
 
 def _cross(value: Any, device: str) -> Any:
     """Tensors inside `value` (tuples, lists, dicts) moved to `device` inside autograd."""
@@ -180,15 +166,14 @@ class Engine:
         files, keys = split_config(config)
         self._files, self._keys = files, keys
         self.model = model
-        device, offload, precision, config_run_dir = config_values(
-            files, keys, ["train.device", "offload.optimizer", "train.precision", "train.run_dir"])
-        self.device = resolve_device(device)
+        offload, config_run_dir = config_values(files, keys, ["offload.optimizer", "train.run_dir"])
+        self.device = _C.run_device(files, keys)  # as the CLI's run context picks it
         self._offload = offload == "cpu"
-        self.run_dir = run_dir or config_run_dir or _new_run_dir()
+        self.run_dir = run_dir or config_run_dir or _C.new_run_dir("python")
         specs = find_blocks(model, blocks, edge_blocks)
         self._place_model(specs)
         self._blocks = _C.ModuleBlocks([(s.name, s.kind, s.params) for s in specs])
-        self._attach = _Attachment(model, specs, self._blocks, self.device, _AUTOCAST.get(precision))
+        self._attach = _Attachment(model, specs, self._blocks, self.device, _C.autocast_dtype(files, keys))
         try:
             self._core = _C.EngineCore(self._blocks, files, keys, self.run_dir)
         except BaseException:

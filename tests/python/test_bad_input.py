@@ -137,5 +137,5 @@ def test_a_device_that_is_not_one_is_named():
     with pytest.raises(ValueError, match="train.device 'gpu' is not a device; give auto, cpu, cuda or cuda:N"):
         tandem.Engine(tiny_gpt(), engine_config(True, **{"train.device": "gpu"}))
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="train.device=cuda:0 but no GPU is visible"):
+        with pytest.raises(ValueError, match="train.device=cuda:0 but no CUDA device is visible"):
             tandem.Engine(tiny_gpt(), engine_config(True, **{"train.device": "cuda:0"}))

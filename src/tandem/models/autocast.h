@@ -4,9 +4,17 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "tandem/core/config.h"
 
 namespace tandem {
+
+/// The dtype autocast computes in for `p`; nullopt for fp32 (no autocast).
+inline std::optional<at::ScalarType> autocast_dtype(Precision p) {
+  if (p == Precision::kFp32) return std::nullopt;
+  return p == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
+}
 
 /// Mixed-precision region for the forward pass; restores the previous state on exit.
 class AutocastGuard {
@@ -16,7 +24,7 @@ class AutocastGuard {
     prev_enabled_ = at::autocast::is_autocast_enabled(device_);
     prev_dtype_ = at::autocast::get_autocast_dtype(device_);
     at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, p == Precision::kBf16 ? at::kBFloat16 : at::kHalf);
+    at::autocast::set_autocast_dtype(device_, *autocast_dtype(p));
     at::autocast::increment_nesting();
   }
   ~AutocastGuard() {

@@ -15,10 +15,14 @@
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/config_layers.h"
+#include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
+#include "tandem/parallel/rank_info.h"
 #include "tandem/python/engine_core.h"
 #include "tandem/python/module_blocks.h"
 #include "tandem/python/token_batches.h"
+#include "tandem/run/run_plan.h"
+#include "tandem/run/run_setup.h"
 
 namespace py = pybind11;
 using namespace tandem;
@@ -118,16 +122,21 @@ PYBIND11_MODULE(_C, m) {
         });
   m.def("config_key_names", &config_key_names);
   m.def(
-      "parse_device",
-      [](const std::string& text, const std::string& what) {
-        const DeviceSpec d = DeviceSpec::parse(text, what);
-        return std::make_pair(d.kind == DeviceSpec::Kind::kAuto  ? "auto"
-                              : d.kind == DeviceSpec::Kind::kCpu ? "cpu"
-                                                                 : "cuda",
-                              d.index);
+      "run_device",
+      [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
+        return run_device(make_config(files, keys), discover_rank());
       },
-      py::arg("text"), py::arg("what"),
-      "(kind, index) of a device setting, as the C++ side parses it (core/device_spec.h); ValueError otherwise.");
+      py::arg("files"), py::arg("keys"),
+      "The device this rank trains on, as the CLI's run context picks it (run/run_setup.h); ValueError for a "
+      "device that is not there.");
+  m.def(
+      "autocast_dtype",
+      [](const std::vector<std::string>& files, const std::vector<std::pair<std::string, std::string>>& keys) {
+        return autocast_dtype(make_config(files, keys).train.precision);
+      },
+      py::arg("files"), py::arg("keys"), "The dtype train.precision computes in under autocast; None for fp32.");
+  m.def("new_run_dir", &new_run_dir, py::arg("name"),
+        "A new run directory's name, as the CLI names its runs: runs/<date>-<time>-<name>[-N].");
   m.def(
       "cross_device",
       [](const torch::Tensor& x, const std::string& device) { return cross_device(x, torch::Device(device)); },

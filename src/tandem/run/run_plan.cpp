@@ -19,9 +19,8 @@
 namespace fs = std::filesystem;
 
 namespace tandem {
-namespace {
 
-std::string default_run_dir(const std::string& preset) {
+std::string new_run_dir(const std::string& preset) {
   const std::time_t now = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&now));
@@ -30,6 +29,8 @@ std::string default_run_dir(const std::string& preset) {
   for (int i = 2; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
   return dir;
 }
+
+namespace {
 
 // Note [Run directory]
 // A run writes metrics.jsonl, config.yaml, checkpoints and the rest into its directory. A second
@@ -128,7 +129,7 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   plan.run_dir = cfg.train.run_dir;
   if (plan.run_dir.empty() && !plan.resume_dir.empty())
     plan.run_dir = fs::path(plan.resume_dir).parent_path().parent_path().string();
-  if (plan.run_dir.empty()) plan.run_dir = default_run_dir(spec.name);
+  if (plan.run_dir.empty()) plan.run_dir = new_run_dir(spec.name);
   if (ctx.comm) plan.run_dir = ctx.comm->broadcast_string("run_dir", plan.run_dir);  // named by rank 0
   if (options.resume.empty() && !options.resume_asked) {  // Note [Run directory]: rank 0 looks, all refuse alike
     std::string why = ctx.main_rank() ? run_dir_refusal(plan.run_dir) : "";

@@ -43,6 +43,9 @@ struct RunPlan {
   std::string checkpoint_dir() const;  ///< <run_dir>/checkpoints
 };
 
+/// A new run directory's name: runs/<date>-<time>-<name>, with -2, -3, ... when that exists.
+std::string new_run_dir(const std::string& name);
+
 /// Resolves the plan for `cfg` on this rank: checks that span sections, the architecture, the host
 /// fit (Note [Host fit]), the run directory and the memory plan of this rank's layout (its
 /// pipeline stage when the cut is known, its data-parallel group), agreed within the stage.

@@ -55,20 +55,25 @@ DeviceSpec device_setting(const Config& cfg, const RankInfo& ranks) {
 
 }  // namespace
 
+c10::Device run_device(const Config& cfg, const RankInfo& ranks) {
+  const bool stage_devices = !cfg.dist.pipeline_devices.empty();
+  const c10::Device device =
+      resolve_device(device_setting(cfg, ranks), stage_devices ? "dist.pipeline_devices" : "train.device");
+  // A launcher's device slot counts even for one process (a run gone on with fewer workers).
+  if ((ranks.distributed() || ranks.device_index >= 0) && device.is_cuda() && !stage_devices) {
+    const int n = static_cast<int>(torch::cuda::device_count());
+    TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
+                 " are visible; start at most ", n, " processes per node");
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.gpu()));
+  }
+  return device;
+}
+
 RunContext open_run_context(const Config& cfg) {
   RunContext ctx;
   ctx.ranks = discover_rank();
   const RankInfo& ranks = ctx.ranks;
-  ctx.device = resolve_device(device_setting(cfg, ranks),
-                              cfg.dist.pipeline_devices.empty() ? "train.device" : "dist.pipeline_devices");
-  const bool stage_devices = !cfg.dist.pipeline_devices.empty();
-  // A launcher's device slot counts even for one process (a run gone on with fewer workers).
-  if ((ranks.distributed() || ranks.device_index >= 0) && ctx.device.is_cuda() && !stage_devices) {
-    const int n = static_cast<int>(torch::cuda::device_count());
-    TANDEM_CHECK(ranks.gpu() < n, "rank ", ranks.rank, " would train on GPU ", ranks.gpu(), " but only ", n,
-                 " are visible; start at most ", n, " processes per node");
-    ctx.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ranks.gpu()));
-  }
+  ctx.device = run_device(cfg, ranks);
   ctx.device_index = ctx.device.is_cuda() ? ctx.device.index() : -1;
   if (ranks.local_world_size > 1) {
     // The local ranks split the cores they all may use into disjoint shares (Note [Core division])

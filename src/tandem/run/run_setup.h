@@ -42,6 +42,9 @@ c10::Device resolve_device(const std::string& s, const std::string& what = "trai
 /// core share (bound before any thread starts) and the rendezvous; ranks started with different
 /// configs are refused here.
 RunContext open_run_context(const Config& cfg);
+/// The device this rank trains on, as open_run_context picks it: train.device (or its pipeline
+/// stage's of dist.pipeline_devices), a CUDA device at the launcher's GPU slot for this rank.
+c10::Device run_device(const Config& cfg, const RankInfo& ranks);
 
 /// The process-wide numeric switches of a run, set on construction and restored on destruction.
 class NumericsGuard {
