@@ -10,10 +10,18 @@
 
 #include "../test_util.h"
 #include "cli_run.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 namespace tandem {
 namespace {
+
+// Every tensor of a safetensors file (CPU copies).
+std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
+  SafetensorsFile f(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& n : f.names()) out.emplace(n, f.tensor(n));
+  return out;
+}
 
 namespace fs = std::filesystem;
 using Result = test::CliResult;

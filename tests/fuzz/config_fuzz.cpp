@@ -2,7 +2,7 @@
 
 #include "fuzz_inputs.h"
 #include "tandem/core/config.h"
-#include "tandem/io/deepspeed.h"
+#include "tandem/formats/deepspeed.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

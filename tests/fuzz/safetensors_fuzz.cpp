@@ -2,7 +2,7 @@
 // the tensor copies out of an accepted file.
 
 #include "fuzz_inputs.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tandem::fuzz::MemFile f(data, size);

@@ -10,9 +10,9 @@
 #include "../fuzz/fuzz_inputs.h"
 #include "../test_util.h"
 #include "tandem/core/config.h"
-#include "tandem/io/deepspeed.h"
+#include "tandem/formats/deepspeed.h"
 #include "tandem/data/token_file.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 namespace fs = std::filesystem;
 

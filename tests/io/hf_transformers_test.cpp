@@ -15,7 +15,7 @@
 #include "../test_util.h"
 #include "../transformers_fixture.h"
 #include "tandem/io/hf.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 #include "tandem/models/model.h"
 
 namespace tandem {

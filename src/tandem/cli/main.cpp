@@ -47,26 +47,28 @@ std::vector<std::unique_ptr<Command>> add_commands(CLI::App& app) {
 
 }  // namespace
 
+// The top-level help: what a newcomer types first.
+constexpr const char* kUsage =
+    "tandem: train models larger than GPU memory at GPU speed, using the GPU, pinned host memory\n"
+    "and CPU cores together.\n\n"
+    "  tandem train                      train the embedded default (tiny model, generated corpus)\n"
+    "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
+    "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
+    "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
+    "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
+    "  tandem inspect -p 13B --plan --ranks 2 --set dist.zero_stage=2   the plan of each of 2 GPUs\n"
+    "  tandem config --keys              every configuration key with its meaning\n"
+    "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
+    "  tandem bench step -p 7B           forward+backward alone: the GPU-only bound of a step\n"
+    "  tandem tokenize --tokenizer MODEL_DIR --out data/train.bin corpus/   text into token files\n"
+    "  tandem generate --checkpoint runs/<run> --prompt \"Once upon\"   text from a trained model\n"
+    "  tandem serve --checkpoint runs/<run> --port 8000   an OpenAI-compatible API on loopback\n"
+    "  tandem chat --checkpoint runs/<run>   a conversation in the terminal\n"
+    "  tandem launch --nproc-per-node 2 -- tandem train --set dist.pipeline_stages=auto   stages or replicas\n"
+    "  tandem inspect -p 7B --partition  the pipeline partitioner's profile and plan on this machine";
+
 int main(int argc, char** argv) {
-  CLI::App app{
-      "tandem: train models larger than GPU memory at GPU speed, using the GPU, pinned host memory\n"
-      "and CPU cores together.\n\n"
-      "  tandem train                      train the embedded default (tiny model, generated corpus)\n"
-      "  tandem train -p 1B --set train.precision=bf16 --set data.path=train.bin\n"
-      "  tandem train --resume runs/<run>  continue a run exactly where its last checkpoint left it\n"
-      "  tandem inspect -p 7B              parameters and the memory estimate per device\n"
-      "  tandem inspect -p 7B --plan       the offload engine's memory plan: GPU, pinned and pageable host\n"
-      "  tandem inspect -p 13B --plan --ranks 2 --set dist.zero_stage=2   the plan of each of 2 GPUs\n"
-      "  tandem config --keys              every configuration key with its meaning\n"
-      "  tandem bench optim                the CPU optimizer kernels against LibTorch's, 256M and 1B params\n"
-      "  tandem bench step -p 7B           forward+backward alone: the GPU-only bound of a step\n"
-      "  tandem tokenize --tokenizer MODEL_DIR --out data/train.bin corpus/   text into token files\n"
-      "  tandem generate --checkpoint runs/<run> --prompt \"Once upon\"   text from a trained model\n"
-      "  tandem serve --checkpoint runs/<run> --port 8000   an OpenAI-compatible API on loopback\n"
-      "  tandem chat --checkpoint runs/<run>   a conversation in the terminal\n"
-      "  tandem launch --nproc-per-node 2 -- tandem train --set dist.pipeline_stages=auto   stages or replicas\n"
-      "  tandem inspect -p 7B --partition  the pipeline partitioner's profile and plan on this machine",
-      "tandem"};
+  CLI::App app{kUsage, "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);
   bool verbose = false;

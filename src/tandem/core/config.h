@@ -1,7 +1,7 @@
 #pragma once
 // The run's configuration: one flat key space ("train.steps", "optim.lr", ...), filled from
 // defaults, then the training recipe of the model's size and data (models/recipe.h), then YAML
-// files, then DeepSpeed JSON files (io/deepspeed.h), then --set overrides, in that order (Note
+// files, then DeepSpeed JSON files (formats/deepspeed.h), then --set overrides, in that order (Note
 // [Config layers], io/config_layers.h). Every key is declared once in config_keys.cpp with its
 // type and a one-line doc; an unknown key is an error naming the closest valid one. A key with a
 // fixed set of values is an enum field, its names in one table per enum (config_enums.cpp).

@@ -1,5 +1,5 @@
 #include "tandem/io/checkpoint.h"
-#include "tandem/io/tensor_use.h"
+#include "tandem/formats/tensor_use.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -16,9 +16,9 @@
 #include "tandem/core/fault.h"
 #include "tandem/core/fs.h"
 #include "tandem/core/log.h"
-#include "tandem/io/digest.h"
+#include "tandem/formats/digest.h"
 #include "tandem/io/hf.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 namespace fs = std::filesystem;
 

@@ -8,7 +8,7 @@
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
-#include "tandem/io/deepspeed.h"
+#include "tandem/formats/deepspeed.h"
 #include "tandem/io/hf.h"
 #include "tandem/models/spec.h"
 

@@ -4,9 +4,9 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/fs.h"
-#include "tandem/io/safetensors.h"
-#include "tandem/io/tensor_use.h"
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/safetensors.h"
+#include "tandem/formats/tensor_use.h"
+#include "tandem/formats/weight_files.h"
 #include "tandem/models/family.h"
 
 namespace fs = std::filesystem;

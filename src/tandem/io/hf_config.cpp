@@ -10,7 +10,7 @@
 #include "tandem/core/fs.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/json_text.h"
+#include "tandem/formats/json_text.h"
 #include "tandem/models/family.h"
 
 namespace tandem {

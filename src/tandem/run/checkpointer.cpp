@@ -9,7 +9,7 @@
 #include "tandem/core/strings.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/engine/param_store.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 #include "tandem/models/model.h"
 #include "tandem/parallel/comm.h"
 #include "tandem/run/run_setup.h"

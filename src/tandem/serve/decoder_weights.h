@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/weight_files.h"
 #include "tandem/models/spec.h"
 #include "tandem/serve/layer_stream.h"
 #include "tandem/serve/residency_plan.h"

@@ -9,8 +9,8 @@
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/tokenizer_files.h"
-#include "tandem/io/tensor_use.h"
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/tensor_use.h"
+#include "tandem/formats/weight_files.h"
 #include "tandem/models/family.h"
 
 namespace tandem {

@@ -6,8 +6,8 @@
 #include "tandem/core/fs.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
-#include "tandem/io/json_text.h"
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/json_text.h"
+#include "tandem/formats/weight_files.h"
 #include "tandem/models/family.h"
 
 namespace tandem {

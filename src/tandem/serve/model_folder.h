@@ -1,7 +1,7 @@
 #pragma once
 // Where generation's weights come from: `--checkpoint DIR` names a tandem checkpoint (step_*), a run
 // directory (its newest intact checkpoint) or a Hugging Face model folder of a supported family;
-// all hold config.json and safetensors with HF names (io/weight_files.h reads them).
+// all hold config.json and safetensors with HF names (formats/weight_files.h reads them).
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "tandem/io/digest.h"
+#include "tandem/formats/digest.h"
 
 #include <openssl/evp.h>
 

@@ -1,4 +1,4 @@
-#include "tandem/io/json_text.h"
+#include "tandem/formats/json_text.h"
 
 #include "tandem/core/error.h"
 

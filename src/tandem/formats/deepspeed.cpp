@@ -1,4 +1,4 @@
-#include "tandem/io/deepspeed.h"
+#include "tandem/formats/deepspeed.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/io/json_text.h"
+#include "tandem/formats/json_text.h"
 
 namespace tandem {
 

@@ -1,4 +1,4 @@
-#include "tandem/io/tensor_use.h"
+#include "tandem/formats/tensor_use.h"
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"

@@ -1,12 +1,12 @@
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/weight_files.h"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
 #include "tandem/core/fs.h"
-#include "tandem/io/json_text.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/json_text.h"
+#include "tandem/formats/safetensors.h"
 
 namespace tandem {
 

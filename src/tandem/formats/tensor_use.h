@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/io/weight_files.h"
+#include "tandem/formats/weight_files.h"
 
 namespace tandem {
 

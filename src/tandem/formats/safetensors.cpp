@@ -1,4 +1,4 @@
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -207,13 +207,6 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   w.append(h.data(), h.size());
   for (const auto& c : cpu) w.append(c.data_ptr(), c.numel() * c.element_size());
   w.commit();
-}
-
-std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
-  SafetensorsFile f(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& n : f.names()) out.emplace(n, f.tensor(n));
-  return out;
 }
 
 }  // namespace tandem

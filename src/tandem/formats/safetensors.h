@@ -54,9 +54,6 @@ class SafetensorsFile {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-/// Reads every tensor of a file into a map (CPU tensors).
-std::map<std::string, torch::Tensor> read_safetensors(const std::string& path);
-
 /// safetensors dtype string for a torch dtype (and back); UserError for unsupported ones.
 std::string safetensors_dtype(torch::ScalarType t);
 torch::ScalarType scalar_type_from_safetensors(const std::string& dtype, const std::string& context);

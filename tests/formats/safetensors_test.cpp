@@ -1,4 +1,4 @@
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 #include <gtest/gtest.h>
 

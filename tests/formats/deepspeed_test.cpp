@@ -1,5 +1,5 @@
-// DeepSpeed JSON configs read into tandem's keys (io/deepspeed.h).
-#include "tandem/io/deepspeed.h"
+// DeepSpeed JSON configs read into tandem's keys (formats/deepspeed.h).
+#include "tandem/formats/deepspeed.h"
 
 #include <gtest/gtest.h>
 
