@@ -12,9 +12,14 @@ namespace tandem {
 // hook per parameter counts down its Block in the last micro-batch's backward; when the Block is
 // complete its gradients go to one coalesced all-reduce (sum) on the step loop's device group,
 // queued behind the Block's backward on the current stream, while backward goes on with the
-// earlier Blocks (Note [Data-parallel engine] does the same inside the offload engine). finish()
-// reduces what never completed (parameters without a gradient get zeros, as every rank must take
-// part) and makes the current stream wait for every reduction (NCCL) or waits on the host (Gloo).
+// earlier Blocks (Note [Data-parallel engine] does the same inside the offload engine). Every
+// rank issues the Blocks' all-reduces in one order, from the last Block down: a Block complete
+// before a later one waits for it. Collectives pair up by their order, so a parameter that gets a
+// gradient on one rank and none on another (a data-dependent branch) must not let the ranks
+// reduce in different orders: that would sum one Block's gradients into another's. finish()
+// reduces what never completed, in the same order (parameters without a gradient get zeros, as
+// every rank must take part), and makes the current stream wait for every reduction (NCCL) or
+// waits on the host (Gloo).
 // The ranks' losses are weighted by their share of the global batch, so the sum is its gradient.
 
 namespace {
@@ -38,6 +43,8 @@ GradReducer::GradReducer(BlockSequence& model, Comm& comm) : comm_(comm) {
   }
   remaining_.assign(params_.size(), 0);
   reduced_.assign(params_.size(), false);
+  ready_.assign(params_.size(), false);
+  next_ = static_cast<int64_t>(params_.size()) - 1;
   work_.resize(params_.size());
 }
 
@@ -50,12 +57,18 @@ void GradReducer::begin_micro(bool last) {
   last_ = last;
   for (size_t i = 0; i < params_.size(); ++i) {
     remaining_[i] = static_cast<int64_t>(params_[i].size());
-    if (last) reduced_[i] = false;
+    if (last) {
+      reduced_[i] = false;
+      ready_[i] = params_[i].empty();  // nothing to wait for
+    }
   }
+  if (last) next_ = static_cast<int64_t>(params_.size()) - 1;
 }
 
 void GradReducer::on_param_ready(size_t block) {
-  if (--remaining_[block] == 0 && last_ && !reduced_[block]) reduce(block);
+  if (--remaining_[block] != 0 || !last_) return;
+  ready_[block] = true;
+  while (next_ >= 0 && ready_[static_cast<size_t>(next_)]) reduce(static_cast<size_t>(next_--));
 }
 
 void GradReducer::reduce(size_t i) {
@@ -70,8 +83,8 @@ void GradReducer::reduce(size_t i) {
 }
 
 void GradReducer::finish() {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (!reduced_[i]) reduce(i);
+  for (; next_ >= 0; --next_)
+    if (!reduced_[static_cast<size_t>(next_)]) reduce(static_cast<size_t>(next_));
   const Comm::Waiting waiting(&comm_, "the gradient reduction over the data-parallel replicas");
   for (auto& w : work_) {
     if (w) w->wait();
