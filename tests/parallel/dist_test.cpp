@@ -15,7 +15,7 @@
 #include "dist_runs.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 namespace tandem::test {
 namespace {

@@ -9,7 +9,7 @@
 #include "../test_util.h"
 #include "tandem/core/error.h"
 #include "tandem/io/hf.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 
 namespace tandem {
 namespace {

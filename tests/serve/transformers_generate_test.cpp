@@ -11,7 +11,7 @@
 
 #include "../test_util.h"
 #include "../transformers_fixture.h"
-#include "tandem/io/safetensors.h"
+#include "tandem/formats/safetensors.h"
 #include "tandem/serve/batch_scheduler.h"
 #include "tandem/serve/generation_model.h"
 
