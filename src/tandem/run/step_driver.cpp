@@ -92,10 +92,11 @@ void StepDriver::abandon() {
 void StepDriver::retry_smaller(int64_t step, const std::string& what, int64_t rows) {
   split_.split_further(step, what, rows);
   const int64_t accumulation = split_.accumulation(cfg_.train.grad_accum);
-  log::warn(strprintf("out of memory at step %lld: retrying it with micro-batch %lld x %lld accumulation (the same "
-                      "samples)",
-                      static_cast<long long>(step + 1), static_cast<long long>(split_.part_rows()),
-                      static_cast<long long>(accumulation)));
+  log::warn(
+      strprintf("out of memory at step %lld: retrying it with micro-batch %lld x %lld accumulation (the same "
+                "samples)",
+                static_cast<long long>(step + 1), static_cast<long long>(split_.part_rows()),
+                static_cast<long long>(accumulation)));
   publish_({{"step", step + 1},
             {"oom", what},
             {"micro_batch_effective", split_.part_rows()},
