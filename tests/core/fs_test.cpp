@@ -114,6 +114,12 @@ TEST(Fs, ReadingAMissingFileNamesWhatAndWhere) {
       << msg;
 }
 
+TEST(Fs, ReadingAFolderNamesItAndAsksForTheFileInIt) {
+  test::TempDir dir;
+  const std::string msg = error_of([&] { read_file(dir.path(), "model config"); });
+  EXPECT_NE(msg.find("model config '" + dir.path() + "' is a folder; give the file in it"), std::string::npos) << msg;
+}
+
 TEST(Fs, EnsureWritableDirectoryCreatesParentsAndRefusesAFile) {
   test::TempDir dir;
   const std::string nested = dir.file("a/b/c");

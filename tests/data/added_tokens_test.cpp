@@ -141,6 +141,14 @@ TEST(AddedTokens, NullListHasNoTokensAndAMissingFieldIsNamed) {
   EXPECT_NE(no_content.find("has no \"content\""), std::string::npos) << no_content;
 }
 
+TEST(AddedTokens, AnIdOutsideTheTokenRangeIsRefusedNamingTheToken) {
+  for (const json& id : {json(-1), json(3000000000LL), json("7"), json(1.5)}) {
+    const json list = json::array({token(0, "<x>"), json{{"id", id}, {"content", "<bad>"}}});
+    const std::string err = error_of([&] { AddedTokens::parse(list, "m.json", kAsIs); });
+    EXPECT_NE(err.find("m.json's added token '<bad>'"), std::string::npos) << id.dump() << ": " << err;
+  }
+}
+
 TEST(AddedTokens, RawTokensMatchTheTextNormalizedOnesItsNormalizedForm) {
   // "<s>" is matched before normalizing; "a b" is stored and matched as "a▁b" after it.
   const json list = json::array({token(1, "<s>", {{"special", true}}), token(7, "a b")});

@@ -114,6 +114,9 @@ TEST(TokenizerFiles, AChatTemplateListGivesItsDefaultEntry) {
       << "no default: the first";
   EXPECT_EQ(config_of(dir, R"({"chat_template": []})").chat_template, "");
   EXPECT_EQ(config_of(dir, R"({"chat_template": 7})").chat_template, "");
+  EXPECT_EQ(config_of(dir, R"({"chat_template": ["not an entry", {"name": "default", "template": 3}]})").chat_template,
+            "")
+      << "entries that are not {name, template} texts give no template, never a crash";
 }
 
 TEST(TokenizerFiles, ABrokenConfigNamesItselfWhereverItIsRead) {

@@ -139,6 +139,16 @@ TEST(TokenizerJson, NoneByteLevelRobertaBertAndSequencesOfThem) {
   const TokenTemplate s = detail::parse_post_processor(sequence, "t.json", kNothing);
   EXPECT_EQ(s.before, (Ids{0}));
   EXPECT_EQ(s.after, (Ids{2}));
+  const std::string short_cls = error_of([] {
+    detail::parse_post_processor({{"type", "BertProcessing"}, {"cls", {"[CLS]"}}, {"sep", {"[SEP]", 102}}}, "t.json",
+                                 finder({}));
+  });
+  EXPECT_NE(short_cls.find("t.json: the BertProcessing's cls must be [token, id]"), std::string::npos) << short_cls;
+  const std::string negative = error_of([] {
+    detail::parse_post_processor({{"type", "RobertaProcessing"}, {"cls", {"<s>", 0}}, {"sep", {"</s>", -2}}}, "t.json",
+                                 finder({}));
+  });
+  EXPECT_NE(negative.find("token id -2 is out of range"), std::string::npos) << negative;
   const std::string unknown = error_of([] {
     detail::parse_post_processor({{"type", "CustomProcessing"}}, "t.json", finder({}));
   });

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -176,6 +178,23 @@ TEST(Prometheus, AbsentOrNonNumericKeysLeaveTheirFamiliesOut) {
                              "tandem_gpu_temperature_celsius", "tandem_cpu_core_utilization_ratio",
                              "tandem_gpu_energy_joules_total", "tandem_cpu_energy_joules_total", "tandem_loss_scale"})
     EXPECT_EQ(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family << "\n" << text;
+}
+
+TEST(Prometheus, NullCountersAndNonFiniteGaugesNeverBreakTheScrape) {
+  RunFeed feed;  // a followed metrics.jsonl writes NaN as null
+  feed.add_row({{"step", nullptr},
+                {"tokens", "x"},
+                {"offload_rollbacks", nullptr},
+                {"loss", std::numeric_limits<double>::quiet_NaN()},
+                {"grad_norm", std::numeric_limits<double>::infinity()}});
+  feed.add_sample({{"cpu_core_pct", json::array({50.0, nullptr, 25.0})}});
+  const std::string text = prometheus_text(feed, "");
+  EXPECT_EQ(text.find("tandem_steps_total"), std::string::npos) << text;
+  EXPECT_EQ(text.find("tandem_offload_rollbacks_total"), std::string::npos) << text;
+  EXPECT_TRUE(has_line(text, "tandem_loss NaN")) << text;
+  EXPECT_TRUE(has_line(text, "tandem_grad_norm +Inf")) << text;
+  EXPECT_TRUE(has_line(text, "tandem_cpu_core_utilization_ratio{core=\"2\"} 0.25")) << text;
+  EXPECT_EQ(text.find("core=\"1\""), std::string::npos) << text;
 }
 
 TEST(Prometheus, TelemetryIsScaledToBaseUnits) {

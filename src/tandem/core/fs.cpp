@@ -80,6 +80,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  TANDEM_CHECK(!fs::is_directory(path, ec), what, " '", path, "' is a folder; give the file in it");
   std::ifstream in(path, std::ios::binary);
   TANDEM_CHECK(in.good(), "cannot read ", what, " '", path, "'; check the path");
   std::stringstream ss;

@@ -122,8 +122,8 @@ AddedTokens AddedTokens::parse(const json& list, const std::string& source, cons
   if (list.is_null()) return out;
   for (const auto& t : list) {
     AddedToken a;
-    a.id = member(t, "id", source + "'s added token").get<TokenId>();
     a.content = member(t, "content", source + "'s added token").get<std::string>();
+    a.id = token_id(member(t, "id", source + "'s added token"), source + "'s added token '" + a.content + "'");
     a.special = t.value("special", false);
     a.single_word = t.value("single_word", false);
     a.lstrip = t.value("lstrip", false);

@@ -354,7 +354,8 @@ std::string SpBpeTokenizer::id_to_token(TokenId id) const {
 std::vector<SpecialToken> SpBpeTokenizer::special_tokens() const { return m_->added.special(); }
 
 std::string SpBpeTokenizer::description() const {
-  return describe_json_tokenizer("SentencePiece-style BPE", m_->source, m_->stored, m_->added.tokens.size(), m_->bos, m_->eos);
+  return describe_json_tokenizer("SentencePiece-style BPE", m_->source, m_->stored, m_->added.tokens.size(), m_->bos,
+                                 m_->eos);
 }
 
 }  // namespace tandem

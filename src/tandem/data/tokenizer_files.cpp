@@ -47,9 +47,14 @@ std::string chat_template_of(const json& config) {
   const json& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
   if (!t.is_array()) return "";
+  const auto text_of = [](const json& entry) {
+    return entry.is_object() && entry.contains("template") && entry["template"].is_string()
+               ? entry["template"].get<std::string>()
+               : std::string();
+  };
   for (const auto& entry : t)
-    if (entry.value("name", "") == "default" && entry.contains("template")) return entry["template"].get<std::string>();
-  return t.empty() ? "" : t[0].value("template", "");
+    if (entry.is_object() && entry.contains("name") && entry["name"] == "default") return text_of(entry);
+  return t.empty() ? "" : text_of(t[0]);
 }
 
 // Whether a folder is a tandem byte model: its config.json says vocab_size 256.
@@ -57,7 +62,7 @@ bool is_byte_model_folder(const fs::path& dir) {
   const fs::path config = dir / "config.json";
   if (!fs::is_regular_file(config)) return false;
   const json j = json::parse(read_file(config.string(), "model config"), nullptr, false);
-  return !j.is_discarded() && j.is_object() && j.value("vocab_size", int64_t{0}) == 256;
+  return !j.is_discarded() && j.is_object() && j.contains("vocab_size") && j["vocab_size"] == 256;
 }
 
 // Whether a file holds JSON (tokenizer.json) rather than a SentencePiece protobuf.

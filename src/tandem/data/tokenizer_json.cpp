@@ -60,7 +60,14 @@ namespace {
 std::vector<TokenId> special_ids(const json& processor, const std::string& name, const std::string& source,
                                  const FindToken& find) {
   const json& specials = member(processor, "special_tokens", source + "'s post_processor");
-  if (specials.contains(name)) return specials[name].at("ids").get<std::vector<TokenId>>();
+  if (specials.contains(name)) {
+    const std::string where = source + "'s post_processor special token '" + name + "'";
+    const json& ids = member(specials[name], "ids", where);
+    TANDEM_CHECK(ids.is_array(), where, ": ids must be a list of token ids");
+    std::vector<TokenId> out;
+    for (const auto& id : ids) out.push_back(token_id(id, where));
+    return out;
+  }
   const auto id = find(name);
   TANDEM_CHECK(id.has_value(), source, ": the post_processor's template names '", name, "', which it does not define");
   return {*id};
@@ -83,8 +90,12 @@ void read_template(const json& p, const std::string& source, const FindToken& fi
       for (TokenId id : special_ids(p, name, source, find)) into.push_back(id);
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
-    out.before.push_back(member(p, "cls", source)[1].get<TokenId>());
-    out.after.push_back(member(p, "sep", source)[1].get<TokenId>());
+    for (const char* key : {"cls", "sep"}) {
+      const json& pair = member(p, key, source + "'s " + type);
+      TANDEM_CHECK(pair.is_array() && pair.size() == 2, source, ": the ", type, "'s ", key,
+                   " must be [token, id], not ", pair.dump());
+      (std::string(key) == "cls" ? out.before : out.after).push_back(token_id(pair[1], source + "'s " + key));
+    }
   } else {
     TANDEM_FAIL(source, ": post_processor '", type, "' is not read by tandem (it reads TemplateProcessing, ",
                 "ByteLevel, RobertaProcessing, BertProcessing and a Sequence of them)");
@@ -122,9 +133,18 @@ std::pair<std::optional<TokenId>, std::optional<TokenId>> choose_bos_eos(const S
   return {bos, eos};
 }
 
+TokenId token_id(const json& v, const std::string& where) {
+  TANDEM_CHECK(v.is_number_integer(), where, ": a token id must be an integer, not ", v.dump());
+  const auto value = v.get<int64_t>();
+  TANDEM_CHECK(value >= 0 && value < (int64_t{1} << 31), where, ": token id ", value, " is out of range");
+  return static_cast<TokenId>(value);
+}
+
 std::vector<std::pair<std::string, TokenId>> parse_vocab(const json& model, const std::string& source) {
   std::vector<std::pair<std::string, TokenId>> out;
   for (const auto& [token, id] : member(model, "vocab", source + "'s model").items()) {
+    TANDEM_CHECK(id.is_number_integer(), source, ": vocabulary id of '", token, "' must be an integer, not ",
+                 id.dump());
     const auto value = id.get<int64_t>();
     TANDEM_CHECK(value >= 0 && value < (int64_t{1} << 31), source, ": vocabulary id ", value, " of '", token,
                  "' is out of range");

@@ -25,6 +25,10 @@ json parse_tokenizer_json(const std::string& text, const std::string& source);
 /// j[key]; UserError naming `where` when j is not an object holding it.
 const json& member(const json& j, const char* key, const std::string& where);
 
+/// A token id as a tokenizer.json gives it: an integer in [0, 2^31); UserError naming `where`
+/// otherwise.
+TokenId token_id(const json& v, const std::string& where);
+
 /// j["type"], or "" when j has none.
 std::string type_of(const json& j);
 
