@@ -87,6 +87,11 @@ TEST(TextSplit, InvertSwapsWhatCountsAsTheMatch) {
   EXPECT_EQ(pieces(text, regex_step("\\s+", SplitBehavior::kMergedWithPrevious, true)), (Pieces{"ab", "  cd", " e"}));
   EXPECT_EQ(pieces(text, regex_step("\\s+", SplitBehavior::kMergedWithNext, true)), (Pieces{"ab  ", "cd ", "e"}));
   EXPECT_EQ(pieces(text, regex_step("\\s+", SplitBehavior::kIsolated, true)), (Pieces{"ab", "  ", "cd", " ", "e"}));
+  // Contiguous merges adjacent spans of one kind: after an invert the adjacent matches are
+  // non-matches, and they merge too (as tokenizers' Split gives "a", "--", "b").
+  EXPECT_EQ(pieces("a--b", literal_step("-", SplitBehavior::kContiguous, true)), (Pieces{"a", "--", "b"}));
+  EXPECT_EQ(pieces("--a-", literal_step("-", SplitBehavior::kContiguous, true)), (Pieces{"--", "a", "-"}));
+  EXPECT_EQ(pieces(text, regex_step("\\s+", SplitBehavior::kContiguous, true)), (Pieces{"ab", "  ", "cd", " ", "e"}));
 }
 
 TEST(TextSplit, RegexMatchesAreByteOffsetsIntoUtf8) {

@@ -377,6 +377,25 @@ TEST(TokenizeCorpus, MalformedUtf8BytesAreCountedByTheirKind) {
   EXPECT_EQ(read_llmc(s.train_path).ids, ids_of({text})) << "the bytes are tokenized as they are";
 }
 
+// The byte tokenizer may cut a task anywhere for its ids, but cuts at a character's start, so a
+// character never counts as malformed for lying across two tasks.
+TEST(TokenizeCorpus, TasksOfTheByteTokenizerNeverSplitACharacter) {
+  test::TempDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "\xC3\xA9";  // 300 x é
+  write_text(dir.file("accents.txt"), text);
+  for (const int64_t task_bytes : {7, 64, 1 << 20}) {
+    TokenizeCorpusOptions o;
+    o.inputs = {dir.file("accents.txt")};
+    o.out = dir.file("train_" + std::to_string(task_bytes) + ".bin");
+    o.val_fraction = 0;
+    o.task_bytes = task_bytes;
+    const TokenizeSummary s = tokenize_corpus(ByteTokenizer(), o);
+    EXPECT_EQ(s.malformed_utf8_bytes, 0) << "tasks of " << task_bytes << " bytes";
+    EXPECT_EQ(read_llmc(s.train_path).ids.size(), text.size()) << "every byte once";
+  }
+}
+
 TEST(TokenizeCorpus, TheNotTextLimitIsSixteenBytesPlusOnePercent) {
   test::TempDir dir;
   TokenizeCorpusOptions o;

@@ -76,6 +76,20 @@ TEST(LayerStream, AnAcquireOutOfOrderRestartsTheCycleThere) {
   for (const int64_t layer : {3, 2, 1}) expect_layer(stream, host, layer, "backwards, layer " + std::to_string(layer));
 }
 
+// A restart never takes the slot of a layer still held: layer 1 keeps its weights while layer 3,
+// which no slot held, is uploaded into the other slot.
+TEST(LayerStream, ARestartLeavesAHeldLayerInItsSlot) {
+  const auto host = three_streamed();
+  LayerStream stream(host, 2, kCpu);  // layers 1 and 2 uploaded
+  const torch::Tensor held = stream.acquire(1);
+  const torch::Tensor other = stream.acquire(3);
+  EXPECT_TRUE(torch::equal(held, host[1])) << "layer 1 overwritten by the restart: " << held;
+  EXPECT_TRUE(torch::equal(other, host[3]));
+  stream.release(1);
+  stream.release(3);
+  for (const int64_t layer : {1, 2, 3}) expect_layer(stream, host, layer, "after, layer " + std::to_string(layer));
+}
+
 TEST(LayerStream, TheSlotsTakeTheLayersDtype) {
   const auto host = three_streamed(torch::kBFloat16);
   LayerStream stream(host, 1, kCpu);

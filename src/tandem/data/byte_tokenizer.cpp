@@ -30,7 +30,15 @@ std::optional<TokenId> ByteTokenizer::token_to_id(std::string_view token) const 
 
 std::string ByteTokenizer::id_to_token(TokenId id) const { return token_bytes(id); }
 
-size_t ByteTokenizer::piece_boundary(std::string_view text, size_t limit) const { return std::min(limit, text.size()); }
+// Bytes are their own ids, so any cut keeps them; a cut at a character's start keeps each task's
+// count of malformed UTF-8 true (a character split across two tasks would count in both).
+size_t ByteTokenizer::piece_boundary(std::string_view text, size_t limit) const {
+  if (limit >= text.size()) return text.size();
+  size_t cut = limit;
+  const auto continuation = [&](size_t i) { return (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80; };
+  while (cut > 0 && limit - cut < 3 && continuation(cut)) --cut;
+  return continuation(cut) || cut == 0 ? limit : cut;
+}
 
 std::string ByteTokenizer::description() const { return "byte tokenizer: 256 tokens (one per byte), no BOS or EOS"; }
 

@@ -42,9 +42,9 @@ std::vector<ByteRange> apply_behavior(const std::vector<Span>& spans, SplitBehav
     case SplitBehavior::kIsolated:
       for (const auto& s : spans) out.emplace_back(s.begin, s.end);
       break;
-    case SplitBehavior::kContiguous:
+    case SplitBehavior::kContiguous:  // adjacent spans of one kind merge (after an invert, the non-matches too)
       for (const auto& s : spans) {
-        if (s.match && prev_match && !out.empty())
+        if (s.match == prev_match && !out.empty())
           out.back().second = s.end;
         else
           out.emplace_back(s.begin, s.end);

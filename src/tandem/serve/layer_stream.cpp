@@ -102,8 +102,9 @@ void LayerStream::restart_at(int64_t layer) {
   const auto pos = std::find(order_.begin(), order_.end(), layer);
   TANDEM_ASSERT(pos != order_.end(), "layer ", layer, " is not streamed");
   for (auto& s : slots_) {
-    if (impl_ && s.state != SlotState::kEmpty) s.read->record(impl_->getStream(device_));
-    if (s.state != SlotState::kEmpty) s.state = SlotState::kConsumed;
+    if (s.state == SlotState::kEmpty || s.state == SlotState::kInUse) continue;  // a held layer stays
+    if (impl_) s.read->record(impl_->getStream(device_));
+    s.state = SlotState::kConsumed;
   }
   next_ = static_cast<size_t>(pos - order_.begin());
   refill();
@@ -115,7 +116,7 @@ torch::Tensor LayerStream::acquire(int64_t layer) {
     restart_at(layer);
     slot = find(layer);
   }
-  TANDEM_ASSERT(slot != nullptr, "layer ", layer, " was not uploaded");
+  TANDEM_ASSERT(slot != nullptr, "layer ", layer, " was not uploaded: every slot holds a layer still acquired");
   if (impl_) impl_->getStream(device_).wait(*slot->ready);
   slot->state = SlotState::kInUse;
   return slot->flat.narrow(0, 0, host_[static_cast<size_t>(layer)].numel());
