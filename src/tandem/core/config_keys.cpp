@@ -78,6 +78,15 @@ template <typename Get>
 Field uint_field(std::string name, std::string doc, Get get) {
   return {name, "int", std::move(doc),
           [get, name](Config& c, const std::string& v) {
+            // Every uint64 reads back as written (a seed of 2^63 or more included).
+            if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos) {
+              try {
+                get(c) = std::stoull(v);
+                return;
+              } catch (const std::out_of_range&) {
+                TANDEM_FAIL("'", name, "' must be below 2^64, got ", v);
+              }
+            }
             const int64_t x = parse_int(name, v);
             TANDEM_CHECK(x >= 0, "'", name, "' must be >= 0, got ", v);
             get(c) = static_cast<uint64_t>(x);
@@ -103,7 +112,8 @@ Field string_field(std::string name, std::string doc, Get get) {
 /// A keyword-or-value key (config_values.h): parsed once here, written back as the user would.
 template <typename T, typename Get>
 Field value_field(std::string name, std::string type, std::string doc, Get get) {
-  return {name, std::move(type), std::move(doc), [get, name](Config& c, const std::string& v) { get(c) = T::parse(v, name); },
+  return {name, std::move(type), std::move(doc),
+          [get, name](Config& c, const std::string& v) { get(c) = T::parse(v, name); },
           [get](const Config& c) { return get(const_cast<Config&>(c)).str(); }};
 }
 /// An optional field: "null" (or empty) resets it to "use the preset".
@@ -233,9 +243,11 @@ const std::vector<Field>& fields() {
           "auto (CPU kernels for CPU parameters, fused otherwise) | fused (LibTorch multi-tensor) | cpu "
           "(tandem's CPU kernels; parameters on the CPU)",
           F(optim.impl)),
-      enum_field<StateDtype>("optim.state_dtype", "optimizer state precision: fp32 | bf16 (CPU kernels) | int8 (Adam's host states in the offload "
-                             "engine, a scale per 2048 elements: 2 bytes a parameter instead of 8)",
-                             F(optim.state_dtype)),
+      enum_field<StateDtype>(
+          "optim.state_dtype",
+          "optimizer state precision: fp32 | bf16 (CPU kernels) | int8 (Adam's host states in the offload "
+          "engine, a scale per 2048 elements: 2 bytes a parameter instead of 8)",
+          F(optim.state_dtype)),
       enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
                                 F(optim.state_rounding)),
       double_field("optim.momentum", "SGD momentum (0 = plain SGD)", F(optim.momentum)),
@@ -331,7 +343,8 @@ const std::vector<Field>& fields() {
                    "stage's forward and backward passes on its own track, for Perfetto",
                    F(dist.pipeline_trace_steps)),
       value_field<PipelineCut>(
-          "dist.pipeline_cut", "list|even|\"\"",
+          "dist.pipeline_cut",
+          "list|even|\"\"",
           "the last Block + 1 of each stage but the last, a comma list | even (equal Block counts) | \"\" (the "
           "partitioner's cut from a profile of the Blocks and every rank's device)",
           F(dist.pipeline_cut)),
@@ -529,7 +542,8 @@ std::string config_to_yaml(const Config& cfg) {
     const auto dot = f.name.find('.');
     const std::string section = f.name.substr(0, dot), key = f.name.substr(dot + 1);
     const std::string value = f.get(cfg);
-    if (value == "null")
+    const bool optional = f.type.size() > 5 && f.type.compare(f.type.size() - 5, 5, "|null") == 0;
+    if (value == "null" && optional)  // unset; a text key holding the word "null" is written as text
       root[section][key] = YAML::Node(YAML::NodeType::Null);
     else
       root[section][key] = value;

@@ -314,7 +314,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> bk_core_forward_cpu(cons
   const auto a = a_in.contiguous(), b = b_in.contiguous(), c = c_in.contiguous();
   const int64_t B = a.size(0), N = a.size(1);
   const auto ct = bk_core_complex_type(a.scalar_type());
-  const auto zb = z_in.detach().to(ct).expand({B}).contiguous();
+  const auto zb = z_in.detach().resolve_conj().resolve_neg().to(ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, ct), r = torch::empty({B, N}, ct), s = torch::empty({B, N}, ct);
   if (a.scalar_type() == torch::kFloat64)
     forward_rows<double>(a, b, c, zb, g, r, s, false, causal);

@@ -28,7 +28,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_cuda(const torch
   const int64_t B = a.size(0), N = a.size(1);
   const auto ct = bk_core_complex_type(a.scalar_type());
   const auto opts = a.options().dtype(ct);
-  const auto zb = z_in.detach().to(a.device(), ct).expand({B}).contiguous();
+  const auto zb = z_in.detach().resolve_conj().resolve_neg().to(a.device(), ct).expand({B}).contiguous();
   auto g = torch::empty({B, N}, opts);
   torch::Tensor r, s;
   if (keep_ratios) r = torch::empty({B, N}, opts), s = torch::empty({B, N}, opts);

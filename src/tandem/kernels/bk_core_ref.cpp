@@ -14,7 +14,7 @@ torch::Tensor bk_core_reference(const torch::Tensor& a_in, const torch::Tensor& 
   const auto b = b_in.to(torch::kCPU, torch::kFloat64).contiguous();
   const auto c = c_in.to(torch::kCPU, torch::kFloat64).contiguous();
   const int64_t B = a.size(0), N = a.size(1);
-  const auto z = z_in.to(torch::kCPU, torch::kComplexDouble).expand({B}).contiguous();
+  const auto z = z_in.resolve_conj().resolve_neg().to(torch::kCPU, torch::kComplexDouble).expand({B}).contiguous();
   auto out = torch::empty({B, N}, torch::kComplexDouble);
   const double* pa = a.data_ptr<double>();
   const double* pb = b.data_ptr<double>();

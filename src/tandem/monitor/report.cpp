@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/core/error.h"
-#include "tandem/core/strings.h"
 #include "tandem/core/fs.h"
+#include "tandem/core/strings.h"
 #include "tandem/monitor/run_feed.h"
 #include "tandem/monitor/series.h"
 
@@ -23,11 +23,20 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (const char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -44,7 +53,11 @@ std::vector<double> nice_ticks(double lo, double hi, int n) {
       step = m * mag;
       break;
     }
-  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  // At most a few dozen ticks, and none where the step is below the values' precision (a range of
+  // a few ULPs: t + step would equal t).
+  for (double t = std::ceil(lo / step) * step; t <= hi + step * 1e-9 && ticks.size() < 64 && t + step > t; t += step)
+    ticks.push_back(std::abs(t) < step * 1e-9 ? 0 : t);
+  if (ticks.empty()) ticks.push_back(lo);
   return ticks;
 }
 
@@ -88,11 +101,14 @@ std::string svg_chart(const ChartSpec& spec, const nlohmann::json& items) {
   }
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const auto& l : lines)
-    for (const auto& [x, y] : l.pts) x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    for (const auto& [x, y] : l.pts)
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
   if (!std::isfinite(x0)) return "";
   if (spec.stacked || spec.id == "split_k") y0 = std::min(y0, 0.0);
   if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.1), y0 -= (y0 == 0 ? 0 : std::abs(y0) * 0.1);
+  // Equal values, or values a few ULPs apart (a flat loss): a band of 10 % around them.
+  if (y1 - y0 <= std::abs(y0) * 1e-12)
+    y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.1), y0 -= (y0 == 0 ? 0 : std::abs(y0) * 0.1);
   const double pad = (y1 - y0) * 0.05;
   if (!(spec.stacked || spec.id == "split_k") || y0 < 0) y0 -= pad;
   y1 += pad;
@@ -101,8 +117,8 @@ std::string svg_chart(const ChartSpec& spec, const nlohmann::json& items) {
   const auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   const auto py = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * (H - T - B); };
   std::string svg = strprintf(R"(<svg viewBox="0 0 %.0f %.0f" width="%.0f" height="%.0f" role="img">)", W, H, W, H);
-  svg += strprintf(R"(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fff" stroke="#dde2ea"/>)", L, T, W - L - R,
-                   H - T - B);
+  svg += strprintf(R"(<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#fff" stroke="#dde2ea"/>)", L, T,
+                   W - L - R, H - T - B);
   for (const double t : nice_ticks(y0, y1, 5)) {
     svg += strprintf(R"(<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#eef1f5"/>)", L, W - R, py(t), py(t));
     svg += strprintf(R"(<text x="%.1f" y="%.1f" text-anchor="end" font-size="10" fill="#5d6678">%s</text>)", L - 4,
@@ -140,7 +156,8 @@ std::string svg_chart(const ChartSpec& spec, const nlohmann::json& items) {
   std::string legend = R"(<div class="legend">)";
   for (size_t i = 0; i < lines.size(); ++i)
     if (!lines[i].pts.empty())
-      legend += strprintf(R"(<span><i style="background:%s"></i>%s</span>)", kColors[i % 7], html_escape(lines[i].label).c_str());
+      legend += strprintf(R"(<span><i style="background:%s"></i>%s</span>)", kColors[i % 7],
+                          html_escape(lines[i].label).c_str());
   legend += "</div>";
   return legend + svg;
 }
@@ -154,9 +171,12 @@ std::string summary_rows(const nlohmann::json& j, const std::string& prefix) {
       continue;
     }
     std::string v;
-    if (it->is_number_float()) v = strprintf("%.6g", it->get<double>());
-    else if (it->is_string()) v = it->get<std::string>();
-    else v = it->dump();
+    if (it->is_number_float())
+      v = strprintf("%.6g", it->get<double>());
+    else if (it->is_string())
+      v = it->get<std::string>();
+    else
+      v = it->dump();
     out += "<tr><th>" + html_escape(key) + "</th><td>" + html_escape(v) + "</td></tr>\n";
   }
   return out;
@@ -167,15 +187,17 @@ std::string summary_rows(const nlohmann::json& j, const std::string& prefix) {
 std::string write_report(const std::string& run_dir, const std::string& out_path) {
   const fs::path dir(run_dir), metrics = dir / "metrics.jsonl";
   TANDEM_CHECK(fs::is_directory(dir), "'", run_dir, "' is not a directory; give a run directory (runs/<name>)");
-  TANDEM_CHECK(fs::exists(metrics), "'", run_dir, "' has no metrics.jsonl; give the directory a `tandem train` run wrote");
+  TANDEM_CHECK(fs::exists(metrics), "'", run_dir,
+               "' has no metrics.jsonl; give the directory a `tandem train` run wrote");
   RunFeed feed(1u << 20, 1u << 20);
   feed.follow(metrics.string());
   const nlohmann::json data = feed.since(0, 0);
   nlohmann::json summary = nlohmann::json::object();
   if (fs::exists(dir / "summary.json")) {
     summary = nlohmann::json::parse(read_file((dir / "summary.json").string(), "run summary"), nullptr, false);
-    TANDEM_CHECK(!summary.is_discarded(), "'", (dir / "summary.json").string(),
-                 "' is not valid JSON; the run may have been cut off (the report needs only metrics.jsonl: move it away)");
+    TANDEM_CHECK(
+        !summary.is_discarded(), "'", (dir / "summary.json").string(),
+        "' is not valid JSON; the run may have been cut off (the report needs only metrics.jsonl: move it away)");
   }
   const std::string config =
       fs::exists(dir / "config.yaml") ? read_file((dir / "config.yaml").string(), "run config") : "(no config.yaml)";
@@ -187,7 +209,8 @@ std::string write_report(const std::string& run_dir, const std::string& out_path
     if (svg.empty()) continue;
     ++drawn;
     charts += "<section class=\"card\" data-chart=\"" + spec.id + "\"><h2>" + html_escape(spec.title) +
-              (spec.unit.empty() ? "" : " <small>(" + html_escape(spec.unit) + ")</small>") + "</h2>" + svg + "</section>\n";
+              (spec.unit.empty() ? "" : " <small>(" + html_escape(spec.unit) + ")</small>") + "</h2>" + svg +
+              "</section>\n";
   }
   const std::string name = fs::absolute(dir).lexically_normal().filename().string();
   std::string html = R"(<!doctype html>
@@ -204,12 +227,13 @@ table { border-collapse:collapse; font-size:12px; } th { text-align:left; font-w
 td { font-variant-numeric:tabular-nums; } pre { font-size:12px; background:#fff; border:1px solid #dde2ea; border-radius:8px; padding:10px; overflow:auto; }
 .cols { display:grid; grid-template-columns:1fr 1fr; gap:14px; }
 </style></head>
-<body data-charts=")" + std::to_string(drawn) +
+<body data-charts=")" +
+                     std::to_string(drawn) +
                      R"(">
 <h1>tandem run )" + html_escape(name) +
                      "</h1>\n<div>" + std::to_string(data["rows"].size()) + " metric rows, " +
-                     std::to_string(data["samples"].size()) + " telemetry points</div>\n<div class=\"grid\">\n" + charts +
-                     "</div>\n<div class=\"cols\"><section class=\"card\"><h2>Summary</h2><table>\n" +
+                     std::to_string(data["samples"].size()) + " telemetry points</div>\n<div class=\"grid\">\n" +
+                     charts + "</div>\n<div class=\"cols\"><section class=\"card\"><h2>Summary</h2><table>\n" +
                      (summary.empty() ? std::string("<tr><td>(no summary.json: the run did not finish)</td></tr>")
                                       : summary_rows(summary, "")) +
                      "</table></section>\n<section class=\"card\"><h2>Config</h2><pre>" + html_escape(config) +
