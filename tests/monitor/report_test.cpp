@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -108,6 +109,17 @@ TEST(Report, OnePointIsDrawnInTheMiddleOfItsChart) {
   write(dir.file("metrics.jsonl"), rows({{{"step", 5}, {"loss", 2.0}}}));
   const std::string loss = chart(test::read_text(write_report(dir.path())), "loss");
   EXPECT_TRUE(has(loss, R"(<circle cx="58.0" cy="112.0")")) << loss;
+}
+
+// A flat loss whose values differ by one ULP gets the band of equal values (the ticks once looped
+// forever: a step below the values' precision never moved).
+TEST(Report, ValuesAFewUlpsApartAreDrawnAsAFlatLine) {
+  test::TempDir dir;
+  write(dir.file("metrics.jsonl"),
+        rows({{{"step", 1}, {"loss", 2.0}}, {{"step", 2}, {"loss", std::nextafter(2.0, 3.0)}}}));
+  const std::string loss = chart(test::read_text(write_report(dir.path())), "loss");
+  ASSERT_NE(loss, "");
+  for (const char* tick : {">1.8</text>", ">2</text>", ">2.2</text>"}) EXPECT_TRUE(has(loss, tick)) << tick << loss;
 }
 
 TEST(Report, LongSeriesAreThinnedButKeepTheirLastPoint) {

@@ -40,7 +40,7 @@ class TerminalReply {
   CompletionBackend::Sink sink() {
     CompletionBackend::Sink s;
     s.on_text = [this](const std::string& text) {
-      std::fputs(text.c_str(), stdout);
+      std::fwrite(text.data(), 1, text.size(), stdout);  // the whole text, a NUL byte included
       std::fflush(stdout);
       const std::lock_guard<std::mutex> lock(mutex_);
       text_ += text;

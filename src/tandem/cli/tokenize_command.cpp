@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/tokenizer_files.h"
@@ -48,7 +49,7 @@ class ProgressBar {
 std::string held_out_text(const TokenizeSummary& s, double fraction) {
   switch (s.held_out) {
     case HeldOut::kDocuments:
-      return strprintf(", %s (%s tokens, %lld documents: every %.0fth)", s.val_path.c_str(),
+      return strprintf(", %s (%s tokens, %lld documents: one in %.0f)", s.val_path.c_str(),
                        format_count(double(s.val_tokens)).c_str(), static_cast<long long>(s.val_documents),
                        1.0 / fraction);
     case HeldOut::kTail:
@@ -101,14 +102,18 @@ bool TokenizeCommand::chosen() const { return command_->parsed(); }
 
 int TokenizeCommand::run() {
   const TokenizerSource source = find_tokenizer(tokenizer_);
+  TANDEM_CHECK(eos_.empty() || !source.file.empty(), "--eos ", eos_,
+               ": the byte tokenizer has no special tokens (its 256 ids are the bytes), so documents follow each "
+               "other without one; leave --eos out, or give --tokenizer a folder whose vocabulary holds it");
   SpecialTokenNames overrides;
   if (!eos_.empty()) overrides.eos = eos_;
   const auto tokenizer = open_tokenizer(source, overrides);
   log::debug(tokenizer->description());
   if (!tokenizer->eos_id())
-    log::warn(
-        "the tokenizer has no EOS token: documents are written back to back with no separator (name one "
-        "with --eos)");
+    log::warn(source.file.empty()
+                  ? "the byte tokenizer has no EOS token: documents are written back to back with no separator"
+                  : "the tokenizer has no EOS token: documents are written back to back with no separator "
+                    "(name one with --eos)");
   ProgressBar bar;
   options_.on_progress = [&](const TokenizeProgress& p) { bar.update(p); };
   TokenizeSummary summary;

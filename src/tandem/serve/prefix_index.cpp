@@ -6,7 +6,7 @@ namespace tandem {
 
 uint64_t PrefixIndex::key(uint64_t parent, const TokenId* tokens, int64_t n) {
   // FNV-1a over the parent's key and the tokens, then a final mix (splitmix64's).
-  uint64_t h = 1469598103934665603ULL ^ parent;
+  uint64_t h = 1469598103934665603ULL;
   const auto mix = [&h](uint64_t v) {
     for (int b = 0; b < 8; ++b, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ULL;
   };
