@@ -56,6 +56,18 @@ TEST(Interrupt, TheFirstSignalRequestsAStopAndTheSecondEndsTheProcess) {
               "second signal");
 }
 
+TEST(Interrupt, AStopAskedInProcessLeavesTheFirstSignalItsCleanStop) {
+  EXPECT_EXIT(
+      {
+        clear_stop_request();
+        install_stop_handlers("first notice\n");
+        request_stop();
+        raise(SIGINT);  // the user's first Ctrl-C: a notice, not an exit
+        _exit(stop_requested() ? 0 : 11);
+      },
+      ::testing::ExitedWithCode(0), "first notice");
+}
+
 TEST(Interrupt, TheDefaultNoticeSaysHowToStopAtOnce) {
   EXPECT_EXIT(
       {

@@ -147,5 +147,12 @@ TEST(BkCoreReference, TheDiagonalsSymmetries) {
   EXPECT_FALSE(RelativelyClose(detail::bk_core_reference(a, -b, c, z), g, 1e-3));
 }
 
+TEST(BkCoreReference, AnEmptyRowIsRefusedLikeTheKernels) {
+  const auto a = torch::zeros({2, 0}, torch::kFloat64), bc = torch::zeros({2, 0}, torch::kFloat64);
+  const auto z = torch::complex(torch::zeros({2}, torch::kFloat64), torch::ones({2}, torch::kFloat64));
+  const std::string err = test::error_of([&] { detail::bk_core_reference(a, bc, bc, z); });
+  EXPECT_NE(err.find("N >= 1"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace tandem

@@ -104,6 +104,20 @@ TEST(Norm, ALowPrecisionInputComputesInItsDtype) {
   }
 }
 
+// Gemma's (1 + w) norm on a bf16 stream computes in fp32 and rounds once, as transformers does
+// (the scale 1 + w in bf16 would keep 8 bits of w).
+TEST(Norm, GemmasNormOnBf16IsItsFp32ComputationRoundedOnce) {
+  torch::manual_seed(9);
+  Norm n(17, 1e-6, NormKind::kRmsPlusOne);
+  {
+    torch::NoGradGuard g;
+    n->weight.copy_(torch::randn({17}) * 0.01);  // small w: 1 + w in bf16 would lose it
+  }
+  const auto x = torch::randn({4, 17}).to(torch::kBFloat16);
+  const auto want = norm_fp32(x, n->weight.detach(), torch::Tensor(), 1e-6, NormKind::kRmsPlusOne).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(n->forward(x), want));
+}
+
 // A bf16 working copy of the scale on an fp32 residual stream computes as the fp32 scale of the
 // same values would, and its gradient is the fp32 gradient rounded once.
 TEST(Norm, ABf16ScaleOnAnFp32InputComputesInFp32AndRoundsItsGradientOnce) {

@@ -9,6 +9,7 @@ namespace tandem::detail {
 
 torch::Tensor bk_core_reference(const torch::Tensor& a_in, const torch::Tensor& b_in, const torch::Tensor& c_in,
                                 const torch::Tensor& z_in) {
+  bk_core_validate(a_in, b_in, c_in, z_in);  // N >= 1 and the shapes: the loops below index by them
   using C = std::complex<long double>;
   const auto a = a_in.to(torch::kCPU, torch::kFloat64).contiguous();
   const auto b = b_in.to(torch::kCPU, torch::kFloat64).contiguous();

@@ -14,8 +14,8 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   switch (kind_) {
     case NormKind::kRms:
       return at::rms_norm(x, {dim_}, as_x(weight), eps_);
-    case NormKind::kRmsPlusOne:
-      return at::rms_norm(x, {dim_}, 1 + as_x(weight), eps_);
+    case NormKind::kRmsPlusOne:  // Gemma: in fp32 with the scale 1 + w, rounded once (as transformers computes it)
+      return at::rms_norm(x.to(torch::kFloat32), {dim_}, 1 + weight.to(torch::kFloat32), eps_).to(x.scalar_type());
     case NormKind::kLayerNorm:
       return at::layer_norm(x, {dim_}, as_x(weight), as_x(bias), eps_);
   }

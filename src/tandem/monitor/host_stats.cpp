@@ -16,9 +16,7 @@ bool read_u64(const std::string& path, uint64_t* out) {
   return static_cast<bool>(in >> *out);
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -88,11 +86,11 @@ HostReading HostMonitor::read() {
     uint64_t ticks = 0;
     for (int i = 3; i <= 15 && ss >> field; ++i)
       if (i >= 14) ticks += std::stoull(field);
-    if (prev_time_ > 0 && t > prev_time_)
+    if (prev_time_ > 0 && t > prev_time_ && ticks >= prev_proc_ticks_)
       h.process_cpu_pct = 100.0 * double(ticks - prev_proc_ticks_) / double(sysconf(_SC_CLK_TCK)) / (t - prev_time_);
     prev_proc_ticks_ = ticks;
+    prev_time_ = t;  // the ticks and their time move together: an unread file keeps the last pair
   }
-  prev_time_ = t;
 
   std::ifstream mem(proc_ + "/meminfo");
   int64_t total_kb = -1, avail_kb = -1;
