@@ -22,6 +22,7 @@
 #include "../error_of.h"
 #include "../serve/serve_test_util.h"
 #include "../test_util.h"
+#include "command_run.h"
 #include "tandem/formats/safetensors.h"
 #include "tandem/io/hf_config.h"
 
@@ -30,26 +31,9 @@ namespace {
 
 using test::error_of;
 
-// A byte-level BPE tokenizer.json whose vocabulary is the 94 printable ASCII bytes, the space and
-// the line break (ids 0..95) and <|endoftext|> (96): every reply is printable text, which the
-// terminal shows byte for byte.
-std::string ascii_tokenizer_json() {
-  nlohmann::json vocab = nlohmann::json::object();
-  int id = 0;
-  for (char c = '!'; c <= '~'; ++c) vocab[std::string(1, c)] = id++;
-  vocab["\xC4\xA0"] = id++;  // 'Ġ', the space
-  vocab["\xC4\x8A"] = id++;  // 'Ċ', the line break
-  nlohmann::json added = nlohmann::json::array();
-  added.push_back({{"id", 96}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}});
-  return nlohmann::json{{"version", "1.0"},
-                        {"added_tokens", added},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                        {"post_processor", nullptr},
-                        {"decoder", {{"type", "ByteLevel"}}},
-                        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}}
-      .dump();
-}
+// The 94 printable ASCII bytes, the space and the line break (ids 0..95) and <|endoftext|> (96):
+// every reply is printable text, which the terminal shows byte for byte.
+std::string ascii_tokenizer_json() { return test::ascii_tokenizer_json({"<|endoftext|>"}); }
 
 // The model folder (random weights, context 96) and its tokenizer, shared by the tests.
 class ChatCommandTest : public ::testing::Test {

@@ -13,6 +13,7 @@
 
 #include "../error_of.h"
 #include "../test_util.h"
+#include "command_run.h"
 #include "tandem/core/strings.h"
 #include "tandem/models/spec.h"
 
@@ -21,24 +22,9 @@ namespace {
 
 using test::error_of;
 
-// What `tandem <argv>` printed and returned, or the UserError it threw.
-struct Inspected {
-  int code = -1;
-  std::string out, error;
-};
+using Inspected = test::CommandRun;
 
-Inspected inspect(const std::vector<std::string>& argv) {
-  CLI::App app{"inspect test"};
-  InspectCommand command(app);
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them last first
-  app.parse(reversed);
-  EXPECT_TRUE(command.chosen());
-  Inspected r;
-  testing::internal::CaptureStdout();
-  r.error = error_of([&] { r.code = command.run(); });
-  r.out = testing::internal::GetCapturedStdout();
-  return r;
-}
+Inspected inspect(const std::vector<std::string>& argv) { return test::run_command<InspectCommand>(argv); }
 
 bool has(const Inspected& r, const std::string& text) { return r.out.find(text) != std::string::npos; }
 

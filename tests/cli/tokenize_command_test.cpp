@@ -16,6 +16,7 @@
 
 #include "../error_of.h"
 #include "../test_util.h"
+#include "command_run.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/token_file.h"
 
@@ -26,26 +27,9 @@ using test::error_of;
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
-// What `tandem <argv>` printed on stdout and stderr, and the UserError it threw.
-struct Tokenized {
-  int code = -1;
-  std::string out, err, error;
-};
+using Tokenized = test::CommandRun;
 
-Tokenized tokenize(const std::vector<std::string>& argv) {
-  CLI::App app{"tokenize test"};
-  TokenizeCommand command(app);
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them last first
-  app.parse(reversed);
-  EXPECT_TRUE(command.chosen());
-  Tokenized r;
-  testing::internal::CaptureStdout();
-  testing::internal::CaptureStderr();
-  r.error = error_of([&] { r.code = command.run(); });
-  r.err = testing::internal::GetCapturedStderr();
-  r.out = testing::internal::GetCapturedStdout();
-  return r;
-}
+Tokenized tokenize(const std::vector<std::string>& argv) { return test::run_command<TokenizeCommand>(argv); }
 
 std::vector<int64_t> tokens_of(const std::string& path) {
   const TokenBuffer b = TokenBuffer::open(path);
@@ -60,26 +44,9 @@ std::vector<int64_t> bytes_of(const std::string& text) {
   return out;
 }
 
-// A byte-level BPE tokenizer.json whose vocabulary is the 94 printable ASCII bytes, the space and
-// the line break (ids 0..95), and two special tokens: <|endoftext|> (96) and <|sep|> (97).
-std::string ascii_tokenizer_json() {
-  nlohmann::json vocab = nlohmann::json::object();
-  int id = 0;
-  for (char c = '!'; c <= '~'; ++c) vocab[std::string(1, c)] = id++;
-  vocab["\xC4\xA0"] = id++;  // 'Ġ', the space
-  vocab["\xC4\x8A"] = id++;  // 'Ċ', the line break
-  nlohmann::json added = nlohmann::json::array();
-  added.push_back({{"id", 96}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}});
-  added.push_back({{"id", 97}, {"content", "<|sep|>"}, {"special", true}, {"normalized", false}});
-  return nlohmann::json{{"version", "1.0"},
-                        {"added_tokens", added},
-                        {"normalizer", nullptr},
-                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-                        {"post_processor", nullptr},
-                        {"decoder", {{"type", "ByteLevel"}}},
-                        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}}
-      .dump();
-}
+// The 94 printable ASCII bytes, the space and the line break (ids 0..95), <|endoftext|> (96) and
+// <|sep|> (97).
+std::string ascii_tokenizer_json() { return test::ascii_tokenizer_json({"<|endoftext|>", "<|sep|>"}); }
 
 TEST(TokenizeCommand, WritesTheDocumentsAndSaysWhereAndHowTheyWereSplit) {
   test::TempDir dir;

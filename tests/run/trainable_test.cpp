@@ -160,7 +160,7 @@ TEST(Trainable, ReplicasWithoutTheEngineSumTheirGradientsThroughAReducer) {
     EXPECT_EQ(t.targets().reducer, t.reducer.get());
     EXPECT_EQ(t.params.size(), model->hf_parameters().size());
   });
-  test::expect_every_rank_returned(errors);
+  test::expect_no_errors(errors);
 }
 
 // A pipeline stage's parts over `model`, laid out as run/pipeline_setup does for an even cut.
@@ -202,7 +202,7 @@ TEST(Trainable, AStageTrainsItsOwnBlocksUnderTheGatheringOptimizer) {
       EXPECT_EQ(states.count(name + ".exp_avg_sq"), own ? 1u : 0u) << name << " on rank " << ctx.ranks.rank;
     }
   });
-  test::expect_every_rank_returned(errors);
+  test::expect_no_errors(errors);
 }
 
 TEST(Trainable, AStagesReplicasShareAReducerOverTheStagesBlocks) {
@@ -219,7 +219,7 @@ TEST(Trainable, AStagesReplicasShareAReducerOverTheStagesBlocks) {
     ASSERT_NE(t.reducer, nullptr) << "two replicas of each stage";
     EXPECT_EQ(t.params.size(), parts.blocks->hf_parameters().size());
   });
-  test::expect_every_rank_returned(errors);
+  test::expect_no_errors(errors);
 }
 
 }  // namespace
