@@ -65,7 +65,8 @@ TEST(OptimBench, ParameterCountsTakeBinarySuffixes) {
 
 TEST(OptimBench, AParameterCountThatIsNotOneIsRefusedWithAnExample) {
   EXPECT_NE(error_of([] { parse_param_count(""); }).find("empty parameter count; write e.g. 256M"), std::string::npos);
-  for (const std::string bad : {"abc", "12X", "12 M", "M", "0", "-5", "-1M", "0K", "1MB", "nan"}) {
+  for (const std::string bad :
+       {"abc", "12X", "12 M", "M", "0", "-5", "-1M", "0K", "1MB", "nan", "0.4", "1e19", "inf"}) {
     const std::string err = error_of([&] { parse_param_count(bad); });
     EXPECT_NE(err.find("cannot read parameter count '" + bad + "'"), std::string::npos) << "'" << bad << "': " << err;
     EXPECT_NE(err.find("256M, 1B or 1000000"), std::string::npos) << err;

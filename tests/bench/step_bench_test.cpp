@@ -150,6 +150,15 @@ TEST(StepBench, NoJsonPathWritesNoFile) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+TEST(StepBench, AnUnwritableJsonPathIsRefusedBeforeAnythingRuns) {
+  test::TempDir dir;
+  const std::string model_json = dir.file("model.json");
+  const std::string err =
+      test::error_of([&] { run_step_bench(tiny_bench(3, 1, 8), dir.file("missing/folder/step.jsonl"), model_json); });
+  EXPECT_NE(err.find("cannot write --json"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(model_json)) << "nothing written before the refusal";
+}
+
 TEST(StepBench, FewerThanThreeStepsOrAMissingGpuAreRefused) {
   test::TempDir dir;
   for (const int64_t steps : {0, 2}) {

@@ -214,7 +214,7 @@ TEST(DashboardCommand, FollowsARunThatIsStillBeingWrittenUntilSigint) {
   const std::string run = dir.file("live");
   fs::create_directories(run);
   std::ofstream(run + "/config.yaml") << "train:\n  steps: 3\n";
-  Serving s(run, {"--bind", "127.0.0.1"});
+  Serving s(run + "/", {"--bind", "127.0.0.1"});  // a trailing slash names the run as without one
   ASSERT_TRUE(s.up());
   json j = json::parse(get(s.port(), "/api/series").body);
   EXPECT_TRUE(j["rows"].empty());

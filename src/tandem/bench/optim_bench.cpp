@@ -95,8 +95,10 @@ int64_t parse_param_count(const std::string& s) {
     mult = double(1 << 30);
   else
     TANDEM_CHECK(suffix.empty(), "cannot read parameter count '", s, "'; write e.g. 256M, 1B or 1000000");
-  TANDEM_CHECK(end != s.c_str() && v > 0, "cannot read parameter count '", s, "'; write e.g. 256M, 1B or 1000000");
-  return static_cast<int64_t>(std::llround(v * mult));
+  const double count = std::round(v * mult);
+  TANDEM_CHECK(end != s.c_str() && count >= 1 && count < 1e15, "cannot read parameter count '", s,
+               "'; write e.g. 256M, 1B or 1000000 (at least one parameter, below 10^15)");
+  return static_cast<int64_t>(count);
 }
 
 // m and v (fp32) encoded into 8-bit codes and their scales, in chunks on the pool.

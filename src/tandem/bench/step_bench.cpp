@@ -23,10 +23,14 @@ namespace tandem {
 int run_step_bench(const Config& cfg, const std::string& json_path, const std::string& model_json) {
   const torch::Device device = resolve_device(cfg.train.device);
   const ModelSpec spec = resolve_model_spec(cfg.model);
+  TANDEM_CHECK(cfg.train.steps >= 3, "bench step needs --steps >= 3 (two untimed), got ", cfg.train.steps);
+  if (!json_path.empty()) {  // refused before anything runs, not found unwritable after the timing
+    std::ofstream probe(json_path, std::ios::app);
+    TANDEM_CHECK(probe.good(), "cannot write --json '", json_path, "'; choose a writable path");
+  }
   if (!model_json.empty()) write_file_atomic(model_json, hf_config_json(spec));
   const int64_t B = cfg.train.micro_batch;
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
-  TANDEM_CHECK(cfg.train.steps >= 3, "bench step needs --steps >= 3 (two untimed), got ", cfg.train.steps);
   const auto dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
                      : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                : torch::kFloat32;

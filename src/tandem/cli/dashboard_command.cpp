@@ -41,7 +41,9 @@ int DashboardCommand::run() {
   o.port = port_;
   o.chartjs_path = chartjs_;
   o.follow_metrics = (fs::path(dir) / "metrics.jsonl").string();
-  o.run_label = fs::absolute(dir).lexically_normal().filename().string();
+  fs::path run = fs::absolute(dir).lexically_normal();
+  if (run.filename().empty()) run = run.parent_path();  // runs/x/ names x as runs/x does
+  o.run_label = run.filename().string();
   WebServer server(feed, o);
   if (!server.warning().empty()) log::warn(server.warning());
   log::info("dashboard for " + dir + " at " + server.url() + " (Ctrl-C to stop)");
