@@ -140,9 +140,10 @@ TEST(InspectCommand, ThePlanIsCheckedAgainstTheCapacitiesGiven) {
   half.insert(half.end(), {"--set", "offload.update_split=0.5"});
   const Inspected given = inspect(half);
   EXPECT_TRUE(has(given, "offload.update_split=0.5: 2 of 4 decoder blocks GPU-updated")) << given.out;
-  // Without --gpu-memory and without a GPU to ask, the default is named as such.
+  // Without --gpu-memory, with the CPU as the device (a GPU, if any, is not asked), the default is
+  // named as such.
   const Inspected fallback = inspect({"inspect", "--device", "cpu", "--plan", "--host-memory", "64"});
-  const std::string default_gpu = " (no GPU visible: default, set with --gpu-memory)";
+  const std::string default_gpu = " (train.device=cpu: default, set with --gpu-memory)";
   EXPECT_TRUE(has(fallback, "GPU: " + format_bytes(80.0 * (1 << 30)) + default_gpu)) << fallback.out;
   // A GPU too small for the plan: the plan is printed, then refused.
   const Inspected tight =

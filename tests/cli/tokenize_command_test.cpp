@@ -70,7 +70,7 @@ TEST(TokenizeCommand, WritesTheDocumentsAndSaysWhereAndHowTheyWereSplit) {
   for (auto t : ids("four")) val.push_back(t);
   EXPECT_EQ(tokens_of(out), train);
   EXPECT_EQ(tokens_of(dir.file("data/train_val.bin")), val);
-  for (const std::string& want : {std::string("tokenized 4 documents from 1 files"), std::string("on 1 threads"),
+  for (const std::string& want : {std::string("tokenized 4 documents from 1 file "), std::string("on 1 thread,"),
                                   std::string("EOS '<|endoftext|>' (96): ") + out + " (" +
                                       format_count(double(train.size())) + " tokens, 2 documents, uint16)",
                                   ", " + dir.file("data/train_val.bin") + " (" + format_count(double(val.size())) +

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -152,6 +154,25 @@ TEST(Comm, TheStoreCarriesRankZerosStringAndComparesTheRanksValues) {
               std::string::npos)
         << errors[r];
   }
+}
+
+// A second call with the same key reads its own values, never the first call's: rank 0's second
+// broadcast is seen by every rank, and a check that now disagrees says so on every rank.
+TEST(Comm, ASecondCallWithTheSameKeyReadsItsOwnValues) {
+  Ranks ranks(2, port(12), quiet());
+  ASSERT_TRUE(ranks.met());
+  std::atomic<int> round{0};
+  const auto errors = ranks.each([&](Comm& c) {
+    EXPECT_EQ(c.broadcast_string("plan", "first"), "first");
+    c.check_same("seed", "1", "give every rank one seed");
+    c.barrier();
+    EXPECT_EQ(c.broadcast_string("plan", c.rank() == 0 ? "second" : "ignored"), "second");
+    ++round;
+    c.check_same("seed", c.rank() == 0 ? "1" : "2", "give every rank one seed");
+  });
+  EXPECT_EQ(round.load(), 2);
+  for (size_t r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("the ranks run different seed (rank 0: 1, rank 1: 2)"), std::string::npos) << errors[r];
 }
 
 TEST(Comm, HostTensorsGoPointToPoint) {

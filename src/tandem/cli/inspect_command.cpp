@@ -76,14 +76,16 @@ MemoryPlan print_rank_plan(Config cfg, const ModelSpec& s, int64_t T, const Memo
 int print_offload_plan(const Config& cfg, const ModelSpec& s, int64_t T, const InspectOptions& opts) {
   MemoryCapacity cap;
   std::string gpu_source;
-  const bool cuda =
-      cfg.train.device.kind != DeviceSpec::Kind::kCpu && torch::cuda::is_available() && accelerator() && accelerator()->device_count() > 0;
+  const bool cuda = cfg.train.device.kind != DeviceSpec::Kind::kCpu && torch::cuda::is_available() && accelerator() &&
+                    accelerator()->device_count() > 0;
   if (cuda && !opts.gpu_memory_given) {
     cap.gpu_total = accelerator()->memory_stats(0).total;
     gpu_source = accelerator()->device_name(0);
   } else {
     cap.gpu_total = static_cast<int64_t>(opts.gpu_memory_gib * kGiB);
-    gpu_source = opts.gpu_memory_given ? "--gpu-memory" : "no GPU visible: default, set with --gpu-memory";
+    gpu_source = opts.gpu_memory_given                             ? "--gpu-memory"
+                 : cfg.train.device.kind == DeviceSpec::Kind::kCpu ? "train.device=cpu: default, set with --gpu-memory"
+                                                                   : "no GPU visible: default, set with --gpu-memory";
   }
   cap.host_available =
       opts.host_memory_gib > 0 ? static_cast<int64_t>(opts.host_memory_gib * kGiB) : host_available_bytes();

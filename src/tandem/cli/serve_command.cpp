@@ -51,8 +51,12 @@ int ServeCommand::run() {
   http_.max_body_bytes = static_cast<int64_t>(max_body_mib_ * (1 << 20));
   CompletionService service(service_);
   HttpServer server(service, http_);
-  log::info(strprintf("serve: %s on http://%s:%d%s", service.description().c_str(), http_.host.c_str(), server.port(),
+  // The address on a line of its own with the model's name; the description's lines after it.
+  log::info(strprintf("serve: %s on http://%s:%d%s", service.model_id().c_str(), http_.host.c_str(), server.port(),
                       http_.api_key.empty() ? "" : " (API key required)"));
+  std::string about = service.description();
+  while (!about.empty() && about.back() == '\n') about.pop_back();
+  log::info("serve: " + about);
   install_stop_handlers("\ntandem serve: signal received, draining (a second signal stops at once)\n");
   while (!stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   server.refuse_new();

@@ -46,11 +46,14 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_{};
 };
 
+// "1 document", "2 documents".
+std::string counted(int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); }
+
 std::string held_out_text(const TokenizeSummary& s, double fraction) {
   switch (s.held_out) {
     case HeldOut::kDocuments:
-      return strprintf(", %s (%s tokens, %lld documents: one in %.0f)", s.val_path.c_str(),
-                       format_count(double(s.val_tokens)).c_str(), static_cast<long long>(s.val_documents),
+      return strprintf(", %s (%s tokens, %s: one in %.0f)", s.val_path.c_str(),
+                       format_count(double(s.val_tokens)).c_str(), counted(s.val_documents, "document").c_str(),
                        1.0 / fraction);
     case HeldOut::kTail:
       return strprintf(", %s (%s tokens: the last %g%% of the tokens, as there are fewer than %.0f documents)",
@@ -65,11 +68,11 @@ void print_summary(const TokenizeSummary& s, double fraction, const Tokenizer& t
   const double rate = s.seconds > 0 ? double(s.tokens()) / s.seconds : 0;
   const std::string eos = s.eos ? "'" + tokenizer.id_to_token(*s.eos) + "' (" + std::to_string(*s.eos) + ")" : "none";
   std::printf(
-      "tokenized %lld documents from %lld files (%s) into %s tokens in %.1f s, %s tokens/s on %d threads, "
-      "EOS %s: %s (%s tokens, %lld documents, %s)%s\n",
-      static_cast<long long>(s.documents), static_cast<long long>(s.files), format_bytes(double(s.input_bytes)).c_str(),
-      format_count(double(s.tokens())).c_str(), s.seconds, format_count(rate).c_str(), s.threads, eos.c_str(),
-      s.train_path.c_str(), format_count(double(s.train_tokens)).c_str(), static_cast<long long>(s.train_documents),
+      "tokenized %s from %s (%s) into %s tokens in %.1f s, %s tokens/s on %s, EOS %s: %s (%s tokens, %s, %s)%s\n",
+      counted(s.documents, "document").c_str(), counted(s.files, "file").c_str(),
+      format_bytes(double(s.input_bytes)).c_str(), format_count(double(s.tokens())).c_str(), s.seconds,
+      format_count(rate).c_str(), counted(s.threads, "thread").c_str(), eos.c_str(), s.train_path.c_str(),
+      format_count(double(s.train_tokens)).c_str(), counted(s.train_documents, "document").c_str(),
       s.bytes_per_token == 2 ? "uint16" : "uint32", held_out_text(s, fraction).c_str());
 }
 

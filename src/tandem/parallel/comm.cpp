@@ -283,10 +283,11 @@ int Comm::find_lost_rank() {
 }
 
 void Comm::check_same(const std::string& what, const std::string& value, const std::string& fix) {
-  store_->set("same/" + what + "/" + std::to_string(info_.rank), std::vector<uint8_t>(value.begin(), value.end()));
+  const std::string prefix = "same/" + what + "/" + std::to_string(store_calls_["same/" + what]++) + "/";
+  store_->set(prefix + std::to_string(info_.rank), std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<std::string> values;
   for (int r = 0; r < info_.world_size; ++r) {
-    const auto v = store_->get("same/" + what + "/" + std::to_string(r));
+    const auto v = store_->get(prefix + std::to_string(r));
     values.emplace_back(v.begin(), v.end());
   }
   for (int r = 1; r < info_.world_size; ++r) {
@@ -299,8 +300,9 @@ void Comm::check_same(const std::string& what, const std::string& value, const s
 }
 
 std::string Comm::broadcast_string(const std::string& key, const std::string& value) {
-  if (info_.rank == 0) store_->set("bcast/" + key, std::vector<uint8_t>(value.begin(), value.end()));
-  const auto v = store_->get("bcast/" + key);
+  const std::string name = "bcast/" + key + "/" + std::to_string(store_calls_["bcast/" + key]++);
+  if (info_.rank == 0) store_->set(name, std::vector<uint8_t>(value.begin(), value.end()));
+  const auto v = store_->get(name);
   return std::string(v.begin(), v.end());
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -84,9 +85,10 @@ class Comm {
   void split_pipeline(int stages);
 
   /// Every rank publishes `value`; when the ranks disagree each throws UserError naming `what`, the
-  /// values per rank and `fix`.
+  /// values per rank and `fix`. Each call has keys of its own (a second check of one `what` never
+  /// reads the first's values), so every rank makes the same calls in the same order.
   void check_same(const std::string& what, const std::string& value, const std::string& fix);
-  /// Rank 0's `value` on every rank (through the store under `key`).
+  /// Rank 0's `value` on every rank (through the store under `key`, the call's own as check_same's).
   std::string broadcast_string(const std::string& key, const std::string& value);
   /// Rank 0's values on every rank (Gloo broadcast).
   std::vector<double> from_rank0(const std::vector<double>& values);
@@ -147,6 +149,7 @@ class Comm {
   std::mutex wait_mu_;  // waiting_, waiting_since_ and run_dir_, between the step loop and the heartbeat
   std::string waiting_, run_dir_;
   std::chrono::steady_clock::time_point waiting_since_;
+  std::map<std::string, int> store_calls_;  // check_same's and broadcast_string's calls per key
 };
 
 /// A Gloo group of the world `info` describes (host tensors; bound as Note [Process groups] says);
