@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "bench_guard.h"
 #include "tandem/optim/cpu_update.h"
 
 namespace tandem {
@@ -23,19 +24,7 @@ namespace {
 using nlohmann::json;
 using test::error_of;
 
-// Puts back what run_optim_bench changes for the process: LibTorch's threads and the kernel level.
-class BenchGuard {
- public:
-  BenchGuard() : threads_(at::get_num_threads()), isa_(active_cpu_isa()) {}
-  ~BenchGuard() {
-    at::set_num_threads(threads_);
-    set_cpu_isa(isa_);
-  }
-
- private:
-  int threads_;
-  CpuIsa isa_;
-};
+using test::BenchGuard;
 
 std::vector<json> json_lines(const std::string& path) {
   std::vector<json> out;

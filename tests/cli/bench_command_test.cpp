@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../bench/bench_guard.h"
 #include "../error_of.h"
 #include "../test_util.h"
 #include "tandem/optim/cpu_update.h"
@@ -23,19 +24,7 @@ namespace {
 using nlohmann::json;
 using test::error_of;
 
-// Puts back what the optimizer benchmark changes for the process: LibTorch's threads, the kernel level.
-class BenchGuard {
- public:
-  BenchGuard() : threads_(at::get_num_threads()), isa_(active_cpu_isa()) {}
-  ~BenchGuard() {
-    at::set_num_threads(threads_);
-    set_cpu_isa(isa_);
-  }
-
- private:
-  int threads_;
-  CpuIsa isa_;
-};
+using test::BenchGuard;
 
 struct Ran {
   int code = -1;

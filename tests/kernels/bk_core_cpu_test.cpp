@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../test_util.h"
+#include "bk_core_inputs.h"
 #include "tandem/kernels/bk_core.h"
 
 namespace tandem {
@@ -20,21 +21,7 @@ namespace {
 
 using test::error_of;
 
-struct Inputs {
-  torch::Tensor a, b, c, z;
-};
-
-// b_i c_i > 0 and Im z >= 0.5: the spectrum is real and at distance >= 0.5 from z, |G_ii| <= 2.
-Inputs random_inputs(int64_t B, int64_t N, torch::ScalarType t, uint64_t seed, bool z_per_row) {
-  torch::manual_seed(seed);
-  Inputs in;
-  in.a = (torch::rand({B, N}, torch::kFloat64) * 2 - 1).to(t);
-  in.b = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.c = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.z = z_per_row ? torch::complex(torch::rand({B}, torch::kFloat64) - 0.5, 0.5 + torch::rand({B}, torch::kFloat64))
-                   : torch::complex(torch::tensor(0.1, torch::kFloat64), torch::tensor(0.5, torch::kFloat64));
-  return in;
-}
+using Inputs = test::BkCoreInputs;
 
 // Complex tensors compared as (re, im) pairs, element by element.
 ::testing::AssertionResult ComplexClose(const torch::Tensor& got, const torch::Tensor& want, double rtol, double atol) {
@@ -46,7 +33,7 @@ constexpr double kF64Eps = std::numeric_limits<double>::epsilon();
 
 TEST(BkCoreCpu, TheRatiosSatisfyTheirRecurrencesAndGiveG) {
   const int64_t B = 3, N = 17;
-  const auto in = random_inputs(B, N, torch::kFloat64, 1, /*z_per_row=*/true);
+  const auto in = test::random_bk_core_inputs(B, N, torch::kFloat64, 1, /*z_per_row=*/true);
   const auto [g, r, s] = detail::bk_core_forward_cpu(in.a, in.b, in.c, in.z);
   ASSERT_EQ(r.sizes(), (std::vector<int64_t>{B, N}));
   const auto d = in.a.to(torch::kComplexDouble) - in.z.unsqueeze(1);
@@ -69,7 +56,7 @@ TEST(BkCoreCpu, TheRatiosSatisfyTheirRecurrencesAndGiveG) {
 // PyTorch's convention (dL/dRe z + i dL/dIm z) is conj(G^2) W.
 TEST(BkCoreCpu, ASingleElementIsTheReciprocalOfAMinusZWithItsGradients) {
   for (const auto diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
-    const auto in = random_inputs(4, 1, torch::kFloat64, 2, /*z_per_row=*/true);
+    const auto in = test::random_bk_core_inputs(4, 1, torch::kFloat64, 2, /*z_per_row=*/true);
     auto a = in.a.clone().requires_grad_(true), b = in.b.clone().requires_grad_(true);
     auto c = in.c.clone().requires_grad_(true), z = in.z.clone().requires_grad_(true);
     const auto g = bk_core(a, b, c, z, BkCoreMode::kNative, diagonal);
@@ -87,7 +74,7 @@ TEST(BkCoreCpu, ASingleElementIsTheReciprocalOfAMinusZWithItsGradients) {
 
 TEST(BkCoreCpu, OutputsAndGradientsHaveTheInputsDtypes) {
   for (const auto t : {torch::kFloat32, torch::kFloat64}) {
-    const auto in = random_inputs(2, 9, t, 3, /*z_per_row=*/false);
+    const auto in = test::random_bk_core_inputs(2, 9, t, 3, /*z_per_row=*/false);
     auto a = in.a.clone().requires_grad_(true), b = in.b.clone().requires_grad_(true);
     auto c = in.c.clone().requires_grad_(true);
     auto z = in.z.to(torch::kComplexFloat).requires_grad_(true);  // a complex64 shift for either
@@ -105,7 +92,7 @@ TEST(BkCoreCpu, OutputsAndGradientsHaveTheInputsDtypes) {
 }
 
 TEST(BkCoreCpu, StridedInputsGiveTheContiguousResult) {
-  const auto in = random_inputs(5, 33, torch::kFloat64, 4, /*z_per_row=*/true);
+  const auto in = test::random_bk_core_inputs(5, 33, torch::kFloat64, 4, /*z_per_row=*/true);
   // The same values laid out (N, B) and transposed back: strided (B, N) views.
   const auto a_t = in.a.t().contiguous().t(), b_t = in.b.t().contiguous().t(), c_t = in.c.t().contiguous().t();
   ASSERT_FALSE(a_t.is_contiguous());
@@ -125,7 +112,7 @@ TEST(BkCoreCpu, StridedInputsGiveTheContiguousResult) {
 }
 
 TEST(BkCoreCpu, ASharedZsGradientIsTheSumOfThePerRowOnes) {
-  const auto in = random_inputs(4, 20, torch::kFloat64, 5, /*z_per_row=*/false);
+  const auto in = test::random_bk_core_inputs(4, 20, torch::kFloat64, 5, /*z_per_row=*/false);
   const auto W = torch::randn({4, 20}, torch::kComplexDouble);
   auto shared = in.z.clone().requires_grad_(true);
   auto per_row = in.z.expand({4}).clone().requires_grad_(true);
@@ -140,7 +127,7 @@ TEST(BkCoreCpu, ASharedZsGradientIsTheSumOfThePerRowOnes) {
 
 // The adjoint sweeps in float track the double ones to float's precision on a row of 2000.
 TEST(BkCoreCpu, TheFloatBackwardTracksTheDoubleBackward) {
-  const auto in = random_inputs(3, 2000, torch::kFloat64, 6, /*z_per_row=*/true);
+  const auto in = test::random_bk_core_inputs(3, 2000, torch::kFloat64, 6, /*z_per_row=*/true);
   const auto W = torch::randn({3, 2000}, torch::kComplexDouble);
   std::vector<torch::Tensor> grads[2];  // a, b, c, z in double; in float
   for (int k = 0; k < 2; ++k) {
@@ -171,7 +158,7 @@ TEST(BkCoreCpu, AChunkedRowEqualsTheSameRowSweptWhole) {
   at::set_num_threads(4);
   const int64_t N = 1 << 14;  // the shortest row that is chunked
   for (const auto diagonal : {BkCoreDiagonal::kFull, BkCoreDiagonal::kCausal}) {
-    const auto in = random_inputs(4, N, torch::kFloat64, 7, /*z_per_row=*/true);
+    const auto in = test::random_bk_core_inputs(4, N, torch::kFloat64, 7, /*z_per_row=*/true);
     const auto whole = bk_core(in.a, in.b, in.c, in.z, BkCoreMode::kNative, diagonal);  // B = threads: unchunked
     const auto one = [](const torch::Tensor& t) { return t.narrow(0, 2, 1); };
     const auto chunked = bk_core(one(in.a), one(in.b), one(in.c), one(in.z), BkCoreMode::kNative, diagonal);
@@ -182,7 +169,7 @@ TEST(BkCoreCpu, AChunkedRowEqualsTheSameRowSweptWhole) {
 }
 
 TEST(BkCoreCpu, BadInputIsRefusedWithWhatIsWrong) {
-  const auto in = random_inputs(2, 8, torch::kFloat64, 8, /*z_per_row=*/true);
+  const auto in = test::random_bk_core_inputs(2, 8, torch::kFloat64, 8, /*z_per_row=*/true);
   const auto refused = [](const std::function<void()>& f, const std::string& part) {
     const std::string msg = error_of(f);
     return msg.find(part) != std::string::npos

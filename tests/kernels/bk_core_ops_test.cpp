@@ -12,26 +12,13 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "bk_core_inputs.h"
 #include "tandem/kernels/bk_core.h"
 
 namespace tandem {
 namespace {
 
-struct Inputs {
-  torch::Tensor a, b, c, z;
-};
-
-// b_i c_i > 0 (a real spectrum) and Im z >= 0.5: |G_ii| <= 2, a well-conditioned problem.
-Inputs inputs(int64_t B, int64_t N, torch::ScalarType t, uint64_t seed, bool z_per_row) {
-  torch::manual_seed(seed);
-  Inputs in;
-  in.a = (torch::rand({B, N}, torch::kFloat64) * 2 - 1).to(t);
-  in.b = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.c = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.z = z_per_row ? torch::complex(torch::rand({B}, torch::kFloat64) - 0.5, 0.5 + torch::rand({B}, torch::kFloat64))
-                   : torch::complex(torch::tensor(0.1, torch::kFloat64), torch::tensor(0.5, torch::kFloat64));
-  return in;
-}
+using Inputs = test::BkCoreInputs;
 
 // |got - want| <= tol * |want| for every complex element; names the worst.
 ::testing::AssertionResult RelativelyClose(const torch::Tensor& got, const torch::Tensor& want, double tol) {
@@ -52,7 +39,7 @@ constexpr double kF32Eps = std::numeric_limits<float>::epsilon();
 TEST(BkCoreOps, EqualsTheLongDoubleReferenceForAnySize) {
   for (const int64_t N : {1, 2, 7, 17, 200})
     for (const bool z_per_row : {false, true}) {
-      const Inputs in = inputs(3, N, torch::kFloat64, 10 + N, z_per_row);
+      const Inputs in = test::random_bk_core_inputs(3, N, torch::kFloat64, 10 + N, z_per_row);
       const auto g = detail::bk_core_ops(in.a, in.b, in.c, in.z);
       EXPECT_EQ(g.scalar_type(), torch::kComplexDouble);
       EXPECT_TRUE(RelativelyClose(g, detail::bk_core_reference(in.a, in.b, in.c, in.z), 64 * kF64Eps))
@@ -62,7 +49,7 @@ TEST(BkCoreOps, EqualsTheLongDoubleReferenceForAnySize) {
 
 TEST(BkCoreOps, FloatInputsSweepInComplex64WithinItsPrecision) {
   for (const int64_t N : {1, 7, 17, 200}) {
-    const Inputs in = inputs(2, N, torch::kFloat32, 20 + N, true);
+    const Inputs in = test::random_bk_core_inputs(2, N, torch::kFloat32, 20 + N, true);
     const auto g = detail::bk_core_ops(in.a, in.b, in.c, in.z);
     EXPECT_EQ(g.scalar_type(), torch::kComplexFloat);
     // The reference widens the same float inputs, so only the sweep's rounding differs.
@@ -71,7 +58,7 @@ TEST(BkCoreOps, FloatInputsSweepInComplex64WithinItsPrecision) {
 }
 
 TEST(BkCoreOps, ASingleElementIsTheReciprocalOfAMinusZ) {
-  const Inputs in = inputs(4, 1, torch::kFloat64, 3, true);
+  const Inputs in = test::random_bk_core_inputs(4, 1, torch::kFloat64, 3, true);
   const auto want = 1.0 / (in.a.to(torch::kComplexDouble) - in.z.unsqueeze(1));
   for (const bool causal : {false, true})
     EXPECT_TRUE(torch::equal(detail::bk_core_ops(in.a, in.b, in.c, in.z, causal), want)) << "causal " << causal;
@@ -81,7 +68,7 @@ TEST(BkCoreOps, ASingleElementIsTheReciprocalOfAMinusZ) {
 // (i+1) x (i+1) block: the reference of the first i+1 positions.
 TEST(BkCoreOps, TheCausalDiagonalIsTheLastEntryOfEachLeadingBlocksResolvent) {
   const int64_t N = 17;
-  const Inputs in = inputs(2, N, torch::kFloat64, 5, true);
+  const Inputs in = test::random_bk_core_inputs(2, N, torch::kFloat64, 5, true);
   const auto g = detail::bk_core_ops(in.a, in.b, in.c, in.z, /*causal=*/true);
   ASSERT_EQ(g.sizes(), (std::vector<int64_t>{2, N}));
   auto want = torch::empty({2, N}, torch::kComplexDouble);
@@ -96,7 +83,7 @@ TEST(BkCoreOps, TheCausalDiagonalIsTheLastEntryOfEachLeadingBlocksResolvent) {
 
 TEST(BkCoreOps, ACausalEntryDependsOnItsOwnAndEarlierPositionsOnly) {
   const int64_t N = 12, j = 7;
-  const Inputs in = inputs(2, N, torch::kFloat64, 9, false);
+  const Inputs in = test::random_bk_core_inputs(2, N, torch::kFloat64, 9, false);
   const auto base = detail::bk_core_ops(in.a, in.b, in.c, in.z, true);
   // a_j enters entries j and on; b_j and c_j (the coupling of j and j + 1) entries j + 1 and on.
   struct Change {
@@ -126,7 +113,7 @@ TEST(BkCoreOps, ACausalEntryDependsOnItsOwnAndEarlierPositionsOnly) {
 TEST(BkCoreOps, AutogradMatchesCentralFiniteDifferences) {
   const int64_t N = 6;
   for (const bool causal : {false, true}) {
-    const Inputs in = inputs(2, N, torch::kFloat64, 13, true);
+    const Inputs in = test::random_bk_core_inputs(2, N, torch::kFloat64, 13, true);
     torch::manual_seed(99);
     const auto W = torch::randn({2, N}, torch::kComplexDouble);
     auto a = in.a.clone().requires_grad_(true), b = in.b.clone().requires_grad_(true),
@@ -167,7 +154,7 @@ TEST(BkCoreOps, AutogradMatchesCentralFiniteDifferences) {
 }
 
 TEST(BkCoreOps, AComplex64ShiftIsWidenedForDoubleInputs) {
-  Inputs in = inputs(2, 9, torch::kFloat64, 17, false);
+  Inputs in = test::random_bk_core_inputs(2, 9, torch::kFloat64, 17, false);
   const auto z128 = torch::complex(torch::tensor(0.25, torch::kFloat64), torch::tensor(0.75, torch::kFloat64));
   const auto g128 = detail::bk_core_ops(in.a, in.b, in.c, z128);
   const auto g64 = detail::bk_core_ops(in.a, in.b, in.c, z128.to(torch::kComplexFloat));
@@ -178,7 +165,7 @@ TEST(BkCoreOps, AComplex64ShiftIsWidenedForDoubleInputs) {
 }
 
 TEST(BkCoreOps, BadInputIsRefusedNamingWhatIsWrong) {
-  const Inputs in = inputs(2, 5, torch::kFloat64, 1, false);
+  const Inputs in = test::random_bk_core_inputs(2, 5, torch::kFloat64, 1, false);
   const auto err = [](const std::function<void()>& f) { return test::error_of(f); };
   EXPECT_NE(err([&] { detail::bk_core_ops(in.a.narrow(1, 0, 0), in.b, in.c, in.z); }).find("N >= 1"),
             std::string::npos);

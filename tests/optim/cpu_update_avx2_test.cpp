@@ -11,21 +11,19 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "isa_kernels.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 namespace {
 
-// Puts the process's kernel level back at scope exit.
-class IsaGuard {
- public:
-  IsaGuard() : prev_(active_cpu_isa()) {}
-  ~IsaGuard() { set_cpu_isa(prev_); }
-
- private:
-  CpuIsa prev_;
-};
+using test::Buffers;
+using test::first_difference;
+using test::hyper_for;
+using test::IsaGuard;
+using test::report_text;
+using test::torch_type;
 
 bool cpu_runs_avx2() {
   IsaGuard restore;
@@ -35,82 +33,7 @@ bool cpu_runs_avx2() {
 #define SKIP_WITHOUT_AVX2() \
   if (!cpu_runs_avx2()) GTEST_SKIP() << "this CPU (or build) cannot run the AVX2 + FMA kernels"
 
-torch::ScalarType torch_type(Dtype d) { return d == Dtype::kF32 ? torch::kFloat32 : torch::kBFloat16; }
-
-// One span's buffers, used from element `offset` of each allocation: offset 0 leaves the bf16
-// copy 64-byte aligned (the kernels stream it), offset 3 misaligns every buffer.
-struct Buffers {
-  torch::Tensor master, grad, m, v, out;
-  int64_t n, offset;
-  Dtype gd, sd;
-
-  Buffers(int64_t n_, int64_t offset_, Dtype g, Dtype s, uint64_t seed) : n(n_), offset(offset_), gd(g), sd(s) {
-    torch::manual_seed(seed);
-    master = torch::randn({n + offset});
-    grad = (torch::randn({n + offset}) * 1e-2).to(torch_type(g));
-    m = (torch::randn({n + offset}) * 1e-3).to(torch_type(s));
-    v = (torch::rand({n + offset}) * 1e-4).to(torch_type(s));
-    out = torch::zeros({n + offset}, torch::kBFloat16);
-  }
-  Buffers clone() const {
-    Buffers b = *this;
-    b.master = master.clone(), b.grad = grad.clone(), b.m = m.clone(), b.v = v.clone(), b.out = out.clone();
-    return b;
-  }
-  UpdateSpan span(int64_t index_base = 0) const {
-    UpdateSpan s;
-    s.n = n;
-    s.index_base = index_base;
-    s.master = master.data_ptr<float>() + offset;
-    s.grad = static_cast<char*>(grad.data_ptr()) + offset * grad.element_size();
-    s.m = static_cast<char*>(m.data_ptr()) + offset * m.element_size();
-    s.v = static_cast<char*>(v.data_ptr()) + offset * v.element_size();
-    s.bf16_out = reinterpret_cast<uint16_t*>(out.data_ptr()) + offset;
-    s.grad_dtype = gd;
-    s.state_dtype = sd;
-    s.weight_decay_scale = 0.5f;
-    return s;
-  }
-  /// The gradient element i of the span (an fp32 value, stored in the gradient's dtype).
-  void set_grad(int64_t i, float x) { grad[offset + i] = x; }
-};
-
-// "" when every buffer agrees bit for bit, else the first difference.
-std::string first_difference(const Buffers& a, const Buffers& b) {
-  const char* names[] = {"master", "m", "v", "bf16 copy"};
-  const torch::Tensor xs[] = {a.master, a.m, a.v, a.out}, ys[] = {b.master, b.m, b.v, b.out};
-  for (int k = 0; k < 4; ++k) {
-    const int64_t bytes = xs[k].numel() * xs[k].element_size();
-    if (std::memcmp(xs[k].data_ptr(), ys[k].data_ptr(), bytes) == 0) continue;
-    const auto int_type = xs[k].element_size() == 4 ? torch::kInt32 : torch::kInt16;
-    const auto ne = (xs[k].view(int_type) != ys[k].view(int_type)).nonzero();
-    const int64_t i = ne[0][0].item<int64_t>();
-    return std::string(names[k]) + " differs first at element " + std::to_string(i - a.offset) + ": " +
-           std::to_string(xs[k][i].item<double>()) + " vs " + std::to_string(ys[k][i].item<double>()) + " (" +
-           std::to_string(ne.size(0)) + " elements differ)";
-  }
-  return "";
-}
-
-UpdateHyper hyper_for(UpdateRule rule, Rounding rounding, int64_t step) {
-  UpdateHyper h;
-  h.rule = rule;
-  h.lr = 1e-2;
-  h.beta1 = 0.9;
-  h.beta2 = rule == UpdateRule::kLion ? 0.99 : 0.95;
-  h.weight_decay = 0.1;
-  h.dampening = rule == UpdateRule::kSgd ? 0.1 : 0.0;
-  h.step = step;
-  h.grad_scale = 0.75;
-  h.rounding = rounding;
-  h.seed = 77;
-  return h;
-}
-
-std::string report_text(const UpdateReport& r) {
-  return "nonfinite " + std::to_string(r.nonfinite) + ", first " + std::to_string(r.first_nonfinite) +
-         ", skipped tiles " + std::to_string(r.skipped_tiles);
-}
+constexpr uint64_t kSeed = 77;  // stochastic rounding's seed in these tests
 
 struct Combo {
   UpdateRule rule;
@@ -146,7 +69,7 @@ TEST(CpuUpdateAvx2, AlignedAndUnalignedBuffersMatchTheScalarReferenceBitForBit) 
         const Buffers start(n, offset, c.gd, c.sd, 5 + n);
         Buffers ref = start.clone(), fast = start.clone();
         for (int64_t step = 1; step <= 3; ++step) {
-          const UpdateHyper h = hyper_for(c.rule, c.rnd, step);
+          const UpdateHyper h = hyper_for(c.rule, c.rnd, step, kSeed);
           ASSERT_TRUE(cpu_update({ref.span()}, h, nullptr, &pool, CpuIsa::kScalar).ok());
           ASSERT_TRUE(cpu_update({fast.span()}, h, nullptr, &pool, CpuIsa::kAvx2).ok());
         }
@@ -178,7 +101,7 @@ TEST(CpuUpdateAvx2, NonFiniteGradientsAnywhereAreFoundAsTheScalarPathFindsThem) 
         Buffers start(n, 0, gd, Dtype::kF32, 31);
         for (const int64_t i : where) start.set_grad(i, bad);
         Buffers ref = start.clone(), fast = start.clone();
-        UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 2);
+        UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 2, kSeed);
         // NaN and Inf: a scale within 1, so the raw-bit scans alone decide (Note [Look-ahead gradient
         // scan]); 3e38: a scale that overflows it, so the exact count decides.
         h.grad_scale = std::isfinite(bad) ? 4.0 : 0.75;
@@ -202,7 +125,7 @@ TEST(CpuUpdateAvx2, StochasticRoundingKeepsEachElementsIndexUnderAnyIndexBase) {
       const Buffers start(1003, 3, Dtype::kBF16, Dtype::kBF16, 41);
       Buffers ref = start.clone(), fast = start.clone();
       for (int64_t step = 1; step <= 2; ++step) {
-        const UpdateHyper h = hyper_for(rule, Rounding::kStochastic, step);
+        const UpdateHyper h = hyper_for(rule, Rounding::kStochastic, step, kSeed);
         ASSERT_TRUE(cpu_update({ref.span(base)}, h, nullptr, nullptr, CpuIsa::kScalar).ok());
         ASSERT_TRUE(cpu_update({fast.span(base)}, h, nullptr, nullptr, CpuIsa::kAvx2).ok());
       }
@@ -253,8 +176,8 @@ TEST(CpuUpdateAvx2, RollbackRestoresTheStateAndRewritesTheBf16Copy) {
                                         static_cast<char*>(mm.data_ptr()) + offset * mm.element_size(),
                                         static_cast<char*>(vv.data_ptr()) + offset * vv.element_size()}};
     b.set_grad(66000, std::numeric_limits<float>::quiet_NaN());
-    const UpdateReport r =
-        cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, 3), &undo, nullptr, CpuIsa::kAvx2);
+    const UpdateReport r = cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, 3, kSeed), &undo,
+                                      nullptr, CpuIsa::kAvx2);
     EXPECT_EQ(r.nonfinite, 1);
     EXPECT_NE(first_difference(b, before), "") << "offset " << offset << ": nothing was updated";
     cpu_rollback({b.span()}, undo);

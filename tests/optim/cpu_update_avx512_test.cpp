@@ -12,21 +12,20 @@
 #include <vector>
 
 #include "../test_util.h"
+#include "isa_kernels.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 namespace {
 
-// Puts the process's kernel level back at scope exit.
-class IsaGuard {
- public:
-  IsaGuard() : prev_(active_cpu_isa()) {}
-  ~IsaGuard() { set_cpu_isa(prev_); }
-
- private:
-  CpuIsa prev_;
-};
+using test::Buffers;
+using test::first_difference;
+using test::hyper_for;
+using test::IsaGuard;
+using test::OneTorchThread;
+using test::report_text;
+using test::torch_type;
 
 // The AVX-512 levels this CPU (and build) runs: kAvx512, and kAvx512Bf16 where the CPU has it.
 std::vector<CpuIsa> avx512_levels() {
@@ -37,99 +36,12 @@ std::vector<CpuIsa> avx512_levels() {
   return out;
 }
 
-// LibTorch on one thread for the scope: the tests make hundreds of small buffers, and on two busy
-// cores OpenMP's waiting threads cost far more than the work.
-class OneTorchThread {
- public:
-  OneTorchThread() : prev_(at::get_num_threads()) { at::set_num_threads(1); }
-  ~OneTorchThread() { at::set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
-
 #define AVX512_LEVELS_OR_SKIP(levels)                                                       \
   const std::vector<CpuIsa> levels = avx512_levels();                                       \
   if (levels.empty()) GTEST_SKIP() << "this CPU (or build) cannot run the AVX-512 kernels"; \
   OneTorchThread one_torch_thread
 
-torch::ScalarType torch_type(Dtype d) { return d == Dtype::kF32 ? torch::kFloat32 : torch::kBFloat16; }
-
-// One span's buffers, used from element `offset` of each allocation: offset 0 leaves the bf16
-// copy 64-byte aligned (the kernels stream it), offset 5 misaligns every buffer.
-struct Buffers {
-  torch::Tensor master, grad, m, v, out;
-  int64_t n, offset;
-  Dtype gd, sd;
-
-  Buffers(int64_t n_, int64_t offset_, Dtype g, Dtype s, uint64_t seed) : n(n_), offset(offset_), gd(g), sd(s) {
-    torch::manual_seed(seed);
-    master = torch::randn({n + offset});
-    grad = (torch::randn({n + offset}) * 1e-2).to(torch_type(g));
-    m = (torch::randn({n + offset}) * 1e-3).to(torch_type(s));
-    v = (torch::rand({n + offset}) * 1e-4).to(torch_type(s));
-    out = torch::zeros({n + offset}, torch::kBFloat16);
-  }
-  Buffers clone() const {
-    Buffers b = *this;
-    b.master = master.clone(), b.grad = grad.clone(), b.m = m.clone(), b.v = v.clone(), b.out = out.clone();
-    return b;
-  }
-  /// Elements [begin, begin + count) of the buffers as a span (count -1: to the end).
-  UpdateSpan span(int64_t index_base = 0, int64_t begin = 0, int64_t count = -1) const {
-    UpdateSpan s;
-    const int64_t o = offset + begin;
-    s.n = count < 0 ? n - begin : count;
-    s.index_base = index_base;
-    s.master = master.data_ptr<float>() + o;
-    s.grad = static_cast<char*>(grad.data_ptr()) + o * grad.element_size();
-    s.m = static_cast<char*>(m.data_ptr()) + o * m.element_size();
-    s.v = static_cast<char*>(v.data_ptr()) + o * v.element_size();
-    s.bf16_out = reinterpret_cast<uint16_t*>(out.data_ptr()) + o;
-    s.grad_dtype = gd;
-    s.state_dtype = sd;
-    s.weight_decay_scale = 0.5f;
-    return s;
-  }
-  void set_grad(int64_t i, float x) { grad[offset + i] = x; }
-};
-
-// "" when every buffer agrees bit for bit, else the first difference.
-std::string first_difference(const Buffers& a, const Buffers& b) {
-  const char* names[] = {"master", "m", "v", "bf16 copy"};
-  const torch::Tensor xs[] = {a.master, a.m, a.v, a.out}, ys[] = {b.master, b.m, b.v, b.out};
-  for (int k = 0; k < 4; ++k) {
-    const int64_t bytes = xs[k].numel() * xs[k].element_size();
-    if (std::memcmp(xs[k].data_ptr(), ys[k].data_ptr(), bytes) == 0) continue;
-    const auto int_type = xs[k].element_size() == 4 ? torch::kInt32 : torch::kInt16;
-    const auto ne = (xs[k].view(int_type) != ys[k].view(int_type)).nonzero();
-    const int64_t i = ne[0][0].item<int64_t>();
-    return std::string(names[k]) + " differs first at element " + std::to_string(i - a.offset) + ": " +
-           std::to_string(xs[k][i].item<double>()) + " vs " + std::to_string(ys[k][i].item<double>()) + " (" +
-           std::to_string(ne.size(0)) + " elements differ)";
-  }
-  return "";
-}
-
-UpdateHyper hyper_for(UpdateRule rule, Rounding rounding, int64_t step) {
-  UpdateHyper h;
-  h.rule = rule;
-  h.lr = 1e-2;
-  h.beta1 = 0.9;
-  h.beta2 = rule == UpdateRule::kLion ? 0.99 : 0.95;
-  h.weight_decay = 0.1;
-  h.dampening = rule == UpdateRule::kSgd ? 0.1 : 0.0;
-  h.step = step;
-  h.grad_scale = 0.75;
-  h.rounding = rounding;
-  h.seed = 91;
-  return h;
-}
-
-std::string report_text(const UpdateReport& r) {
-  return "nonfinite " + std::to_string(r.nonfinite) + ", first " + std::to_string(r.first_nonfinite) +
-         ", skipped tiles " + std::to_string(r.skipped_tiles);
-}
+constexpr uint64_t kSeed = 91;  // stochastic rounding's seed in these tests
 
 // Sizes around the 16 lanes, the 2048-element tile and the 65536-element chunk.
 TEST(CpuUpdateAvx512, AlignedAndUnalignedBuffersMatchTheScalarReferenceBitForBit) {
@@ -154,7 +66,8 @@ TEST(CpuUpdateAvx512, AlignedAndUnalignedBuffersMatchTheScalarReferenceBitForBit
               const Buffers start(n, offset, gd, sd, 3 + n + offset);
               Buffers ref = start.clone();
               for (int64_t step = 1; step <= 3; ++step)
-                ASSERT_TRUE(cpu_update({ref.span()}, hyper_for(rule, rnd, step), nullptr, &pool, CpuIsa::kScalar).ok());
+                ASSERT_TRUE(
+                    cpu_update({ref.span()}, hyper_for(rule, rnd, step, kSeed), nullptr, &pool, CpuIsa::kScalar).ok());
               EXPECT_FALSE(torch::equal(ref.master, start.master)) << "the update changed nothing";
               for (const CpuIsa isa : levels) {
                 SCOPED_TRACE(::testing::Message()
@@ -162,7 +75,7 @@ TEST(CpuUpdateAvx512, AlignedAndUnalignedBuffersMatchTheScalarReferenceBitForBit
                              << " grad " << int(gd) << " state " << int(sd) << " rounding " << int(rnd));
                 Buffers fast = start.clone();
                 for (int64_t step = 1; step <= 3; ++step)
-                  ASSERT_TRUE(cpu_update({fast.span()}, hyper_for(rule, rnd, step), nullptr, &pool, isa).ok());
+                  ASSERT_TRUE(cpu_update({fast.span()}, hyper_for(rule, rnd, step, kSeed), nullptr, &pool, isa).ok());
                 EXPECT_EQ(first_difference(fast, ref), "");
                 ++cases;
               }
@@ -189,7 +102,7 @@ TEST(CpuUpdateAvx512, SgdVariantsAndUncheckedUpdatesMatchTheScalarReference) {
   for (const Case& c : cases) {
     const Buffers start(c.n, 5, Dtype::kBF16, Dtype::kBF16, 17);
     Buffers ref = start.clone();
-    UpdateHyper h = hyper_for(c.rule, Rounding::kStochastic, 1);
+    UpdateHyper h = hyper_for(c.rule, Rounding::kStochastic, 1, kSeed);
     h.beta1 = c.beta1, h.dampening = c.dampening, h.nesterov = c.nesterov, h.check_finite = c.check_finite;
     h.eps = 1e-3;
     for (int64_t step = 1; step <= 3; ++step) {
@@ -224,15 +137,15 @@ TEST(CpuUpdateAvx512, SeveralSpansWithGroupsMatchTheScalarReference) {
   };
   Buffers ref = start.clone();
   for (int64_t step = 2; step <= 4; ++step)
-    ASSERT_TRUE(cpu_update(spans(ref), hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, step), nullptr, &pool,
-                           CpuIsa::kScalar)
+    ASSERT_TRUE(cpu_update(spans(ref), hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, step, kSeed), nullptr,
+                           &pool, CpuIsa::kScalar)
                     .ok());
   for (const CpuIsa isa : levels) {
     Buffers fast = start.clone();
     for (int64_t step = 2; step <= 4; ++step)
-      ASSERT_TRUE(
-          cpu_update(spans(fast), hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, step), nullptr, &pool, isa)
-              .ok());
+      ASSERT_TRUE(cpu_update(spans(fast), hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, step, kSeed), nullptr,
+                             &pool, isa)
+                      .ok());
     EXPECT_EQ(first_difference(fast, ref), "") << to_string(isa);
   }
 }
@@ -274,7 +187,7 @@ TEST(CpuUpdateAvx512, NonFiniteGradientsAtLaneAndTileBoundariesAreFoundAsTheScal
         for (const auto& where : layout.placements) {
           Buffers start = clean.clone();
           for (const int64_t i : where) start.set_grad(i, bad);
-          UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 2);
+          UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 2, kSeed);
           h.grad_scale = std::isfinite(bad) ? 4.0 : 0.75;
           Buffers ref = start.clone();
           const UpdateReport r_ref = cpu_update({ref.span(100)}, h, nullptr, nullptr, CpuIsa::kScalar);
@@ -304,14 +217,15 @@ TEST(CpuUpdateAvx512, StochasticRoundingKeepsEachElementsIndexAcrossThe32BitWrap
       const Buffers start(1003, 5, Dtype::kBF16, Dtype::kBF16, 41);
       Buffers ref = start.clone();
       for (int64_t step = 1; step <= 2; ++step)
-        ASSERT_TRUE(cpu_update({ref.span(base)}, hyper_for(rule, Rounding::kStochastic, step), nullptr, nullptr,
+        ASSERT_TRUE(cpu_update({ref.span(base)}, hyper_for(rule, Rounding::kStochastic, step, kSeed), nullptr, nullptr,
                                CpuIsa::kScalar)
                         .ok());
       for (const CpuIsa isa : levels) {
         Buffers fast = start.clone();
         for (int64_t step = 1; step <= 2; ++step)
           ASSERT_TRUE(
-              cpu_update({fast.span(base)}, hyper_for(rule, Rounding::kStochastic, step), nullptr, nullptr, isa).ok());
+              cpu_update({fast.span(base)}, hyper_for(rule, Rounding::kStochastic, step, kSeed), nullptr, nullptr, isa)
+                  .ok());
         EXPECT_EQ(first_difference(fast, ref), "") << to_string(isa) << " index base " << base << " rule " << int(rule);
       }
     }
@@ -401,7 +315,7 @@ TEST(CpuUpdateAvx512, RollbackRestoresTheStateAndRewritesTheBf16Copy) {
                                           static_cast<char*>(vv.data_ptr()) + offset * vv.element_size()}};
       b.set_grad(66000, std::numeric_limits<float>::quiet_NaN());
       const UpdateReport r =
-          cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, 3), &undo, nullptr, isa);
+          cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, 3, kSeed), &undo, nullptr, isa);
       EXPECT_EQ(r.nonfinite, 1);
       EXPECT_EQ(r.skipped_tiles, 1);
       EXPECT_NE(first_difference(b, before), "") << to_string(isa) << " offset " << offset << ": nothing was updated";

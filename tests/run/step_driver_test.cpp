@@ -51,7 +51,7 @@ TEST(StepDriver, AStepUpdatesAndReadsItsLossAndNormOnce) {
   r.driver->begin_micro(true);
   r.set_grad({3, 4, 0, 0});
   r.driver->update(0.1);
-  const StepResult got = r.driver->read(torch::tensor(2.5), "the end of step 1");
+  const StepResult got = r.driver->read(torch::tensor(2.5), 0);
   EXPECT_DOUBLE_EQ(got.loss, 2.5);
   EXPECT_NEAR(got.grad_norm, 5.0, 1e-6);
   EXPECT_FALSE(got.skipped);
@@ -74,7 +74,7 @@ TEST(StepDriver, ANonFiniteGradientSkipsTheStepAndBacksTheFp16ScaleOff) {
   r.driver->begin_step(0, 0.1, nullptr);
   r.set_grad({1, std::numeric_limits<float>::infinity(), 0, 0});
   r.driver->update(0.1);
-  const StepResult got = r.driver->read(torch::tensor(1.0), "the end of step 1");
+  const StepResult got = r.driver->read(torch::tensor(1.0), 0);
   EXPECT_TRUE(got.skipped);
   EXPECT_EQ(got.loss_scale, 512);
   EXPECT_EQ(r.driver->loss_scale(), 512) << "the next step's backward is scaled by the backed-off scale";

@@ -42,7 +42,6 @@ GradReducer::GradReducer(BlockSequence& model, Comm& comm) : comm_(comm) {
     params_.push_back(std::move(ps));
   }
   remaining_.assign(params_.size(), 0);
-  reduced_.assign(params_.size(), false);
   ready_.assign(params_.size(), false);
   next_ = static_cast<int64_t>(params_.size()) - 1;
   work_.resize(params_.size());
@@ -57,10 +56,7 @@ void GradReducer::begin_micro(bool last) {
   last_ = last;
   for (size_t i = 0; i < params_.size(); ++i) {
     remaining_[i] = static_cast<int64_t>(params_[i].size());
-    if (last) {
-      reduced_[i] = false;
-      ready_[i] = params_[i].empty();  // nothing to wait for
-    }
+    if (last) ready_[i] = params_[i].empty();  // nothing to wait for
   }
   if (last) next_ = static_cast<int64_t>(params_.size()) - 1;
 }
@@ -72,7 +68,6 @@ void GradReducer::on_param_ready(size_t block) {
 }
 
 void GradReducer::reduce(size_t i) {
-  reduced_[i] = true;
   std::vector<at::Tensor> grads;
   for (auto& p : params_[i]) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -83,8 +78,7 @@ void GradReducer::reduce(size_t i) {
 }
 
 void GradReducer::finish() {
-  for (; next_ >= 0; --next_)
-    if (!reduced_[static_cast<size_t>(next_)]) reduce(static_cast<size_t>(next_));
+  while (next_ >= 0) reduce(static_cast<size_t>(next_--));
   const Comm::Waiting waiting(&comm_, "the gradient reduction over the data-parallel replicas");
   for (auto& w : work_) {
     if (w) w->wait();

@@ -33,8 +33,8 @@ class GradReducer {
   Comm& comm_;
   std::vector<std::vector<torch::Tensor>> params_;  // per Block
   std::vector<int64_t> remaining_;
-  std::vector<bool> reduced_, ready_;
-  int64_t next_ = -1;  // the next Block to reduce: every rank reduces from the last Block down
+  std::vector<bool> ready_;  // complete in the last micro-batch's backward
+  int64_t next_ = -1;        // the next Block to reduce (those above it are): from the last Block down
   std::vector<c10::intrusive_ptr<c10d::Work>> work_;
   bool last_ = true;
 };

@@ -214,8 +214,7 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
   driver_->update(lr_);
   const torch::Tensor loss_now =
       loss ? *loss : torch::full({}, NAN, torch::TensorOptions().dtype(torch::kFloat32).device(ctx_->device));
-  const StepResult r = driver_->read(loss_now, strprintf("the end of step %lld (the GPU's work and its collectives)",
-                                                         static_cast<long long>(step_ + 1)));
+  const StepResult r = driver_->read(loss_now, step_);
   open_ = false;
   micro_ = 0;
   ++step_;

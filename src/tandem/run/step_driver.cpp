@@ -64,10 +64,11 @@ void StepDriver::update(double lr) {
   if (fp16_) update_loss_scale(scale_, growth_tracker_, found_inf_, cfg_.scaler);
 }
 
-StepResult StepDriver::read(const torch::Tensor& loss, const std::string& waiting) {
+StepResult StepDriver::read(const torch::Tensor& loss, int64_t step) {
   TANDEM_ASSERT(norm_.defined(), "read() before update()");
   // One host synchronisation per step: where a rank waits for the GPU's work and its collectives.
-  const Comm::Waiting wait(ctx_.comm.get(), waiting);
+  const Comm::Waiting wait(ctx_.comm.get(), strprintf("the end of step %lld (the GPU's work and its collectives)",
+                                                      static_cast<long long>(step + 1)));
   const torch::Tensor loss_now = loss.detach().to(ctx_.device, torch::kFloat32).reshape({});
   auto host = torch::stack({loss_now, norm_.to(torch::kFloat32), found_inf_, scale_.squeeze()})
                   .to(torch::kCPU, torch::kFloat64);

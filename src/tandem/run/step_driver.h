@@ -74,10 +74,10 @@ class StepDriver {
 
   /// The update at `lr` (norm, clipping, the non-finite check, the optimizer or the engine's end
   /// of step) and the loss scale's; then read() the step's one host copy, with `loss` (0-d, on the
-  /// device) the step's loss on this rank. `waiting`: what a rank waits for there, for the hang
-  /// report of several ranks.
+  /// device) the step's loss on this rank, at the end of step `step` + 1 (what a rank waits for
+  /// there, for the hang report of several ranks).
   void update(double lr);
-  StepResult read(const torch::Tensor& loss, const std::string& waiting);
+  StepResult read(const torch::Tensor& loss, int64_t step);
 
   /// Gives the open step up: the engine undoes what it began, or the gradients are zeroed; the
   /// device's cache is freed.

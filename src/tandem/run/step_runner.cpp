@@ -63,9 +63,7 @@ StepResult StepRunner::run(int64_t step, double lr, BatchLoader& loader, double 
   }
   driver_.update(lr);
   timer_.mark(StepTimer::Phase::kUpdate);
-  return driver_.read(
-      loss_sum / double(plan_.cfg.train.grad_accum),
-      strprintf("the end of step %lld (the GPU's work and its collectives)", static_cast<long long>(step + 1)));
+  return driver_.read(loss_sum / double(plan_.cfg.train.grad_accum), step);
 }
 
 void StepRunner::accumulate(int64_t step, BatchLoader& loader, double rank_share, torch::Tensor& loss_sum) {
