@@ -46,6 +46,8 @@
 #          transformers' generate on random-weight bf16 folders of FAM_PRESETS (Qwen2.5-0.5B, Gemma2-2B, Mistral-7B).
 #   pipeline the partitioner's profile and plan (1B, the CPU weighed as a stage), and a 125M run in two
 #          stages over the CPU and the GPU with the predicted step against the measured one;
+#   trainer transformers' Trainer on a Mistral-7B shape with tandem's OffloadAdamW, torchao's CPUOffloadOptimizer
+#          and DeepSpeed ZeRO-2 offload (bench/trainer_peers.py; TR_SHAPE, TR_BATCH, TR_SEQ, TR_SIDES, TR_LAYERS);
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8 and delayedN.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
@@ -588,6 +590,21 @@ for part in ${PY_PARTS-resident offload}; do  # PY_PARTS="" runs none
   fi
   tail -4 "$OUT/py-$part.log"
 done
+fi
+
+if has trainer; then
+# transformers' Trainer fine-tuning a Mistral-7B-shaped model (TR_SHAPE, TR_BATCH x TR_SEQ, default 4 x 4096,
+# gradient checkpointing) with tandem's OffloadAdamW, torchao's CPUOffloadOptimizer and DeepSpeed ZeRO-2
+# offload through the Trainer's deepspeed= argument, each side a process of its own, with the model's
+# forward+backward bound (bench/trainer_peers.py). torchao and DeepSpeed come from the wheels in .whl.
+echo "== trainer: transformers.Trainer with tandem, torchao and DeepSpeed offload (bench/trainer_peers.py)"
+install_wheels || echo "trainer: no wheels in .whl (torchao and DeepSpeed must come with the image)"
+rm -f "$OUT/trainer.jsonl"
+env PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" python3 bench/trainer_peers.py \
+  --shape "${TR_SHAPE:-mistral-7b}" --batch "${TR_BATCH:-4}" --seq "${TR_SEQ:-4096}" --steps "${TR_STEPS:-6}" \
+  --warmup "${TR_WARMUP:-3}" --sides "${TR_SIDES:-bound,tandem,torchao,deepspeed}" --timeout "${TR_TIMEOUT:-300}" \
+  --state-dtype "${TR_STATE:-fp32}" ${TR_LAYERS:+--layers "$TR_LAYERS"} --json "$OUT/trainer.jsonl" >"$OUT/trainer.log" 2>&1
+tail -6 "$OUT/trainer.log"
 fi
 
 write_prompts() {  # count, file: numbered prompts of 12 or 13 tokens

@@ -168,6 +168,10 @@ class OffloadAdamW(torch.optim.Optimizer):
         """As torch's AdamW: "param_groups" and per parameter (numbered across the groups in order)
         its "step", "exp_avg" and "exp_avg_sq", plus its fp32 "master" (the engine's weights)."""
         packed = super().state_dict()
+        if self.engine.global_step == 0:
+            # Before the first update there is no state, as torch's AdamW has none: nothing to copy
+            # for a wrapper that moves the state to the GPU (accelerate's, under the Trainer).
+            return packed
         step = torch.tensor(float(self.engine.global_step))
         state, index = {}, 0
         for g, before in zip(self.param_groups, self._steps_before):

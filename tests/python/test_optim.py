@@ -201,6 +201,20 @@ def test_state_dict_round_trip_and_a_torch_state_dict():
     opt.engine.close()
 
 
+def test_a_fresh_state_dict_is_empty_as_torchs_and_loads_back():
+    # accelerate's optimizer wrapper (under transformers' Trainer) moves the state to the GPU when it
+    # prepares the optimizer: before the first update there must be none to move, as with torch's.
+    straight, model = net_pair()
+    want = run(straight, torch.optim.AdamW(groups_of(straight), lr=3e-3), 3)
+    opt = tandem.optim.OffloadAdamW(groups_of(model), lr=3e-3, config=CPU)
+    fresh = opt.state_dict()
+    assert fresh["state"] == {} and set(fresh) == {"state", "param_groups"}
+    opt.load_state_dict(fresh)
+    assert run(model, opt, 3) == pytest.approx(want, rel=1e-6)
+    assert opt.state_dict()["state"]  # once updated, the state is there
+    opt.engine.close()
+
+
 def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
     # optim.state_dtype=int8 (Note [8-bit states]): close to fp32 states but not the same, and a
     # state_dict (decoded to fp32, as torch's) resumes into the same run exactly. Every Block is
