@@ -43,3 +43,33 @@ def test_trainer_with_offload_adamw_equals_trainer_with_torch_adamw(tmp_path):
                 lambda m: tandem.optim.OffloadAdamW(m.parameters(), lr=3e-3, weight_decay=0.01, config=cpu))
     assert len(got) == 6
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def accelerate_losses(make_optimizer):
+    """A plain accelerate loop (prepare, accelerator.backward, step, zero_grad) on the CPU."""
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    model = tiny_llama()
+    opt = make_optimizer(model)
+    accelerator = accelerate.Accelerator(cpu=True)
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=4)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    losses = []
+    for step, batch in enumerate(loader):
+        if step == 5:
+            break
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, opt
+
+
+def test_an_accelerate_loop_with_offload_adamw_equals_one_with_torch_adamw():
+    want, _ = accelerate_losses(lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.01))
+    got, opt = accelerate_losses(lambda m: tandem.optim.OffloadAdamW(
+        m.parameters(), lr=3e-3, weight_decay=0.01, config={"train.device": "cpu", "monitor.enabled": False}))
+    assert len(got) == 5
+    assert got == pytest.approx(want, rel=1e-5)
+    opt.optimizer.engine.close()  # accelerate wraps the optimizer: .optimizer is ours
