@@ -434,10 +434,10 @@ if dist_has resident && (( ${#dist_ns[@]} )); then
   d1b=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --steps "$DIST_STEPS"
        --set train.eval_every=0 --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines
        --set train.log_every=10)
-  # The architecture for the peer: `tandem bench step` writes --model-json before it checks its options,
-  # and --steps 1 stops it there (exit 2), before any GPU work. Else the n = 1 run directory's copy.
+  # The architecture for the peer: `tandem inspect --hf-config` writes it without any GPU work. Else the
+  # n = 1 run directory's copy.
   m1b="$OUT/dist-1b-model.json"
-  "$BUILD/tandem" bench step -p 1B --steps 1 --model-json "$m1b" >/dev/null 2>&1
+  "$BUILD/tandem" inspect -p 1B --hf-config "$m1b" >/dev/null 2>&1
   label="1B GPU-resident, B=8/GPU, T=2048"
   echo "== dist: $label, $DIST_STEPS steps per run, tandem and PyTorch DDP"
   for n in "${dist_ns[@]}"; do
@@ -463,7 +463,7 @@ if dist_has offload && (( ${#dist_ns[@]} )); then
   dbig=(-p "$DIST_BIG" --set train.precision=bf16 --set train.micro_batch="$DIST_BIG_BATCH" --set train.seq_len=2048
         --set model.checkpointing=true --set optim.lr="${BIG_LR:-3e-4}")
   mbig="$OUT/dist-big-model.json"
-  "$BUILD/tandem" bench step "${dbig[@]}" "${dbigset[@]}" --steps 1 --model-json "$mbig" >/dev/null 2>&1  # as for 1B
+  "$BUILD/tandem" inspect "${dbig[@]}" "${dbigset[@]}" --hf-config "$mbig" >/dev/null 2>&1  # as for 1B
   label="$DIST_BIG offload + ZeRO-2, B=$DIST_BIG_BATCH/GPU, T=2048, checkpointing"
   echo "== dist: $label, $DIST_BIG_STEPS steps per run, tandem and DeepSpeed ZeRO-2 offload_optimizer=cpu"
   for n in "${dist_ns[@]}"; do
@@ -500,7 +500,7 @@ if dist_has pipeline && (( G >= 2 )); then
        --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines --set train.log_every=1
        --set dist.pipeline_stages="$PP_STAGES" --set dist.pipeline_schedule=1f1b)
   mpp="$OUT/dist-pp-model.json"
-  "$BUILD/tandem" bench step -p 1B --set model.tie_embeddings=false --steps 1 --model-json "$mpp" >/dev/null 2>&1
+  "$BUILD/tandem" inspect -p 1B --set model.tie_embeddings=false --hf-config "$mpp" >/dev/null 2>&1
   label="1B, $PP_STAGES stages, 1F1B, $PP_M x $PP_B rows x 2048"
   echo "== dist: $label, $PP_STEPS steps, tandem (cuts: ${PP_CUTS:-even}) and torch.distributed.pipelining"
   for cut in ${PP_CUTS:-even}; do

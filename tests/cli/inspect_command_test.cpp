@@ -73,6 +73,20 @@ TEST(InspectCommand, ShowsTheModelItsParametersAndTheEstimateOfTheBatch) {
   EXPECT_FALSE(has(r, "the plan fits"));  // no --plan
 }
 
+TEST(InspectCommand, WritesTheModelsHfConfigForAPeer) {
+  test::TempDir dir;
+  const std::string path = dir.file("config.json");
+  const Inspected r = inspect({"inspect", "-p", "tiny", "--device", "cpu", "--set", "model.tie_embeddings=false",
+                               "--hf-config", path});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.code, 0);
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"hidden_size\": 128"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"num_hidden_layers\": 4"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tie_word_embeddings\": false"), std::string::npos) << json;
+}
+
 TEST(InspectCommand, TheSequenceDefaultsToTheModelsContextAndCheckpointingIsShown) {
   const Inspected r = inspect({"inspect", "--device", "cpu", "--set", "model.checkpointing=true", "--set",
                                "train.precision=bf16", "--set", "model.max_seq_len=96"});

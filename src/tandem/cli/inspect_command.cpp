@@ -11,6 +11,7 @@
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
+#include "tandem/core/fs.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/hf.h"
 #include "tandem/memory/estimate.h"
@@ -150,6 +151,7 @@ std::string decoder_parts_line(const ModelSpec& s) {
 int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
   const Config& cfg = resolved.config;
   const ModelSpec s = spec_for(cfg);
+  if (!opts.hf_config.empty()) write_file_atomic(opts.hf_config, hf_config_json(s));
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);
   std::printf("model %s (%s): %lld layers, d_model %lld, d_ff %lld, vocab %lld (padded to %lld), %s embeddings\n",
               s.name.c_str(), s.arch == Arch::kDecoder ? to_string(s.family) : to_string(s.arch), (long long)s.n_layer,
@@ -253,6 +255,9 @@ InspectCommand::InspectCommand(CLI::App& app) {
                 "with --plan: ranks on this host, one GPU each, to plan for (dist.zero_stage, dist.pipeline_stages "
                 "and dist.pipeline_cut lay them out; a plan per stage)")
       ->check(CLI::PositiveNumber);
+  c->add_option("--hf-config", o.hf_config,
+                "also write the model's Hugging Face config.json to this file (for a peer that builds the same "
+                "architecture)");
 }
 
 bool InspectCommand::chosen() const { return command_->parsed(); }

@@ -3,6 +3,7 @@
 // offload engine's memory plan of every rank of a layout (Note [Plan layout]).
 
 #include <cstdint>
+#include <string>
 
 #include "tandem/cli/command.h"
 #include "tandem/cli/config_args.h"
@@ -27,6 +28,9 @@ struct InspectOptions {
   /// Ranks (one GPU each, on one host) to plan for: with dist.zero_stage and dist.pipeline_stages
   /// their layout; a plan per pipeline stage.
   int64_t ranks = 1;
+  /// Where to write the model's Hugging Face config.json (for a peer that builds the same
+  /// architecture), before anything is printed; empty: nowhere.
+  std::string hf_config;
 };
 
 /// Prints what `tandem inspect` shows for `resolved`; returns the exit code. UserError when a plan
