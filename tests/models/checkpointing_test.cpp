@@ -53,6 +53,54 @@ TEST(Checkpointing, TheForwardKeepsNoGraphAndTheBlockRunsAgainInBackward) {
   EXPECT_TRUE(torch::equal(block.inputs[1], block.inputs[0])) << "the recompute saw another input";
 }
 
+TEST(Checkpointing, TheBlocksGradientsArriveWhenItsInputNeedsNone) {
+  // A frozen embedding before the Block: its input needs no gradient, its parameters do.
+  torch::manual_seed(4);
+  ProbeBlock plain(6), ckpt(6);
+  {
+    torch::NoGradGuard no_grad;
+    ckpt.w.copy_(plain.w);
+    ckpt.b.copy_(plain.b);
+  }
+  const auto x = torch::randn({2, 3, 6});
+  plain.forward(x).square().sum().backward();
+  const auto y = checkpointed_forward(ckpt, x);
+  ASSERT_TRUE(y.requires_grad()) << "backward would never reach the Block";
+  y.square().sum().backward();
+  ASSERT_TRUE(ckpt.w.grad().defined() && ckpt.b.grad().defined());
+  EXPECT_TRUE(test::AllClose(ckpt.w.grad(), plain.w.grad(), 4 * kF32Eps, 0));
+  EXPECT_TRUE(test::AllClose(ckpt.b.grad(), plain.b.grad(), 4 * kF32Eps, 0));
+}
+
+TEST(Checkpointing, EachParametersHooksRunOncePerBackward) {
+  // The offload engine and the gradient reducer learn of a gradient from these hooks: the
+  // parameters being inputs of the Function must not call them a second time.
+  torch::manual_seed(6);
+  ProbeBlock block(5);
+  int pre = 0, post = 0;
+  block.w.register_hook([&](const torch::Tensor&) { ++pre; });
+  struct Count : torch::autograd::PostAccumulateGradHook {
+    explicit Count(int& n) : n(n) {}
+    void operator()(const torch::autograd::Variable&) override { ++n; }
+    int& n;
+  };
+  torch::autograd::impl::set_post_acc_grad_hooks(block.w, std::make_unique<Count>(post));
+  checkpointed_forward(block, torch::randn({2, 5}).requires_grad_(true)).sum().backward();
+  EXPECT_EQ(pre, 1);
+  EXPECT_EQ(post, 1);
+  checkpointed_forward(block, torch::randn({2, 5})).sum().backward();
+  EXPECT_EQ(pre, 2);
+  EXPECT_EQ(post, 2);
+}
+
+TEST(Checkpointing, AFrozenBlockWithAFrozenInputKeepsNoGraph) {
+  torch::manual_seed(5);
+  ProbeBlock block(4);
+  for (auto& p : block.parameters()) p.requires_grad_(false);
+  const auto y = checkpointed_forward(block, torch::randn({2, 4}));
+  EXPECT_FALSE(y.requires_grad());
+}
+
 TEST(Checkpointing, OutputAndGradientsEqualAPlainForwardAndBackward) {
   torch::manual_seed(2);
   ProbeBlock plain_a(17), plain_b(17);

@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
+
 namespace tandem {
 namespace {
 
@@ -10,7 +12,11 @@ namespace {
 // for the device; autocast state is thread-local, so the forward's state is captured here and
 // restored around the recompute. The Block has no randomness (no dropout), so no RNG state
 // needs replaying. The inner backward is re-entrant: it accumulates the Block's parameter
-// gradients directly and hands back the input gradient.
+// gradients directly and hands back the input gradient. Where the Block's input needs no gradient
+// but a parameter does (a frozen embedding before it), the Function takes a detached copy of the
+// input that does, so backward still reaches the Block; that copy's gradient goes nowhere. (The
+// parameters are not inputs of the Function: the autograd engine would then call their gradient
+// hooks, which the offload engine and the gradient reducer count on, a second time.)
 struct AutocastState {
   bool cuda = false, cpu = false;
   at::ScalarType cuda_dtype = at::kHalf, cpu_dtype = at::kBFloat16;
@@ -70,6 +76,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 torch::Tensor checkpointed_forward(Block& block, const torch::Tensor& x) {
+  if (!x.requires_grad() && torch::GradMode::is_enabled()) {
+    const auto params = block.parameters();
+    if (std::any_of(params.begin(), params.end(), [](const torch::Tensor& p) { return p.requires_grad(); }))
+      return CheckpointFunction::apply(x.detach().requires_grad_(x.is_floating_point()), &block);
+  }
   return CheckpointFunction::apply(x, &block);
 }
 
