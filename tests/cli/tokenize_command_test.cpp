@@ -134,6 +134,19 @@ TEST(TokenizeCommand, FewDocumentsHoldOutTheTailOfTheTokens) {
       << r.out;
 }
 
+TEST(TokenizeCommand, ATailShareBelowOneTokenIsCalledTheLastToken) {
+  test::TempDir dir;
+  write_text(dir.file("one.txt"), std::string(150, 'a'));  // 150 tokens, 0.1 % of them is 0.15
+  const Tokenized r = tokenize(
+      {"tokenize", "--tokenizer", "byte", "--out", dir.file("t.bin"), "--val-fraction", "0.001", dir.file("one.txt")});
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(tokens_of(dir.file("t_val.bin")).size(), 1u) << r.out;
+  EXPECT_NE(r.out.find("(1 token: the last token, as --val-fraction's share is less than one, as there are fewer "
+                       "than 1000 documents)"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(TokenizeCommand, MissingOrBadInputIsRefused) {
   test::TempDir dir;
   write_text(dir.file("doc.txt"), "text");

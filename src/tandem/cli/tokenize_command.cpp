@@ -49,15 +49,22 @@ class ProgressBar {
 // "1 document", "2 documents".
 std::string counted(int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); }
 
+// "1 token", "1.2 K tokens".
+std::string tokens_text(int64_t n) { return format_count(double(n)) + (n == 1 ? " token" : " tokens"); }
+
 std::string held_out_text(const TokenizeSummary& s, double fraction) {
   switch (s.held_out) {
     case HeldOut::kDocuments:
-      return strprintf(", %s (%s tokens, %s: one in %.0f)", s.val_path.c_str(),
-                       format_count(double(s.val_tokens)).c_str(), counted(s.val_documents, "document").c_str(),
+      return strprintf(", %s (%s, %s: one in %.0f)", s.val_path.c_str(), tokens_text(s.val_tokens).c_str(), counted(s.val_documents, "document").c_str(),
                        1.0 / fraction);
-    case HeldOut::kTail:
-      return strprintf(", %s (%s tokens: the last %g%% of the tokens, as there are fewer than %.0f documents)",
-                       s.val_path.c_str(), format_count(double(s.val_tokens)).c_str(), fraction * 100, 1.0 / fraction);
+    case HeldOut::kTail: {
+      // A share below one token is raised to one: say so rather than quote the share asked for.
+      const std::string tail = fraction * double(s.tokens()) < 1
+                                   ? std::string("the last token, as --val-fraction's share is less than one")
+                                   : strprintf("the last %g%% of the tokens", fraction * 100);
+      return strprintf(", %s (%s: %s, as there are fewer than %.0f documents)", s.val_path.c_str(),
+                       tokens_text(s.val_tokens).c_str(), tail.c_str(), 1.0 / fraction);
+    }
     case HeldOut::kNone:
       break;
   }
