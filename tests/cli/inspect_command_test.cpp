@@ -76,8 +76,8 @@ TEST(InspectCommand, ShowsTheModelItsParametersAndTheEstimateOfTheBatch) {
 TEST(InspectCommand, WritesTheModelsHfConfigForAPeer) {
   test::TempDir dir;
   const std::string path = dir.file("config.json");
-  const Inspected r = inspect({"inspect", "-p", "tiny", "--device", "cpu", "--set", "model.tie_embeddings=false",
-                               "--hf-config", path});
+  const Inspected r =
+      inspect({"inspect", "-p", "tiny", "--device", "cpu", "--set", "model.tie_embeddings=false", "--hf-config", path});
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.code, 0);
   std::ifstream in(path);

@@ -18,7 +18,10 @@ void BenchCommand::add_optim(CLI::App& bench) {
   auto* c = optim_ = bench.add_subcommand(
       "optim", "CPU optimizer kernels vs LibTorch's CPU AdamW (fused, foreach) and copy bandwidth");
   auto& o = optim_options_;
-  c->add_option("--params", optim_sizes_, "parameter counts in binary multiples, e.g. --params 256M 1B: 256 x 2^20 and 2^30, printed in decimal (268.4 M, 1.07 B) (default 256M 1B)")->delimiter(',');
+  c->add_option("--params", optim_sizes_,
+                "parameter counts in binary multiples, e.g. --params 256M 1B: 256 x 2^20 and 2^30, printed in decimal "
+                "(268.4 M, 1.07 B) (default 256M 1B)")
+      ->delimiter(',');
   c->add_option("--repeats", o.repeats, "timed steps per variant (median reported)");
   c->add_option("--warmup", o.warmup, "untimed steps first");
   c->add_option("--threads", o.threads, "threads (default: TANDEM_CPU_THREADS, OMP_NUM_THREADS or all cores)")

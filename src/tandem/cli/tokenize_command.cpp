@@ -55,8 +55,8 @@ std::string tokens_text(int64_t n) { return format_count(double(n)) + (n == 1 ? 
 std::string held_out_text(const TokenizeSummary& s, double fraction) {
   switch (s.held_out) {
     case HeldOut::kDocuments:
-      return strprintf(", %s (%s, %s: one in %.0f)", s.val_path.c_str(), tokens_text(s.val_tokens).c_str(), counted(s.val_documents, "document").c_str(),
-                       1.0 / fraction);
+      return strprintf(", %s (%s, %s: one in %.0f)", s.val_path.c_str(), tokens_text(s.val_tokens).c_str(),
+                       counted(s.val_documents, "document").c_str(), 1.0 / fraction);
     case HeldOut::kTail: {
       // A share below one token is raised to one: say so rather than quote the share asked for.
       const std::string tail = fraction * double(s.tokens()) < 1
