@@ -395,6 +395,19 @@ def mixed_text(size=1 << 20, seed=2):
     return "".join(parts)
 
 
+@pytest.mark.skipif(spm is None, reason="the sentencepiece package is not installed")
+@pytest.mark.parametrize("kind", list(SP_KINDS))
+def test_a_sentencepiece_model_encodes_a_long_text_as_the_package(tmp_path, kind):
+    # Llama 2's kind of model is encoded as SentencePiece-style BPE (Note [SentencePiece model as
+    # BPE]), a text holding a user-defined piece by the library; the unigram model by the library.
+    path, ref = sentencepiece_model(tmp_path, **SP_KINDS[kind])
+    tok = tandem.Tokenizer.open(path)
+    with_piece = mixed_text()
+    assert "<sep>" in with_piece
+    for text in (with_piece, with_piece.replace("<sep>", "<se p>")):
+        assert_same_ids(tok.encode(text), ref.encode(text), "the 1 MB text")
+
+
 @pytest.mark.skipif(spm is None or transformers is None, reason="needs sentencepiece and transformers")
 @pytest.mark.parametrize("shape", list(SP_BPE_SHAPES))
 def test_sentencepiece_style_bpe_equals_tokenizers(tmp_path, sp_bpe_pieces, shape):

@@ -5,6 +5,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
+#include "tandem/data/sp_model_bpe.h"
 
 #ifdef TANDEM_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -55,6 +56,10 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_file(const 
                "; give a tokenizer.model written by SentencePiece (or the model's folder)");
   std::unique_ptr<SentencePieceTokenizer> t(new SentencePieceTokenizer(std::move(processor), path, tmpl));
   t->choose_bos_eos(names);
+  const SpModelProto proto = parse_sp_model_proto(t->sp_->sp.serialized_model_proto(), path);
+  t->bpe_ = sp_bpe_for_model(proto, path);
+  for (const auto& p : proto.pieces)
+    if (p.type == SpModelProto::kUserDefined) t->user_pieces_.push_back(p.piece);
   return t;
 }
 
@@ -81,8 +86,15 @@ void SentencePieceTokenizer::choose_bos_eos(const SpecialTokenNames& names) {
 
 std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, SpecialTokens special) const {
   std::vector<int> ids;
-  const auto status = sp_->sp.Encode(text, &ids);
-  TANDEM_CHECK(status.ok(), "SentencePiece could not encode a text: ", one_line(status.ToString()));
+  const bool user_piece = std::any_of(user_pieces_.begin(), user_pieces_.end(),
+                                      [&](const std::string& p) { return text.find(p) != std::string_view::npos; });
+  if (bpe_ && !user_piece) {  // Note [SentencePiece model as BPE]
+    const auto bpe_ids = bpe_->encode(text, SpecialTokens::kOmit);
+    ids.assign(bpe_ids.begin(), bpe_ids.end());
+  } else {
+    const auto status = sp_->sp.Encode(text, &ids);
+    TANDEM_CHECK(status.ok(), "SentencePiece could not encode a text: ", one_line(status.ToString()));
+  }
   if (special == SpecialTokens::kInclude) {
     if (template_.add_bos && bos_) ids.insert(ids.begin(), *bos_);
     if (template_.add_eos && eos_) ids.push_back(*eos_);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "tandem/data/sp_bpe_tokenizer.h"
 #include "tandem/data/tokenizer.h"
 
 namespace tandem {
@@ -50,6 +51,10 @@ class SentencePieceTokenizer final : public Tokenizer {
   void choose_bos_eos(const SpecialTokenNames& names);
 
   std::unique_ptr<Processor> sp_;
+  /// The model read as SentencePiece-style BPE, where it can stand for it (Note [SentencePiece
+  /// model as BPE]): encodes a text holding none of `user_pieces_`; else null.
+  std::unique_ptr<SpBpeTokenizer> bpe_;
+  std::vector<std::string> user_pieces_;
   std::string path_;
   SentencePieceTemplate template_;
   std::optional<TokenId> bos_, eos_;
