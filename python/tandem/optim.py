@@ -166,7 +166,13 @@ class OffloadAdamW(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """As torch's AdamW: "param_groups" and per parameter (numbered across the groups in order)
-        its "step", "exp_avg" and "exp_avg_sq", plus its fp32 "master" (the engine's weights)."""
+        its "step", "exp_avg" and "exp_avg_sq", plus its fp32 "master" (the engine's weights); before
+        the first update, no state (as torch's). As torch's, the tensors are the live state, not
+        copies: fp32 ones are views of the engine's buffers (on the host, or on the GPU for Blocks
+        updated there), so saving a 7B model's state needs no second copy of it in memory; clone
+        them to keep a snapshot while training goes on. accelerate (and so transformers' Trainer)
+        moves an optimizer's state to the GPU when it prepares it: resume through the Trainer's
+        resume_from_checkpoint, which loads the state after that."""
         packed = super().state_dict()
         if self.engine.global_step == 0:
             # Before the first update there is no state, as torch's AdamW has none: nothing to copy

@@ -235,13 +235,22 @@ TEST(HostStates, OneParametersStatesAreReadAndWrittenAlone) {
   }
 }
 
-TEST(HostStates, AParametersFp32ReadIsACopy) {
+TEST(HostStates, AParametersFp32ReadIsAViewOfTheStoreOtherwiseACopy) {
+  // fp32 states are handed out as they live (torch's optimizers hand out their live state, and a
+  // 7B model's would otherwise be copied whole); bf16 ones are decoded into a copy.
   BlockStore b = allocated(torch::kFloat32);
   const auto [m, v] = moments(6);
   set_states(b, m, v);
   auto [pm, pv] = param_states_f32(b, 0);
+  EXPECT_EQ(pm.data_ptr(), b.m.data_ptr());
   pm.fill_(123);
-  EXPECT_TRUE(torch::equal(b.m, m)) << "writing the copy leaves the store's states";
+  EXPECT_EQ(b.m[0].item<float>(), 123.0f) << "the view is the store's";
+  BlockStore h = allocated(torch::kBFloat16);
+  set_states(h, m, v);
+  auto [hm, hv] = param_states_f32(h, 0);
+  EXPECT_EQ(hm.scalar_type(), torch::kFloat32);
+  hm.fill_(123);
+  EXPECT_NE(h.m[0].item<float>(), 123.0f) << "writing the decoded copy leaves the store's states";
 }
 
 TEST(HostStates, StatesOfTheWrongSizeAreABug) {

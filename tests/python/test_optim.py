@@ -215,6 +215,24 @@ def test_a_fresh_state_dict_is_empty_as_torchs_and_loads_back():
     opt.engine.close()
 
 
+def test_the_state_dict_holds_the_live_fp32_state_as_torchs_does():
+    # No copy of the masters and moments (a Trainer checkpoint of a 7B model would need a second
+    # 81 GiB): the state's tensors are the engine's, and they move on with the training.
+    torch.manual_seed(0)
+    model = Net()
+    opt = tandem.optim.OffloadAdamW(groups_of(model), lr=3e-3, config=CPU)
+    run(model, opt, 2)
+    first = opt.state_dict()["state"][0]
+    again = opt.state_dict()["state"][0]
+    assert first["exp_avg"].data_ptr() == again["exp_avg"].data_ptr()
+    assert first["master"].data_ptr() == again["master"].data_ptr()
+    before = first["exp_avg"].clone()
+    run(model, opt, 1, first=2)
+    assert not torch.equal(first["exp_avg"], before)  # live, as torch.optim.AdamW's state
+    opt.engine.close()
+    assert torch.isfinite(first["master"]).all()  # the buffers outlive the engine while referenced
+
+
 def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
     # optim.state_dtype=int8 (Note [8-bit states]): close to fp32 states but not the same, and a
     # state_dict (decoded to fp32, as torch's) resumes into the same run exactly. Every Block is

@@ -51,8 +51,7 @@ void allocate_undo_states(BlockStore& b) {
 std::pair<torch::Tensor, torch::Tensor> param_states_f32(const BlockStore& b, size_t k) {
   const FlatParam& f = b.shard_params.at(k);
   if (!q8_states(b))
-    return {b.m.narrow(0, f.offset, f.numel).to(torch::kFloat32, false, true),
-            b.v.narrow(0, f.offset, f.numel).to(torch::kFloat32, false, true)};
+    return {b.m.narrow(0, f.offset, f.numel).to(torch::kFloat32), b.v.narrow(0, f.offset, f.numel).to(torch::kFloat32)};
   auto m = torch::empty({f.numel}), v = torch::empty({f.numel});
   q8::decode(b.m.data_ptr<int8_t>() + f.offset, b.v.data_ptr<uint8_t>() + f.offset,
              b.m_scale.data_ptr<float>() + f.scale_offset, b.v_scale.data_ptr<float>() + f.scale_offset, f.numel,
@@ -70,7 +69,8 @@ void set_param_states(BlockStore& b, size_t k, const torch::Tensor& m, const tor
     b.v.narrow(0, f.offset, f.numel).copy_(v.reshape(-1));
     return;
   }
-  const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(), v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
+  const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(),
+             v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
   q8::encode(m32.data_ptr<float>(), v32.data_ptr<float>(), f.numel, b.m.data_ptr<int8_t>() + f.offset,
              b.v.data_ptr<uint8_t>() + f.offset, b.m_scale.data_ptr<float>() + f.scale_offset,
              b.v_scale.data_ptr<float>() + f.scale_offset);
@@ -92,15 +92,16 @@ std::pair<torch::Tensor, torch::Tensor> states_f32(const BlockStore& b) {
 }
 
 void set_states(BlockStore& b, const torch::Tensor& m, const torch::Tensor& v) {
-  TANDEM_ASSERT(m.numel() == b.shard_numel && v.numel() == b.shard_numel, "block ", b.name, ": states of ",
-                m.numel(), " elements for a slice of ", b.shard_numel);
+  TANDEM_ASSERT(m.numel() == b.shard_numel && v.numel() == b.shard_numel, "block ", b.name, ": states of ", m.numel(),
+                " elements for a slice of ", b.shard_numel);
   torch::NoGradGuard no_grad;
   if (!q8_states(b)) {
     b.m.copy_(m.reshape(-1));
     b.v.copy_(v.reshape(-1));
     return;
   }
-  const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(), v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
+  const auto m32 = m.to(torch::kCPU, torch::kFloat32).contiguous(),
+             v32 = v.to(torch::kCPU, torch::kFloat32).contiguous();
   CpuThreadPool::global().run(static_cast<int64_t>(b.shard_params.size()), [&](int64_t k) {
     const FlatParam& f = b.shard_params[static_cast<size_t>(k)];
     set_param_states(b, static_cast<size_t>(k), m32.narrow(0, f.offset, f.numel), v32.narrow(0, f.offset, f.numel));

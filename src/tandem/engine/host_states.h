@@ -30,7 +30,8 @@ std::pair<torch::Tensor, torch::Tensor> states_f32(const BlockStore& b);
 void set_states(BlockStore& b, const torch::Tensor& m, const torch::Tensor& v);
 
 /// The same for parameter k of the Block's slice (b.shard_params[k]; its own scales, so nothing
-/// else of the Block is read or written): fp32 copies of its m and v, flat, on the states' device.
+/// else of the Block is read or written): its m and v in fp32, flat, on the states' device: views of
+/// the store where the states are fp32, else decoded copies.
 std::pair<torch::Tensor, torch::Tensor> param_states_f32(const BlockStore& b, size_t k);
 /// Sets parameter k's m and v from values of any float dtype and device (its numel each).
 void set_param_states(BlockStore& b, size_t k, const torch::Tensor& m, const torch::Tensor& v);

@@ -118,7 +118,8 @@ void ParamStore::allocate_masters(BlockStore& b) {
     b.v = torch::zeros({sn}, fdev);
   } else {  // zero-filled and pinned (Note [Pinned host buffers])
     b.master = host_buffer(sn, torch::kFloat32);
-    allocate_host_states(b, options_.host_state_dtype, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
+    allocate_host_states(b, options_.host_state_dtype,
+                         [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
   }
   for (const auto& f : b.params) {
@@ -226,7 +227,8 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
     master.copy_(b.master);
     const torch::Tensor m = b.m, v = b.v;
     b.master = master;
-    allocate_host_states(b, options_.host_state_dtype, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
+    allocate_host_states(b, options_.host_state_dtype,
+                         [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     set_states(b, m, v);
   }
   b.side = side;
@@ -394,8 +396,8 @@ std::pair<BlockStore*, const FlatParam*> ParamStore::find(const torch::Tensor& p
 std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
   const auto [b, f] = find(param);
   const auto [m, v] = param_states_f32(*b, static_cast<size_t>(f - b->params.data()));
-  const auto cpu = [&](const torch::Tensor& t) { return t.to(torch::kCPU, torch::kFloat32, false, true).view(f->shape); };
-  return {cpu(b->master.narrow(0, f->offset, f->numel)), cpu(m), cpu(v)};
+  const auto shaped = [&](const torch::Tensor& t) { return t.view(f->shape); };
+  return {shaped(b->master.narrow(0, f->offset, f->numel)), shaped(m), shaped(v)};
 }
 
 void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,

@@ -130,8 +130,10 @@ class ParamStore {
   void set_group_hypers(std::vector<GroupHyper> groups);
   /// The current table (shared with the updates that use it); null when no group was set.
   std::shared_ptr<const std::vector<GroupHyper>> group_hypers() const;
-  /// One parameter's fp32 master and AdamW moments, fp32 host copies (an unsharded store);
-  /// UserError when the store does not hold it.
+  /// One parameter's fp32 master and AdamW moments in its shape (an unsharded store), where they
+  /// live (the host, or the GPU for a GPU-updated Block): views of the store where they are fp32,
+  /// as torch's optimizers hand out their live state, else decoded copies; UserError when the store
+  /// does not hold it.
   std::vector<torch::Tensor> param_state(const torch::Tensor& param);
   /// Sets one parameter's master and moments (any float dtype, cast to the store's) and its
   /// working copy from the new master (an unsharded store, between steps).
