@@ -34,7 +34,6 @@ namespace {
 class WireReader {
  public:
   WireReader(std::string_view bytes, const std::string& source) : p_(bytes), source_(source) {}
-  bool done() const { return i_ >= p_.size(); }
   uint64_t varint() {
     uint64_t v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -59,7 +58,19 @@ class WireReader {
     i_ += 4;
     return f;
   }
-  // Reads the next field's tag; `wire` its type. Values of fields the caller does not want: skip(wire).
+  // Calls read(field, wire) for each field of the message in turn; read takes the field's value
+  // and returns true, or returns false and the value is skipped.
+  template <class Read>
+  void each_field(Read read) {
+    while (i_ < p_.size()) {
+      int wire = 0;
+      const int field = next(wire);
+      if (!read(field, wire)) skip(wire);
+    }
+  }
+
+ private:
+  // Reads the next field's tag; `wire` its type.
   int next(int& wire) {
     const uint64_t tag = varint();
     wire = static_cast<int>(tag & 7);
@@ -78,7 +89,6 @@ class WireReader {
       TANDEM_FAIL(source_, " is not a SentencePiece model (a field of wire type ", wire, ")");
   }
 
- private:
   std::string_view p_;
   size_t i_ = 0;
   const std::string& source_;
@@ -87,9 +97,7 @@ class WireReader {
 SpModelProto::Piece parse_piece(std::string_view bytes, const std::string& source) {
   SpModelProto::Piece piece;
   WireReader r(bytes, source);
-  while (!r.done()) {
-    int wire = 0;
-    const int field = r.next(wire);
+  r.each_field([&](int field, int wire) {
     if (field == 1 && wire == 2)
       piece.piece = std::string(r.bytes());
     else if (field == 2 && wire == 5)
@@ -97,45 +105,39 @@ SpModelProto::Piece parse_piece(std::string_view bytes, const std::string& sourc
     else if (field == 3 && wire == 0)
       piece.type = static_cast<int>(r.varint());
     else
-      r.skip(wire);
-  }
+      return false;
+    return true;
+  });
   return piece;
 }
 
 void parse_trainer_spec(std::string_view bytes, const std::string& source, SpModelProto& m) {
   WireReader r(bytes, source);
-  while (!r.done()) {
-    int wire = 0;
-    const int field = r.next(wire);
-    if (wire == 0 && (field == 3 || field == 24 || field == 35)) {
-      const auto v = r.varint();
-      if (field == 3) m.model_type = static_cast<int>(v);
-      if (field == 24) m.treat_whitespace_as_suffix = v != 0;
-      if (field == 35) m.byte_fallback = v != 0;
-    } else {
-      r.skip(wire);
-    }
-  }
+  r.each_field([&](int field, int wire) {
+    if (wire != 0 || (field != 3 && field != 24 && field != 35)) return false;
+    const auto v = r.varint();
+    if (field == 3) m.model_type = static_cast<int>(v);
+    if (field == 24) m.treat_whitespace_as_suffix = v != 0;
+    if (field == 35) m.byte_fallback = v != 0;
+    return true;
+  });
 }
 
 void parse_normalizer_spec(std::string_view bytes, const std::string& source, SpModelProto& m) {
   WireReader r(bytes, source);
-  while (!r.done()) {
-    int wire = 0;
-    const int field = r.next(wire);
+  r.each_field([&](int field, int wire) {
     if (field == 1 && wire == 2)
       m.normalizer_name = std::string(r.bytes());
-    else if (field == 2 && wire == 2)
-      m.has_charsmap = !r.bytes().empty();
-    else if (field == 6 && wire == 2)
-      m.has_rules = !r.bytes().empty();
+    else if ((field == 2 || field == 6) && wire == 2)
+      (field == 2 ? m.has_charsmap : m.has_rules) = !r.bytes().empty();
     else if (wire == 0 && field >= 3 && field <= 5)
       (field == 3   ? m.add_dummy_prefix
        : field == 4 ? m.remove_extra_whitespaces
                     : m.escape_whitespaces) = r.varint() != 0;
     else
-      r.skip(wire);
-  }
+      return false;
+    return true;
+  });
 }
 
 }  // namespace
@@ -143,18 +145,14 @@ void parse_normalizer_spec(std::string_view bytes, const std::string& source, Sp
 SpModelProto parse_sp_model_proto(std::string_view bytes, const std::string& source) {
   SpModelProto m;
   WireReader r(bytes, source);
-  while (!r.done()) {
-    int wire = 0;
-    const int field = r.next(wire);
-    if (field == 1 && wire == 2)
-      m.pieces.push_back(parse_piece(r.bytes(), source));
-    else if (field == 2 && wire == 2)
-      parse_trainer_spec(r.bytes(), source, m);
-    else if (field == 3 && wire == 2)
-      parse_normalizer_spec(r.bytes(), source, m);
-    else
-      r.skip(wire);
-  }
+  r.each_field([&](int field, int wire) {
+    if (wire != 2 || field < 1 || field > 3) return false;
+    const std::string_view value = r.bytes();
+    if (field == 1) m.pieces.push_back(parse_piece(value, source));
+    if (field == 2) parse_trainer_spec(value, source, m);
+    if (field == 3) parse_normalizer_spec(value, source, m);
+    return true;
+  });
   return m;
 }
 
