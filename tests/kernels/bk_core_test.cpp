@@ -8,25 +8,14 @@
 #include <torch/torch.h>
 
 #include "../test_util.h"
+#include "bk_core_inputs.h"
 
 namespace tandem {
 namespace {
 
-struct Inputs {
-  torch::Tensor a, b, c, z;
-};
-
-// Well conditioned: b_i c_i > 0 makes H similar to a symmetric matrix (real spectrum), and
-// Im z = 0.5 keeps z at distance >= 0.5 from it, so |G_ii| <= 2.
-Inputs random_inputs(int64_t B, int64_t N, torch::ScalarType t, uint64_t seed, bool z_per_row = false) {
-  torch::manual_seed(seed);
-  Inputs in;
-  in.a = (torch::rand({B, N}, torch::kFloat64) * 2 - 1).to(t);
-  in.b = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.c = (0.2 + torch::rand({B, N - 1}, torch::kFloat64) * 0.8).to(t);
-  in.z = z_per_row ? torch::complex(torch::rand({B}, torch::kFloat64) - 0.5, 0.5 + torch::rand({B}, torch::kFloat64))
-                   : torch::complex(torch::tensor(0.1, torch::kFloat64), torch::tensor(0.5, torch::kFloat64));
-  return in;
+// Well conditioned (tests/kernels/bk_core_inputs.h): a real spectrum at distance >= 0.5 from z.
+test::BkCoreInputs random_inputs(int64_t B, int64_t N, torch::ScalarType t, uint64_t seed, bool z_per_row = false) {
+  return test::random_bk_core_inputs(B, N, t, seed, z_per_row);
 }
 
 double max_rel_error(const torch::Tensor& got, const torch::Tensor& ref) {
@@ -224,7 +213,8 @@ TEST(BkCore, CudaKernelsMatchTheReferenceAndTheCpuBackward) {
       EXPECT_TRUE(test::AllClose(values[1], values[0], 1e-11, 1e-13)) << "N " << N << " causal " << causal;
       {  // without autograd the forward keeps no ratios: the same values
         torch::NoGradGuard ng;
-        const auto g = bk_core(in.a.to(cuda), in.b.to(cuda), in.c.to(cuda), in.z.to(cuda), BkCoreMode::kNative, diagonal);
+        const auto g =
+            bk_core(in.a.to(cuda), in.b.to(cuda), in.c.to(cuda), in.z.to(cuda), BkCoreMode::kNative, diagonal);
         EXPECT_TRUE(test::AllClose(g.cpu(), values[0], 1e-11, 1e-13)) << "N " << N << " causal " << causal;
       }
       for (size_t i = 0; i < cpu_grads.size(); ++i)

@@ -7,73 +7,22 @@
 #include <cstring>
 
 #include "../test_util.h"
+#include "isa_kernels.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 namespace {
 
-torch::ScalarType scalar_type(Dtype d) { return d == Dtype::kF32 ? torch::kFloat32 : torch::kBFloat16; }
+using test::Buffers;
+using test::first_difference;
 
-// All buffers of one update, allocated one element long and used from element 1, so no pointer
-// is aligned to more than its element size.
-struct Buffers {
-  torch::Tensor master, grad, m, v, out;
-  int64_t n;
-  Dtype gd, sd;
-  bool with_out;
-
-  Buffers(int64_t n_, Dtype g, Dtype s, bool out_, uint64_t seed) : n(n_), gd(g), sd(s), with_out(out_) {
-    torch::manual_seed(seed);
-    master = torch::randn({n + 1});
-    grad = (torch::randn({n + 1}) * 1e-2).to(scalar_type(g));
-    m = (torch::randn({n + 1}) * 1e-3).to(scalar_type(s));
-    v = (torch::rand({n + 1}) * 1e-4).to(scalar_type(s));
-    out = torch::zeros({n + 1}, torch::kBFloat16);
-  }
-  Buffers clone() const {
-    Buffers b = *this;
-    b.master = master.clone(), b.grad = grad.clone(), b.m = m.clone(), b.v = v.clone(), b.out = out.clone();
-    return b;
-  }
-  UpdateSpan span(int64_t begin = 0, int64_t count = -1) const {
-    UpdateSpan s;
-    const int64_t o = 1 + begin;
-    s.n = count < 0 ? n - begin : count;
-    s.index_base = begin;
-    s.master = master.data_ptr<float>() + o;
-    s.grad = static_cast<char*>(grad.data_ptr()) + o * grad.element_size();
-    s.m = static_cast<char*>(m.data_ptr()) + o * m.element_size();
-    s.v = static_cast<char*>(v.data_ptr()) + o * v.element_size();
-    s.bf16_out = with_out ? reinterpret_cast<uint16_t*>(out.data_ptr()) + o : nullptr;
-    s.grad_dtype = gd;
-    s.state_dtype = sd;
-    s.weight_decay_scale = 0.5f;
-    return s;
-  }
-  torch::Tensor all() const {
-    return torch::cat({master.view(torch::kInt32), m.view(torch::kInt16).to(torch::kInt32),
-                       v.view(torch::kInt16).to(torch::kInt32), out.view(torch::kInt16).to(torch::kInt32)});
-  }
-};
-
-// First differing element of two buffer sets, or "" when all bits agree.
-std::string first_difference(const Buffers& a, const Buffers& b) {
-  const char* names[] = {"master", "m", "v", "bf16_out"};
-  const torch::Tensor xs[] = {a.master, a.m, a.v, a.out}, ys[] = {b.master, b.m, b.v, b.out};
-  for (int k = 0; k < 4; ++k) {
-    const int64_t bytes = xs[k].numel() * xs[k].element_size();
-    if (std::memcmp(xs[k].data_ptr(), ys[k].data_ptr(), bytes) == 0) continue;
-    const auto x = xs[k].to(torch::kFloat64), y = ys[k].to(torch::kFloat64);
-    const auto ne = (xs[k].view(xs[k].element_size() == 4 ? torch::kInt32 : torch::kInt16) !=
-                     ys[k].view(ys[k].element_size() == 4 ? torch::kInt32 : torch::kInt16))
-                        .nonzero();
-    const int64_t i = ne[0][0].item<int64_t>();
-    return std::string(names[k]) + " differs at element " + std::to_string(i - 1) + ": " +
-           std::to_string(x[i].item<double>()) + " vs " + std::to_string(y[i].item<double>()) + " (" +
-           std::to_string(ne.size(0)) + " elements differ)";
-  }
-  return "";
+// The shared buffers (tests/optim/isa_kernels.h) used from element 1, so no pointer is aligned to
+// more than its element size; with or without the bf16 copy.
+Buffers buffers(int64_t n, Dtype g, Dtype s, bool with_out, uint64_t seed) {
+  Buffers b(n, 1, g, s, seed);
+  b.with_out = with_out;
+  return b;
 }
 
 std::vector<CpuIsa> fast_isas() {
@@ -85,19 +34,10 @@ std::vector<CpuIsa> fast_isas() {
   return out;
 }
 
+// The shared hyper-parameters, seed 42, and SGD with Nesterov momentum.
 UpdateHyper hyper_for(UpdateRule rule, Rounding rounding, int64_t step) {
-  UpdateHyper h;
-  h.rule = rule;
-  h.lr = 1e-2;
-  h.beta1 = 0.9;
-  h.beta2 = rule == UpdateRule::kLion ? 0.99 : 0.95;
-  h.weight_decay = 0.1;
-  h.dampening = rule == UpdateRule::kSgd ? 0.1 : 0.0;
+  UpdateHyper h = test::hyper_for(rule, rounding, step, 42);
   h.nesterov = rule == UpdateRule::kSgd;
-  h.step = step;
-  h.grad_scale = 0.75;
-  h.rounding = rounding;
-  h.seed = 42;
   return h;
 }
 
@@ -113,7 +53,7 @@ TEST(CpuUpdate, EverySimdLevelMatchesTheScalarReferenceBitForBit) {
           for (Rounding rnd : {Rounding::kNearestEven, Rounding::kStochastic}) {
             if (sd == Dtype::kF32 && rnd == Rounding::kStochastic) continue;
             const bool with_out = (n + static_cast<int>(rule)) % 2 == 0 || n == 1000003;
-            const Buffers start(n, gd, sd, with_out, 7 + n);
+            const Buffers start = buffers(n, gd, sd, with_out, 7 + n);
             Buffers ref = start.clone();
             for (int64_t step = 1; step <= 3; ++step)
               cpu_update({ref.span()}, hyper_for(rule, rnd, step), nullptr, &pool, CpuIsa::kScalar);
@@ -133,13 +73,13 @@ TEST(CpuUpdate, EverySimdLevelMatchesTheScalarReferenceBitForBit) {
 }
 
 TEST(CpuUpdate, ResultsDoNotDependOnThreadsOrHowTheBufferIsCut) {
-  const Buffers start(300001, Dtype::kBF16, Dtype::kBF16, true, 3);
+  const Buffers start = buffers(300001, Dtype::kBF16, Dtype::kBF16, true, 3);
   const UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kStochastic, 2);
   CpuThreadPool one(1), four(4);
   Buffers a = start.clone(), b = start.clone();
   cpu_update({a.span()}, h, nullptr, &one);
   // Two calls on sub-ranges (cut at an odd place), four threads.
-  cpu_update({b.span(0, 123457), b.span(123457)}, h, nullptr, &four);
+  cpu_update({b.span(0, 0, 123457), b.span(123457, 123457)}, h, nullptr, &four);
   EXPECT_EQ(first_difference(a, b), "");
 }
 
@@ -221,7 +161,7 @@ TEST(CpuUpdate, LionMatchesADoublePrecisionReference) {
 
 TEST(CpuUpdate, Bf16CopyEqualsRoundingOfTheFp32Result) {
   for (CpuIsa isa : {CpuIsa::kScalar, best_cpu_isa()}) {
-    Buffers b(1000003, Dtype::kBF16, Dtype::kF32, true, 5);
+    Buffers b = buffers(1000003, Dtype::kBF16, Dtype::kF32, true, 5);
     cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1), nullptr, nullptr, isa);
     const auto expected = b.master.slice(0, 1).to(torch::kBFloat16);  // LibTorch: round to nearest even
     EXPECT_TRUE(torch::equal(b.out.slice(0, 1).view(torch::kInt16), expected.view(torch::kInt16))) << to_string(isa);
@@ -272,7 +212,7 @@ TEST(CpuUpdate, NonFiniteGradientsAreReportedAndTheirTilesLeftUntouched) {
     for (Dtype gd : {Dtype::kF32, Dtype::kBF16}) {
       if (!test::error_of([&] { set_cpu_isa(isa); }).empty()) continue;
       set_cpu_isa(best_cpu_isa());
-      Buffers b(10000, gd, Dtype::kF32, true, 8);
+      Buffers b = buffers(10000, gd, Dtype::kF32, true, 8);
       auto g = b.grad.slice(0, 1);
       g[5000] = std::numeric_limits<float>::quiet_NaN();
       g[9999] = -std::numeric_limits<float>::infinity();
@@ -294,7 +234,7 @@ TEST(CpuUpdate, NonFiniteGradientsAreReportedAndTheirTilesLeftUntouched) {
 
 TEST(CpuUpdate, AScaleThatOverflowsAFiniteGradientIsCaught) {
   for (CpuIsa isa : {CpuIsa::kScalar, best_cpu_isa()}) {
-    Buffers b(5000, Dtype::kF32, Dtype::kF32, false, 9);
+    Buffers b = buffers(5000, Dtype::kF32, Dtype::kF32, false, 9);
     b.grad.slice(0, 1)[4321] = 3e38f;
     UpdateHyper h = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1);
     h.grad_scale = 4.0;  // 1.2e39 overflows fp32
@@ -310,7 +250,7 @@ TEST(CpuUpdate, AScaleThatOverflowsAFiniteGradientIsCaught) {
 
 TEST(CpuUpdate, RollbackRestoresTheStateBitForBit) {
   for (Dtype sd : {Dtype::kF32, Dtype::kBF16}) {
-    Buffers b(200003, Dtype::kBF16, sd, true, 4);
+    Buffers b = buffers(200003, Dtype::kBF16, sd, true, 4);
     cpu_update({b.span()}, hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 1));  // a realistic state
     // bf16 copy consistent with the master before the speculative step
     cpu_to_bf16(b.master.data_ptr<float>(), reinterpret_cast<uint16_t*>(b.out.data_ptr()), b.n + 1);
@@ -332,7 +272,7 @@ TEST(CpuUpdate, RollbackRestoresTheStateBitForBit) {
 // Note [Parameter groups]: a span of a group updates exactly as a call with the group's lr, betas,
 // eps and weight decay and its own step count would; the span beside it keeps the call's.
 TEST(CpuUpdate, AGroupsSpanUpdatesAsACallWithTheGroupsHyperParameters) {
-  const Buffers base(1000, Dtype::kBF16, Dtype::kF32, true, 7);
+  const Buffers base = buffers(1000, Dtype::kBF16, Dtype::kF32, true, 7);
   UpdateHyper call = hyper_for(UpdateRule::kAdamW, Rounding::kNearestEven, 5);
   GroupHyper g{3e-3, 0.8, 0.99, 1e-6, 0.3, 3};  // its step: 5 - 3 = 2
   UpdateHyper as_group = call;
@@ -340,11 +280,11 @@ TEST(CpuUpdate, AGroupsSpanUpdatesAsACallWithTheGroupsHyperParameters) {
   as_group.weight_decay = g.weight_decay, as_group.step = 2;
 
   Buffers grouped = base.clone(), alone = base.clone();
-  UpdateSpan first = grouped.span(0, 400), second = grouped.span(400);
+  UpdateSpan first = grouped.span(0, 0, 400), second = grouped.span(400, 400);
   first.group = &g;
   cpu_update({first, second}, call);
-  cpu_update({alone.span(0, 400)}, as_group);
-  cpu_update({alone.span(400)}, call);
+  cpu_update({alone.span(0, 0, 400)}, as_group);
+  cpu_update({alone.span(400, 400)}, call);
   EXPECT_EQ(first_difference(grouped, alone), "");
   // And a different group gives different values (the group is read, not ignored).
   Buffers other = base.clone();

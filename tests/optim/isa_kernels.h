@@ -42,6 +42,7 @@ struct Buffers {
   torch::Tensor master, grad, m, v, out;
   int64_t n, offset;
   Dtype gd, sd;
+  bool with_out = true;  ///< false: the span writes no bf16 copy
 
   Buffers(int64_t n_, int64_t offset_, Dtype g, Dtype s, uint64_t seed) : n(n_), offset(offset_), gd(g), sd(s) {
     torch::manual_seed(seed);
@@ -66,7 +67,7 @@ struct Buffers {
     s.grad = static_cast<char*>(grad.data_ptr()) + o * grad.element_size();
     s.m = static_cast<char*>(m.data_ptr()) + o * m.element_size();
     s.v = static_cast<char*>(v.data_ptr()) + o * v.element_size();
-    s.bf16_out = reinterpret_cast<uint16_t*>(out.data_ptr()) + o;
+    s.bf16_out = with_out ? reinterpret_cast<uint16_t*>(out.data_ptr()) + o : nullptr;
     s.grad_dtype = gd;
     s.state_dtype = sd;
     s.weight_decay_scale = 0.5f;
