@@ -1,4 +1,5 @@
 """Helpers shared by the benchmark scripts (run as `python3 bench/x.py`, so this is importable)."""
+import socket
 
 
 def one_line(exc, limit=600):
@@ -11,3 +12,10 @@ def one_line(exc, limit=600):
         parts.append(f"{type(exc).__name__}: " + " / ".join((errs or lines or [""])[:3]))
         exc = exc.__cause__ or exc.__context__
     return " <- ".join(parts)[:limit]
+
+
+def free_port():
+    """A TCP port on the loopback that nothing holds now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

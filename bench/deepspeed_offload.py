@@ -86,22 +86,15 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import sys
 import time
 
-from bench_util import one_line
+from bench_util import free_port, one_line
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 STAGE2_IMPL, STAGE3_IMPL = "deepspeed_zero2_offload", "deepspeed_zero3_offload_ratio"
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def setup_dist_env():

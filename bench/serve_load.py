@@ -21,7 +21,6 @@ import datetime
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import free_port  # noqa: E402
 
 DEFAULT_PROMPT = "the model trains on every tier of memory and serves text, client"
 
@@ -203,12 +205,6 @@ def one_line(s):
         line += (f"; prompt tokens prefilled {m.get('tandem_serve_prompt_tokens_total', 0):.0f}, found in the prefix "
                  f"cache {m['tandem_serve_prefix_hit_tokens_total']:.0f}")
     return line
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url, timeout=5):
