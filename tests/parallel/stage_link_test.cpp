@@ -50,7 +50,7 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want, const std:
 // Stage 0 sends F(i) and receives B(i); stage 1 receives F(i) and sends B(i), each in 1F1B's order,
 // so stage 0 sends F1 before it receives B0 while stage 1 sends B0 before it receives F1: one group
 // for both directions would have both ranks wait for each other (Note [Stage links]). Five steps,
-// each of its own dtype and shape, micro-batch 0's header giving it (Note [Header per step]).
+// each of its own dtype and shape: only micro-batch 0 carries the header (Note [Header per step]).
 TEST(StageLink, TensorsCrossBothWaysWithTheirDtypeShapeAndValuesInOneFOneBsOrder) {
   constexpr int64_t m = 4;
   const auto errors = on_ranks(2, 2, port(10), [&](Comm& comm) {
@@ -131,7 +131,8 @@ TEST(StageLink, EachReplicaTalksToItsOwnNeighbour) {
 }
 
 // Both sides must go in micro-batch order: NCCL would hand micro-batch 1's tensor to a receive of
-// micro-batch 2. Each message goes under tags 2 * micro (header) and 2 * micro + 1 (payload).
+// micro-batch 2. Micro-batch 0 goes under tags 0 (header) and 1 (payload), a later one under
+// 2 * micro + 1 alone (Note [Header per step]).
 TEST(StageLink, AMicroBatchReceivedOutOfOrderFailsNamingTheTags) {
   const auto errors = on_ranks(2, 2, port(12), [&](Comm& comm) {
     const PipelineGrid grid(comm.rank(), comm.world(), 2);
@@ -145,7 +146,7 @@ TEST(StageLink, AMicroBatchReceivedOutOfOrderFailsNamingTheTags) {
       link.recv_activation(2);
     }
   });
-  EXPECT_NE(errors[1].find("message #2 from rank 0 to rank 1 was sent under tag 2 but received under tag 4"),
+  EXPECT_NE(errors[1].find("message #2 from rank 0 to rank 1 was sent under tag 3 but received under tag 5"),
             std::string::npos)
       << errors[1];
   EXPECT_NE(errors[0], "") << "the sender's wait_sends() reports the failed send too";

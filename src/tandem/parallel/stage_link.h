@@ -1,10 +1,10 @@
 #pragma once
 // Activations and their gradients between neighbouring pipeline stages (Note [Pipeline parallel],
 // Note [Stage links]): point to point over c10d (NCCL between GPUs; Gloo through host memory
-// otherwise, with NCCL's semantics: Note [Strict point to point]). Each tensor is preceded by a
-// small header (dtype and shape), so a stage needs to know nothing of its neighbour's Blocks,
-// autocast or micro-batch size; a step's later messages have its first one's shape, so on a GPU
-// only the first header is read before the payload's receive is posted (Note [Header per step]).
+// otherwise, with NCCL's semantics: Note [Strict point to point]). A step's first message each way
+// is preceded by a small header (dtype and shape), so a stage needs to know nothing of its
+// neighbour's Blocks, autocast or micro-batch size; the step's later messages have that shape and
+// travel without one (Note [Header per step]).
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -33,14 +33,13 @@ class StageLink {
   /// (InternalError before anything is sent otherwise).
   void send_activation(const torch::Tensor& y, int64_t micro);
   /// Micro-batch `micro`'s input from the previous stage, on the device. Micro-batch 0 blocks until
-  /// its header has arrived; on a GPU a later one returns at once, the compute stream waiting for it
-  /// (Note [Header per step]).
+  /// its header has arrived; on a GPU a later one returns at once, the compute stream waiting for it.
   torch::Tensor recv_activation(int64_t micro);
   /// Starts sending the gradient of micro-batch `micro`'s input back to the previous stage.
   void send_gradient(const torch::Tensor& g, int64_t micro);
   /// The gradient of micro-batch `micro`'s output from the next stage.
   torch::Tensor recv_gradient(int64_t micro);
-  /// Waits for every send started (the end of a step), and checks the step's headers not yet read.
+  /// Waits for every send started (the end of a step).
   void wait_sends();
   /// Seconds spent blocked in a receive since the last call (the stage's wait for its neighbours).
   double take_wait_s();
@@ -51,24 +50,15 @@ class StageLink {
     c10::ScalarType dtype = c10::ScalarType::Undefined;
     std::vector<int64_t> sizes;
   };
-  /// A header received on the device and not yet read (Note [Header per step]).
-  struct UnreadHeader {
-    int64_t micro;
-    int rank;
-    torch::Tensor header;
-  };
   /// Each direction's step shape: what micro-batch 0's header said (Note [Header per step]).
   struct Direction {
     c10d::Backend& link;
     Shape sent, received;
-    std::vector<UnreadHeader> unread;
   };
 
   void send(Direction& d, const torch::Tensor& x, int rank, int64_t micro);
   torch::Tensor recv(Direction& d, int rank, int64_t micro, const char* what);
-  static Shape header_shape(const torch::Tensor& header, int rank);
-  static void expect_step_shape(const Direction& d, const Shape& got, int64_t micro, int rank);
-  void check_headers(Direction& d);
+  Shape recv_header(c10d::Backend& link, int rank, int64_t micro, const c10::Device& wire);
 
   Comm& comm_;
   Direction down_;  // activations
