@@ -24,24 +24,13 @@ namespace tandem {
 // stream, so on the compute stream every receive would wait for the compute queued before it; on
 // the side stream the transfer overlaps that compute and the host waits only for the message. The
 // compute stream then waits for the payload alone, and the payload's memory is recorded on it.
-
-// Note [Header per step]
-// A receive whose shape is unknown must wait on the host for the header before it can post the
-// payload's receive and hand the tensor on: the host stops there until the neighbour's GPU has
-// computed and sent the message, and cannot queue the pass's work ahead of its arrival. Every
-// micro-batch of a step has one shape (the step's batches are drawn alike; the adaptive
-// micro-batch is off with several ranks), so only micro-batch 0 of each direction carries a
-// header; a later one is received into a tensor of the step's shape posted at once, the compute
-// stream waiting for it on the device while the host queues the pass. A sender whose later
-// micro-batch has another dtype or shape is refused before it sends (a bug: the receiver would
-// read it as the step's shape). Over Gloo the host still waits for the payload.
 namespace {
 
 constexpr int64_t kMaxDims = 6;
 constexpr int64_t kHeader = 2 + kMaxDims;  // dtype, ndim, sizes
 
-// Tags (kept for Gloo and the strict link; NCCL matches by order): two per message (header, which
-// only micro-batch 0 sends, and payload), one message per micro-batch and direction.
+// Tags (kept for Gloo and the strict link; NCCL matches by order): two per message (header,
+// payload), one message per micro-batch and direction.
 int header_tag(int64_t micro) { return static_cast<int>(2 * micro); }
 int payload_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
 
@@ -49,11 +38,11 @@ int payload_tag(int64_t micro) { return static_cast<int>(2 * micro + 1); }
 
 StageLink::StageLink(Comm& comm, const PipelineGrid& grid, c10::Device device)
     : comm_(comm),
-      down_{comm.stage_link(Comm::Link::kDown), {}, {}},
-      up_{comm.stage_link(Comm::Link::kUp), {}, {}},
+      down_(comm.stage_link(Comm::Link::kDown)),
+      up_(comm.stage_link(Comm::Link::kUp)),
       grid_(grid),
       device_(device),
-      host_transport_(down_.link.getBackendName() != "nccl") {
+      host_transport_(down_.getBackendName() != "nccl") {
   if (!host_transport_) side_ = c10::impl::VirtualGuardImpl(device_.type()).getStreamFromGlobalPool(device_);
 }
 
@@ -71,26 +60,18 @@ torch::Tensor StageLink::recv_activation(int64_t micro) {
 void StageLink::send_gradient(const torch::Tensor& g, int64_t micro) { send(up_, g, grid_.previous_rank(), micro); }
 torch::Tensor StageLink::recv_gradient(int64_t micro) { return recv(up_, grid_.next_rank(), micro, "gradient"); }
 
-void StageLink::send(Direction& d, const torch::Tensor& x, int rank, int64_t micro) {
+void StageLink::send(c10d::Backend& link, const torch::Tensor& x, int rank, int64_t micro) {
   TANDEM_ASSERT(x.dim() <= kMaxDims, "a stage output of ", x.dim(), " dimensions");
   const c10::Device wire = host_transport_ ? c10::Device(c10::kCPU) : device_;
-  if (micro == 0) {  // Note [Header per step]
-    d.sent = Shape{x.scalar_type(), x.sizes().vec()};
-    auto header = torch::zeros({kHeader}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(wire.is_cuda()));
-    auto h = header.accessor<int64_t, 1>();
-    h[0] = static_cast<int64_t>(x.scalar_type());
-    h[1] = x.dim();
-    for (int64_t i = 0; i < x.dim(); ++i) h[2 + i] = x.size(i);
-    // Pinned, so the copy up does not synchronise the compute stream; the send waits for it.
-    std::vector<at::Tensor> hv{header.to(wire, /*non_blocking=*/true)};
-    sends_.push_back(d.link.send(hv, rank, header_tag(micro)));
-  } else {
-    TANDEM_ASSERT(x.scalar_type() == d.sent.dtype && x.sizes().vec() == d.sent.sizes, "micro-batch ", micro,
-                  "'s message is ", x.scalar_type(), " ", x.sizes(), " but the step's (micro-batch 0's) is ",
-                  d.sent.dtype, " ", c10::IntArrayRef(d.sent.sizes), " (Note [Header per step])");
-  }
-  std::vector<at::Tensor> pv{x.detach().to(wire).contiguous()};
-  sends_.push_back(d.link.send(pv, rank, payload_tag(micro)));
+  auto header = torch::zeros({kHeader}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(wire.is_cuda()));
+  auto h = header.accessor<int64_t, 1>();
+  h[0] = static_cast<int64_t>(x.scalar_type());
+  h[1] = x.dim();
+  for (int64_t d = 0; d < x.dim(); ++d) h[2 + d] = x.size(d);
+  // Pinned, so the copy up does not synchronise the compute stream; the send waits for it.
+  std::vector<at::Tensor> hv{header.to(wire, /*non_blocking=*/true)}, pv{x.detach().to(wire).contiguous()};
+  sends_.push_back(link.send(hv, rank, header_tag(micro)));
+  sends_.push_back(link.send(pv, rank, payload_tag(micro)));
   // Completed sends release their buffers now, not at the step's end.
   while (!sends_.empty() && sends_.front()->isCompleted()) {
     sends_.front()->wait();  // rethrows a failure
@@ -98,27 +79,22 @@ void StageLink::send(Direction& d, const torch::Tensor& x, int rank, int64_t mic
   }
 }
 
-StageLink::Shape StageLink::recv_header(c10d::Backend& link, int rank, int64_t micro, const c10::Device& wire) {
-  std::vector<at::Tensor> hv{torch::empty({kHeader}, torch::TensorOptions().dtype(torch::kInt64).device(wire))};
-  link.recv(hv, rank, header_tag(micro))->wait();
-  const auto header = hv[0].to(torch::kCPU);  // the side stream's synchronisation, not the compute stream's
-  const auto h = header.accessor<int64_t, 1>();
-  TANDEM_ASSERT(h[1] >= 0 && h[1] <= kMaxDims, "a stage link header of ", h[1], " dimensions from rank ", rank);
-  return Shape{static_cast<c10::ScalarType>(h[0]), std::vector<int64_t>(h.data() + 2, h.data() + 2 + h[1])};
-}
-
-torch::Tensor StageLink::recv(Direction& d, int rank, int64_t micro, const char* what) {
+torch::Tensor StageLink::recv(c10d::Backend& link, int rank, int64_t micro, const char* what) {
   const auto t0 = std::chrono::steady_clock::now();
   const Comm::Waiting waiting(&comm_, strprintf("micro-batch %lld's %s from rank %d (stage %d) over the stage link",
                                                 static_cast<long long>(micro), what, rank, rank / grid_.replicas()));
   const c10::Device wire = host_transport_ ? c10::Device(c10::kCPU) : device_;
   std::optional<c10::StreamGuard> on_side;
   if (side_) on_side.emplace(*side_);
-  if (micro == 0) d.received = recv_header(d.link, rank, micro, wire);  // Note [Header per step]
-  TANDEM_ASSERT(d.received.dtype != c10::ScalarType::Undefined, "micro-batch ", micro, "'s ", what,
-                " before micro-batch 0's: the step's shape is unknown");
-  std::vector<at::Tensor> pv{torch::empty(d.received.sizes, torch::TensorOptions().dtype(d.received.dtype).device(wire))};
-  auto work = d.link.recv(pv, rank, payload_tag(micro));
+  std::vector<at::Tensor> hv{torch::empty({kHeader}, torch::TensorOptions().dtype(torch::kInt64).device(wire))};
+  link.recv(hv, rank, header_tag(micro))->wait();
+  const auto header = hv[0].to(torch::kCPU);  // the side stream's synchronisation, not the compute stream's
+  const auto h = header.accessor<int64_t, 1>();
+  TANDEM_ASSERT(h[1] >= 0 && h[1] <= kMaxDims, "a stage link header of ", h[1], " dimensions from rank ", rank);
+  std::vector<int64_t> sizes(h.data() + 2, h.data() + 2 + h[1]);
+  std::vector<at::Tensor> pv{
+      torch::empty(sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[0])).device(wire))};
+  auto work = link.recv(pv, rank, payload_tag(micro));
   on_side.reset();
   work->wait();  // NCCL: the compute stream waits for the payload; otherwise the host does
   if (side_) {

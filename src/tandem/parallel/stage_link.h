@@ -1,17 +1,15 @@
 #pragma once
 // Activations and their gradients between neighbouring pipeline stages (Note [Pipeline parallel],
 // Note [Stage links]): point to point over c10d (NCCL between GPUs; Gloo through host memory
-// otherwise, with NCCL's semantics: Note [Strict point to point]). A step's first message each way
-// is preceded by a small header (dtype and shape), so a stage needs to know nothing of its
-// neighbour's Blocks, autocast or micro-batch size; the step's later messages have that shape and
-// travel without one (Note [Header per step]).
+// otherwise, with NCCL's semantics: Note [Strict point to point]). Each tensor is preceded by a
+// small header (dtype and shape), so a stage needs to know nothing of its neighbour's Blocks,
+// autocast or micro-batch size.
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <deque>
 #include <optional>
-#include <vector>
 
 #include "tandem/parallel/pipeline_grid.h"
 
@@ -29,11 +27,10 @@ class StageLink {
   StageLink& operator=(const StageLink&) = delete;
 
   /// Starts sending micro-batch `micro`'s output to the next stage (completes by wait_sends()).
-  /// At most 6 dimensions. Micro-batch 0 begins a step; a later one must have its dtype and shape
-  /// (InternalError before anything is sent otherwise).
+  /// At most 6 dimensions.
   void send_activation(const torch::Tensor& y, int64_t micro);
-  /// Micro-batch `micro`'s input from the previous stage, on the device. Micro-batch 0 blocks until
-  /// its header has arrived; on a GPU a later one returns at once, the compute stream waiting for it.
+  /// Micro-batch `micro`'s input from the previous stage, on the device (blocks until its header
+  /// has arrived; the compute stream waits for the rest).
   torch::Tensor recv_activation(int64_t micro);
   /// Starts sending the gradient of micro-batch `micro`'s input back to the previous stage.
   void send_gradient(const torch::Tensor& g, int64_t micro);
@@ -45,24 +42,12 @@ class StageLink {
   double take_wait_s();
 
  private:
-  /// A message's dtype and shape: what its header carries.
-  struct Shape {
-    c10::ScalarType dtype = c10::ScalarType::Undefined;
-    std::vector<int64_t> sizes;
-  };
-  /// Each direction's step shape: what micro-batch 0's header said (Note [Header per step]).
-  struct Direction {
-    c10d::Backend& link;
-    Shape sent, received;
-  };
-
-  void send(Direction& d, const torch::Tensor& x, int rank, int64_t micro);
-  torch::Tensor recv(Direction& d, int rank, int64_t micro, const char* what);
-  Shape recv_header(c10d::Backend& link, int rank, int64_t micro, const c10::Device& wire);
+  void send(c10d::Backend& link, const torch::Tensor& x, int rank, int64_t micro);
+  torch::Tensor recv(c10d::Backend& link, int rank, int64_t micro, const char* what);
 
   Comm& comm_;
-  Direction down_;  // activations
-  Direction up_;    // gradients
+  c10d::Backend& down_;
+  c10d::Backend& up_;
   PipelineGrid grid_;
   c10::Device device_;
   bool host_transport_;              // not NCCL: tensors travel from and to host memory
