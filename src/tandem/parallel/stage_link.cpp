@@ -24,6 +24,14 @@ namespace tandem {
 // stream, so on the compute stream every receive would wait for the compute queued before it; on
 // the side stream the transfer overlaps that compute and the host waits only for the message. The
 // compute stream then waits for the payload alone, and the payload's memory is recorded on it.
+// Measured alternatives (1B in 2 stages, 1F1B, 8 micro-batches, 2 H200s, against
+// torch.distributed.pipelining in the same call): a header only on a step's first message, the
+// later payloads' receives posted at once so the host never waits for a header, made the passes
+// 5-7 % slower (the payload's receive, a kernel of many blocks, spins beside the computation until
+// the neighbour sends): 0.946x the peer. Every header received but only the first read on the host
+// (the small header receive doing the waiting) gave 0.993x against this design's 0.990-0.991x:
+// within the calls' noise, so the host's wait for a header is not where the pipeline's last
+// percent goes.
 namespace {
 
 constexpr int64_t kMaxDims = 6;
