@@ -184,7 +184,7 @@ def summary(load, wall):
     n = len(load.latencies)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "url": a.url, "endpoint": a.endpoint, "stream": a.stream, "clients": a.clients, "max_tokens": a.max_tokens,
-           "system_words": a.system_words,
+           "system_words": a.system_words, "serve_args": a.serve_args if a.checkpoint else None,
            "temperature": a.temperature, "wall_s": wall, "requests": n, "requests_per_s": n / wall,
            "generated_tokens": load.tokens, "generated_tokens_per_s": load.tokens / wall,
            "latency_p50_s": percentile(load.latencies, 50), "latency_p99_s": percentile(load.latencies, 99)}
@@ -274,9 +274,9 @@ class Server:
 
 
 def table(paths):
-    print("| endpoint | clients | max tokens | requests/s | generated tokens/s | latency p50 | latency p99 | "
-          "TTFT p50 | TTFT p99 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| endpoint | server flags | clients | max tokens | requests/s | generated tokens/s | latency p50 | "
+          "latency p99 | TTFT p50 | TTFT p99 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         try:
             with open(path) as f:
@@ -286,7 +286,10 @@ def table(paths):
             continue
         ttft = [f"{s[k]:.3f} s" if s.get(k) is not None else "" for k in ("ttft_p50_s", "ttft_p99_s")]
         system = f", system prompt {s['system_words']} words" if s.get("system_words") else ""
-        print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''}{system} | {s['clients']} | {s['max_tokens']} | "
+        flags = s.get("serve_args")
+        flags = "(a running server)" if flags is None else f"`{flags.strip()}`" if flags.strip() else "(defaults)"
+        print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''}{system} | {flags} | {s['clients']} | "
+              f"{s['max_tokens']} | "
               f"{s['requests_per_s']:.2f} | {s['generated_tokens_per_s']:.1f} | {s['latency_p50_s']:.3f} s | "
               f"{s['latency_p99_s']:.3f} s | {ttft[0]} | {ttft[1]} |")
 

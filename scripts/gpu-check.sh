@@ -617,8 +617,8 @@ if has serve; then
 # 1.0 B parameters), `tandem generate` on a batch of SERVE_BATCH prompts (default 32) resident and
 # with all but 4 layers streamed from pinned host memory, transformers' greedy generate on the same
 # folder as the peer, `tandem serve` on the same folder under SERVE_CLIENTS closed-loop clients (default
-# 64, as many as --max-batch) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default
-# 60), then the server's tests with the openai client on this GPU (test_serve.py, test_serve_http.py).
+# 64) streaming chat replies of 128 tokens for SERVE_LOAD_S seconds (default 60) on the server's
+# defaults and on SERVE_ARGS_B (below), the prefix cache's load (SERVE_PREFIX, default "on off"), then the server's tests with the openai client on this GPU (test_serve.py, test_serve_http.py).
 # SERVE_BIG=1 (or only, for this alone) then a model larger than the GPU share it may use: the 13B preset's
 # shape with random weights (bench/generate_peer.py make --preset 13B, 26 GB in SERVE_BIG_DIR, default
 # /dev/shm/gen-13b where the tmpfs holds it, else /tmp/gen-13b; never under $OUT, and deleted at the end),
@@ -647,24 +647,33 @@ head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
 "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
   --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/gen-batch1-eager.log" 2>&1; tail -1 "$OUT/gen-batch1-eager.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
+# The load on the server's defaults (SERVE_ARGS, default none: the KV cache and the running batch
+# sized from memory, Note [Generation memory]), then on SERVE_ARGS_B (default a fixed batch of 64 and
+# a 2 GiB cache, the earlier benchmarks' flags; "" skips it).
+serve_load_run() {  # name, serve flags
+  rm -f "$OUT/$1.json"
+  echo "-- $1: tandem serve ${2:-(defaults)}"
+  if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/$1-server.log" \
+       --serve-args "$2" --clients "${SERVE_CLIENTS:-64}" --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream \
+       --max-tokens 128 --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1; then
+    head -1 "$OUT/$1.log"
+    grep -aE "KV cache" "$OUT/$1-server.log" | head -1 | cut -c1-300
+  else
+    grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/$1.log" | head -5 | cut -c1-400
+    grep -aiE "error|fail|warn|abort|terminate" "$OUT/$1-server.log" | head -10 | cut -c1-400
+  fi
+}
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
-rm -f "$OUT/serve-load.json"
-if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-load-server.log" \
-     --serve-args "--max-batch ${SERVE_CLIENTS:-64} --kv-cache-gib 2" --clients "${SERVE_CLIENTS:-64}" \
-     --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 --json "$OUT/serve-load.json" \
-     >"$OUT/serve-load.log" 2>&1; then
-  head -1 "$OUT/serve-load.log"
-else
-  grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/serve-load.log" | head -5 | cut -c1-400
-  grep -aiE "error|fail|warn|abort|terminate" "$OUT/serve-load-server.log" | head -10 | cut -c1-400
-fi
+serve_load_run serve-load "${SERVE_ARGS:-}"
+serve_b=${SERVE_ARGS_B---max-batch 64 --kv-cache-gib 2}
+[[ -n $serve_b ]] && serve_load_run serve-load-b "$serve_b"
 # The prefix cache (Note [Prefix cache]) on a chat load whose requests share a system prompt of
 # SERVE_SYSTEM_WORDS words (default 220: about 300 tokens with the folder's tokenizer), with the
 # cache and with --no-prefix-cache, SERVE_LOAD_S seconds each.
-for cache in on off; do
+for cache in ${SERVE_PREFIX-on off}; do
   flag=""; [[ $cache == off ]] && flag="--no-prefix-cache"
   python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-prefix-$cache-server.log" \
-    --serve-args "--max-batch ${SERVE_CLIENTS:-64} --kv-cache-gib 2 $flag" --clients "${SERVE_CLIENTS:-64}" \
+    --serve-args "${SERVE_ARGS:-} $flag" --clients "${SERVE_CLIENTS:-64}" \
     --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 --system-words "${SERVE_SYSTEM_WORDS:-220}" \
     --json "$OUT/serve-prefix-$cache.json" >"$OUT/serve-prefix-$cache.log" 2>&1 || tail -3 "$OUT/serve-prefix-$cache.log"
   echo "prefix cache $cache: $(head -1 "$OUT/serve-prefix-$cache.log")"
@@ -784,8 +793,8 @@ has big && python3 bench/offload_big.py "$OUT/big-bound.jsonl" "$OUT/big-exact" 
 has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(for c in ${CURVE_RUNS:-gpu exact delayed}; do echo "$OUT/curve-$c"; done)
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
-has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table "$OUT/serve-load.json" \
-  "$OUT/serve-prefix-on.json" "$OUT/serve-prefix-off.json"
+has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table $(ls "$OUT"/serve-load.json \
+  "$OUT"/serve-load-b.json "$OUT"/serve-prefix-on.json "$OUT"/serve-prefix-off.json 2>/dev/null)
 has serve && [[ ${SERVE_BIG:-0} != 0 ]] && python3 bench/generate_peer.py table "tandem, 16 GiB=$OUT/gen-13b-tandem-16.log" \
   "tandem, 6 GiB=$OUT/gen-13b-tandem-6.log" "transformers + accelerate, 16 GiB=$OUT/gen-13b-accelerate.log"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"

@@ -119,7 +119,8 @@ TEST(ServeGenerationModel, BadOptionsAreRefusedBeforeAnyFileIsRead) {
   };
   EXPECT_NE(refusal([](auto& o) { o.page_tokens = 0; }).find("--page-tokens must be at least 1; got 0"),
             std::string::npos);
-  EXPECT_NE(refusal([](auto& o) { o.max_batch = 0; }).find("--max-batch must be at least 1; got 0"), std::string::npos);
+  EXPECT_NE(refusal([](auto& o) { o.max_batch = -1; }).find("--max-batch must be at least 1 (or 0: from memory); got -1"),
+            std::string::npos);
   EXPECT_NE(refusal([](auto& o) { o.memory_fraction = 0; }).find("--memory-fraction must be in (0, 1]"),
             std::string::npos);
   EXPECT_NE(refusal([](auto& o) { o.memory_fraction = 1.5; }).find("--memory-fraction must be in (0, 1]; got 1.5"),
@@ -159,6 +160,7 @@ TEST(ServeGenerationModel, OnTheCpuEveryLayerIsResidentAndTheCacheHoldsMaxBatchC
        {"model " + dir.path() + ": llama, 4 layers, d_model 32, 4 heads (2 key/value), context 96",
         std::string("device cpu (--device cpu), fp32; weights: all 4 layers resident"),
         std::string("KV cache: ") + std::to_string(g.cache->pages_total()) + " pages of 16 tokens",
+        std::string("batch up to 3 sequences (--max-batch)"),
         std::string("tokenizer: byte tokenizer")})
     EXPECT_NE(d.find(want), std::string::npos) << want << "\n" << d;
   EXPECT_EQ(std::count(d.begin(), d.end(), '\n'), 3) << d;
@@ -214,6 +216,54 @@ TEST(ServeGenerationModel, ADeviceBudgetStreamsTheLayersBeyondIt) {
   EXPECT_EQ(w.cache->pages_total(), all_weights / page_bytes);
   wide.max_batch = 1;  // wants one context: gets just that
   EXPECT_EQ(load_generation_model(wide).cache->pages_total(), spec.max_seq_len * kv_token_bytes(spec) / page_bytes);
+}
+
+// Note [Generation memory] by default: the cache takes all the budget the weights leave, and the
+// running batch is what it holds at 512 tokens a sequence (the context, if shorter), at most 256.
+// On the CPU without a device budget the batch is 32 and the cache what 32 full contexts need.
+TEST(ServeGenerationModel, ByDefaultTheCacheTakesWhatTheWeightsLeaveAndSizesTheBatch) {
+  test::TempDir dir;
+  const ModelSpec spec = folder_spec();
+  write_folder(dir.path(), spec);
+  const int64_t layer = decoder_layer_numel(spec) * 4, fixed = decoder_fixed_numel(spec) * 4;
+  const int64_t all_weights = fixed + spec.n_layer * layer, page_bytes = kv_token_bytes(spec) * 16;
+  GenerationModelOptions o = cpu_options(dir.path());
+  const GenerationModel cpu = load_generation_model(o);
+  EXPECT_EQ(cpu.max_batch, 32);
+  EXPECT_EQ(cpu.cache->pages_total(), 32 * spec.max_seq_len * kv_token_bytes(spec) / page_bytes);
+  EXPECT_NE(cpu.description().find("batch up to 32 sequences (the CPU's default)"), std::string::npos)
+      << cpu.description();
+
+  // A budget of the weights and 40 pages: the weights all resident, the cache the 40 pages, and
+  // 40 x 16 tokens hold 6 sequences of the 96-token context.
+  o.gpu_memory_gib = double(all_weights + 40 * page_bytes + page_bytes / 2) / kGiB;
+  const GenerationModel g = load_generation_model(o);
+  EXPECT_EQ(g.decoder->weights().placement().plan.streamed(), 0);
+  EXPECT_EQ(g.cache->pages_total(), 40);
+  ASSERT_LT(spec.max_seq_len, 512);
+  EXPECT_EQ(g.max_batch, 40 * 16 / spec.max_seq_len);
+  EXPECT_NE(g.description().find("batch up to 6 sequences (from memory: the cache holds 96 tokens a sequence)"),
+            std::string::npos)
+      << g.description();
+
+  // A budget too small for every layer beside a quarter for the cache: layers stream, the cache
+  // keeps what they leave, and the batch is at least one sequence.
+  o.gpu_memory_gib = double(all_weights) / kGiB;
+  o.prefetch_layers = 1;  // two streaming buffers
+  const GenerationModel small = load_generation_model(o);
+  EXPECT_GT(small.decoder->weights().placement().plan.streamed(), 0);
+  EXPECT_GE(small.cache->bytes(), static_cast<int64_t>(o.gpu_memory_gib * kGiB) / 4 - page_bytes);
+  EXPECT_GE(small.max_batch, 1);
+
+  // A large budget: the batch stops at 256 however many tokens the cache holds.
+  o.gpu_memory_gib = double(all_weights + 300 * spec.max_seq_len * kv_token_bytes(spec)) / kGiB;
+  EXPECT_EQ(load_generation_model(o).max_batch, 256);
+
+  // --max-batch N keeps its meaning: N full contexts wanted, and N the batch.
+  o.max_batch = 2;
+  const GenerationModel two = load_generation_model(o);
+  EXPECT_EQ(two.max_batch, 2);
+  EXPECT_EQ(two.cache->pages_total(), 2 * spec.max_seq_len * kv_token_bytes(spec) / page_bytes);
 }
 
 TEST(ServeGenerationModel, ABudgetTheCacheFillsIsRefusedWithTheFlagsToChange) {

@@ -16,6 +16,10 @@
 namespace tandem {
 
 namespace {
+constexpr int64_t kGenerateBatch = 256;  // prompts decoded together by default, at most
+}  // namespace
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -92,7 +96,9 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   c->add_option("--page-tokens", model_.page_tokens, "tokens per KV cache page (default 16)");
   c->add_option("--prefetch-layers", model_.prefetch_layers,
                 "streamed layers uploaded ahead of the one computing (default 2)");
-  c->add_option("--max-batch", model_.max_batch, "sequences decoded together at most (default 32)");
+  c->add_option("--max-batch", model_.max_batch,
+                "sequences decoded together at most (default: every prompt, at most 256)")
+      ->check(CLI::Range(1, 4096));
 }
 
 bool GenerateCommand::chosen() const { return command_->parsed(); }
@@ -115,11 +121,13 @@ int GenerateCommand::run() {
   const auto texts = prompts();
   TANDEM_CHECK(max_tokens_ >= 0, "--max-tokens must be >= 0; got ", max_tokens_);
   check_sampling_params(sampling_);
-  model_.max_batch = std::min<int64_t>(model_.max_batch, static_cast<int64_t>(texts.size()));
+  // One batch of the prompts: the cache sized for that many full contexts (Note [Generation memory]).
+  model_.max_batch = std::min<int64_t>(model_.max_batch > 0 ? model_.max_batch : kGenerateBatch,
+                                       static_cast<int64_t>(texts.size()));
   GenerationModel model = load_generation_model(model_);
 
   SchedulerOptions options;
-  options.max_batch = model_.max_batch;
+  options.max_batch = model.max_batch;
   options.max_queue = static_cast<int64_t>(texts.size());
   if (!ignore_eos_) options.eos_ids = model.eos_ids;
   options.decode_graphs = model_.decode_graphs;

@@ -17,7 +17,9 @@ ServeCommand::ServeCommand(CLI::App& app) {
   auto* c = command_;
   add_model_options(c, service_.model);
   c->add_option("--model-name", service_.model_name, "the model's id in the API (default: the folder's name)");
-  c->add_option("--max-batch", service_.model.max_batch, "sequences decoded together at most")
+  c->add_option("--max-batch", service_.model.max_batch,
+                "sequences decoded together at most (default: from memory, as many as the KV cache holds at 512 "
+                "tokens each, at most 256; a number also sizes the cache for that many full contexts)")
       ->check(CLI::Range(1, 4096));
   c->add_option("--max-queue", service_.max_queue,
                 "requests waiting beyond the batch's places at most (0: none wait); more get HTTP 429")
@@ -47,9 +49,9 @@ bool ServeCommand::chosen() const { return command_->parsed(); }
 int ServeCommand::run() {
   if (http_.api_key.empty())
     if (const char* key = std::getenv("TANDEM_API_KEY")) http_.api_key = key;
-  http_.threads = static_cast<int>(std::min<int64_t>(1024, service_.model.max_batch + service_.max_queue + 8));
   http_.max_body_bytes = static_cast<int64_t>(max_body_mib_ * (1 << 20));
   CompletionService service(service_);
+  http_.threads = static_cast<int>(std::min<int64_t>(1024, service.max_batch() + service_.max_queue + 8));
   HttpServer server(service, http_);
   // The address on a line of its own with the model's name; the description's lines after it.
   log::info(strprintf("serve: %s on http://%s:%d%s", service.model_id().c_str(), http_.host.c_str(), server.port(),

@@ -83,7 +83,7 @@ CompletionService::CompletionService(const CompletionServiceOptions& options) : 
   const auto source = find_tokenizer(options.model.tokenizer.empty() ? im.model.folder.dir : options.model.tokenizer);
   im.chat = chat_format_of_template(source.config.chat_template);
   SchedulerOptions so;
-  so.max_batch = options.model.max_batch;
+  so.max_batch = im.model.max_batch;  // --max-batch, or from memory
   so.max_queue = options.max_queue;
   so.max_step_tokens = options.max_step_tokens;
   so.prefix_cache = options.prefix_cache;
@@ -171,6 +171,8 @@ std::string CompletionService::metrics_text() const {
          s.mean_time_to_first_token_s);
   return out.str();
 }
+
+int64_t CompletionService::max_batch() const { return impl_->model.max_batch; }
 
 std::string CompletionService::description() const {
   const auto& im = *impl_;

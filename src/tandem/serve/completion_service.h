@@ -37,6 +37,8 @@ class CompletionService : public CompletionBackend {
 
   /// One line for the start message: model, parameters, device, tokenizer, chat format, cache.
   std::string description() const;
+  /// Sequences decoded together at most (--max-batch, or from memory: Note [Generation memory]).
+  int64_t max_batch() const;
 
  private:
   struct Impl;

@@ -25,10 +25,12 @@ struct GenerationModelOptions {
   std::string dtype = "auto";    ///< auto (bf16 on a GPU, fp32 on the CPU) | fp32 | bf16 | fp16
   double gpu_memory_gib = 0;     ///< device memory for weights and KV cache; 0 = memory_fraction of the free memory
   double memory_fraction = 0.9;  ///< share of the device's free memory used when gpu_memory_gib is 0
-  double kv_cache_gib = 0;       ///< 0 = what max_batch full-context sequences need, within the budget
+  double kv_cache_gib = 0;       ///< 0 = from the budget (Note [Generation memory])
   int64_t page_tokens = 16;      ///< tokens per KV page
   int64_t prefetch_layers = 2;   ///< streamed layers uploaded ahead of the one computing
-  int64_t max_batch = 32;        ///< sizes the automatic KV cache
+  /// Sequences decoded together at most; 0 = from memory (Note [Generation memory]). A number also
+  /// sizes the automatic KV cache: that many full-context sequences, within the budget.
+  int64_t max_batch = 0;
   bool decode_graphs = true;     ///< replay decode steps from CUDA graphs (Note [Decode graphs]); --eager: no
 };
 
@@ -41,6 +43,8 @@ struct GenerationModel {
   std::unique_ptr<Decoder> decoder;
   std::unique_ptr<KvCache> cache;
   std::vector<TokenId> eos_ids;  ///< the tokenizer's EOS and config.json's eos_token_id
+  int64_t max_batch = 0;         ///< the running batch's cap: --max-batch, or from memory (Note [Generation memory])
+  std::string max_batch_source;  ///< "--max-batch", or how memory sized it
   double load_seconds = 0;
 
   /// A few lines: model, device and dtype, weight residency, KV cache, tokenizer.
