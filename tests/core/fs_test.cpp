@@ -88,11 +88,16 @@ TEST(Fs, AFileInAMissingFolderIsAUserErrorNamingThePath) {
   test::TempDir dir;
   const std::string path = dir.file("no/such/folder/out.bin");
   const std::string direct = error_of([&] { DurableFile f(path); });
-  EXPECT_NE(direct.find("cannot create '" + path + "'"), std::string::npos) << direct;
-  EXPECT_NE(direct.find("check permissions and free space"), std::string::npos) << direct;
+  EXPECT_NE(direct.find("cannot create '" + path + "': its folder '" + dir.file("no/such/folder") +
+                        "' does not exist; create it or choose another path"),
+            std::string::npos)
+      << direct;
+  // The atomic write names the file asked for, not its temporary.
   const std::string atomic = error_of([&] { write_file_atomic(path, "x"); });
-  EXPECT_NE(atomic.find("cannot create '" + dir.file("no/such/folder/.out.bin.tmp") + "'"), std::string::npos)
+  EXPECT_NE(atomic.find("cannot write '" + path + "': its folder '" + dir.file("no/such/folder") + "' does not exist"),
+            std::string::npos)
       << atomic;
+  EXPECT_EQ(atomic.find(".tmp"), std::string::npos) << atomic;
   EXPECT_NE(error_of([&] { write_file_synced(path, "x"); }).find(path), std::string::npos);
 }
 

@@ -18,7 +18,10 @@ namespace tandem {
 
 DurableFile::DurableFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TANDEM_CHECK(fd_ >= 0, "cannot create '", path_, "': ", std::strerror(errno), "; check permissions and free space");
+  const int err = errno;
+  TANDEM_CHECK(fd_ >= 0 || err != ENOENT, "cannot create '", path_, "': its folder '",
+               fs::path(path_).parent_path().string(), "' does not exist; create it or choose another path");
+  TANDEM_CHECK(fd_ >= 0, "cannot create '", path_, "': ", std::strerror(err), "; check permissions and free space");
 }
 
 DurableFile::~DurableFile() {
@@ -69,6 +72,11 @@ void fsync_directory(const std::string& dir) {
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const fs::path p(path);
+  // The temporary beside the file is an implementation detail: a missing folder is named for the file.
+  std::error_code ec;
+  const fs::path folder = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  TANDEM_CHECK(fs::is_directory(folder, ec), "cannot write '", path, "': its folder '", folder.string(),
+               "' does not exist; create it or choose another path");
   const std::string tmp = (p.parent_path() / ("." + p.filename().string() + ".tmp")).string();
   write_file_synced(tmp, bytes);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
