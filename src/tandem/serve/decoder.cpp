@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tandem/core/error.h"
 #include "tandem/models/decoder.h"
@@ -77,7 +78,7 @@ StepLayout Decoder::layout(const std::vector<SequenceChunk>& batch, const KvCach
                   end);
     TANDEM_ASSERT(end <= spec().max_seq_len, "sequence of ", end, " tokens beyond the context of ", spec().max_seq_len);
     first_row[b] = static_cast<int64_t>(tokens.size());
-    if (T > 1) s.prefills.push_back({first_row[b], T, c.start, {}, {}});
+    if (T > 1) s.prefills.push_back({first_row[b], T, c.start, false, {}, {}, {}});
     for (int64_t t = 0; t < T; ++t) {
       const TokenId id = c.tokens[static_cast<size_t>(t)];
       TANDEM_ASSERT(id >= 0 && id < spec().vocab_size, "token id ", id, " outside the vocabulary");
@@ -124,18 +125,35 @@ void Decoder::layout_decodes(const std::vector<SequenceChunk>& batch, const std:
   const auto device = this->device();
   const int64_t keys = widest * cache.page_tokens();
   s.decode_pages = int64_tensor(pages, device).view({s.decodes, widest});
-  const auto length = int64_tensor(lengths, device);
-  s.decode_mask = length_mask(length, keys);
-  set_decode_window(s, length, keys);
+  set_decode_masks(s, int64_tensor(lengths, device), keys);
 }
 
-// Keys within the window of each one-token chunk's query (at position length - 1).
-void Decoder::set_decode_window(StepLayout& s, const torch::Tensor& lengths, int64_t keys) const {
+// The decode masks of one-token chunks of `lengths` tokens over `keys` keys: within the sequence,
+// and within the window of its query (at position length - 1) for models with one.
+//
+// Note [Decode masks once a step]
+// scaled_dot_product_attention turns a boolean mask into an additive one (0 where a key is allowed,
+// -inf where not) at every call: two kernels a layer at every step. The step's masks are made
+// additive in the compute dtype once here, with those values (cuDNN's attention, when chosen, would
+// put -65504 for -inf: every decode row has its own key, so no row is wholly masked and both give
+// zero weights). Soft-capped scores (Gemma2) mask in attend itself and keep the boolean masks.
+void Decoder::set_decode_masks(StepLayout& s, const torch::Tensor& lengths, int64_t keys) const {
+  const auto mask = length_mask(lengths, keys);
   const int64_t window = spec().parts.sliding_window;
-  if (window <= 0) return;
-  const auto key = torch::arange(keys, lengths.options()).unsqueeze(0);        // (1, S)
-  const auto inside = within_window(key, (lengths - 1).unsqueeze(1), window);  // (B, S)
-  s.decode_window_mask = s.decode_mask & inside.view({lengths.size(0), 1, 1, keys});
+  torch::Tensor windowed;
+  if (window > 0) {
+    const auto key = torch::arange(keys, lengths.options()).unsqueeze(0);        // (1, S)
+    const auto inside = within_window(key, (lengths - 1).unsqueeze(1), window);  // (B, S)
+    windowed = mask & inside.view({lengths.size(0), 1, 1, keys});
+  }
+  const bool additive = spec().parts.attn_softcap <= 0;
+  const auto bias = [&](const torch::Tensor& m) {
+    if (!m.defined() || !additive) return m;
+    return torch::zeros(m.sizes(), m.options().dtype(dtype())).masked_fill_(m.logical_not(),
+                                                                            -std::numeric_limits<double>::infinity());
+  };
+  s.decode_mask = bias(mask);
+  s.decode_window_mask = bias(windowed);
 }
 
 void Decoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
@@ -204,13 +222,17 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   auto vc = cache.values(index);
   kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
   vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
-  auto y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());  // (N, H, hd), contiguous
+  torch::Tensor y;  // (N, H, hd)
   if (step.decodes > 0) {
     const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
     const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
     const auto vd = gather_pages(vc, step.decode_pages);
-    const auto a = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o);
-    y.narrow(0, 0, step.decodes).copy_(a.squeeze(2));
+    const auto a = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o).squeeze(2);
+    if (step.decodes == step.rows) return a;  // Note [Decode step kernels]: the rows, not a copy
+    y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    y.narrow(0, 0, step.decodes).copy_(a);
+  } else {
+    y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   }
   if (step.fresh.count > 0) {
     const auto& g = step.fresh;
@@ -254,18 +276,17 @@ torch::Tensor Decoder::layer(const torch::Tensor& x, int64_t index, const StepLa
   const auto q = qk.narrow(1, 0, H), k = qk.narrow(1, H, KV);
   const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
   const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
-  auto a = linear(y.view({N, Q}), w.o, w.o_bias).to(torch::kFloat32);
-  if (w.attn_out_norm.defined()) a = norm(a, w.attn_out_norm, {});
-  const auto r = x + a;
+  // Note [Decode step kernels]: the add converts the compute-dtype output to fp32 itself.
+  const auto a = linear(y.reshape({N, Q}), w.o, w.o_bias);
+  const auto r = w.attn_out_norm.defined() ? x + norm(a, w.attn_out_norm, {}) : x + a;
   // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
   const auto h = norm(r, w.ff_norm, w.ff_norm_bias).to(dtype());
   const auto gu = linear(h, w.gate_up, w.gate_up_bias);  // (N, 2F) or (N, F)
   const int64_t F = s.d_ff;
   const auto inner =
       s.parts.gated_ffn ? activate(gu.narrow(1, 0, F), s.parts.act) * gu.narrow(1, F, F) : activate(gu, s.parts.act);
-  auto f = linear(inner, w.down, w.down_bias).to(torch::kFloat32);
-  if (w.ff_out_norm.defined()) f = norm(f, w.ff_out_norm, {});
-  auto out = r + f;
+  const auto f = linear(inner, w.down, w.down_bias);
+  auto out = w.ff_out_norm.defined() ? r + norm(f, w.ff_out_norm, {}) : r + f;
   weights_->release(index);
   return out;
 }
@@ -310,8 +331,7 @@ StepLayout Decoder::decode_layout(const DecodeInputs& in, const KvCache& cache) 
   s.write_page = in.write_page;
   s.write_slot = in.write_slot;
   s.decode_pages = in.pages;
-  s.decode_mask = length_mask(in.lengths, in.pages.size(1) * cache.page_tokens());
-  set_decode_window(s, in.lengths, in.pages.size(1) * cache.page_tokens());
+  set_decode_masks(s, in.lengths, in.pages.size(1) * cache.page_tokens());
   s.logit_rows = torch::arange(s.rows, in.tokens.options());
   return s;
 }

@@ -16,6 +16,15 @@
 // sequence adding several tokens attends causally: those starting at 0 together, over their fresh
 // keys (Note [Fresh prefills together]), the others alone, over their pages. With fp32 weights this
 // equals Model::forward to rounding.
+//
+// Note [Decode step kernels]
+// A recorded decode step is one launch (Note [Decode graphs]) but still about forty small kernels
+// a layer, each a few microseconds, where reading the layer's weights takes tens: so each kernel
+// that computes nothing new is left out. The norms' fp32 scales are converted once at load (Note
+// [Norms in fp32]); the residual adds take the compute-dtype output as it is (the add converts it,
+// as the separate conversion did); a step of decodes only takes the attention's output as its rows,
+// not a copy; and the length and window masks are made additive once a step (Note [Decode masks
+// once a step]). Each gives the same values as the kernels it replaces.
 
 #include <torch/torch.h>
 
@@ -82,7 +91,7 @@ class Decoder {
   void layout_fresh(StepLayout& step) const;
   void set_positions(StepLayout& step, const torch::Tensor& positions);  // and their cos and sin
   void set_dynamic_rope(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, StepLayout& step);
-  void set_decode_window(StepLayout& step, const torch::Tensor& lengths, int64_t keys) const;
+  void set_decode_masks(StepLayout& step, const torch::Tensor& lengths, int64_t keys) const;
   torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);

@@ -100,9 +100,10 @@ DecoderWeights::DecoderWeights(const ModelSpec& spec, WeightPlacement placement,
   embed_ = fixed({spec_.vocab_size, spec_.d_model}, n.base + n.embed + ".weight");
   if (spec_.parts.learned_positions)
     positions_ = fixed({spec_.max_seq_len, spec_.d_model}, n.base + n.positions + ".weight");
-  final_norm_ = fixed({spec_.d_model}, n.base + n.final_norm + ".weight");
+  // Note [Norms in fp32]: converted from the compute dtype, as norm_fp32 would at every step.
+  final_norm_ = fixed({spec_.d_model}, n.base + n.final_norm + ".weight").to(torch::kFloat32);
   if (spec_.parts.norm == NormKind::kLayerNorm)
-    final_norm_bias_ = fixed({spec_.d_model}, n.base + n.final_norm + ".bias");
+    final_norm_bias_ = fixed({spec_.d_model}, n.base + n.final_norm + ".bias").to(torch::kFloat32);
   lm_head_ = spec_.tie_embeddings ? embed_ : fixed({spec_.vocab_size, spec_.d_model}, "lm_head.weight");
 
   const int64_t numel = decoder_layer_numel(spec_);
@@ -114,6 +115,7 @@ DecoderWeights::DecoderWeights(const ModelSpec& spec, WeightPlacement placement,
     const bool streamed = placement_.plan.layers[static_cast<size_t>(i)] == LayerHome::kHost;
     auto flat = streamed ? host_tensor(numel, placement_.dtype, host_memory) : torch::empty({numel}, options);
     load_layer(flat, i, lookup, source);
+    norms_.push_back(norms_fp32(flat));
     (streamed ? host : resident_)[static_cast<size_t>(i)] = flat;
   }
   if (placement_.plan.streamed() > 0)
@@ -141,9 +143,33 @@ LayerWeights DecoderWeights::views(const torch::Tensor& flat) const {
   return w;
 }
 
+// Note [Norms in fp32]
+// The decoder normalises in fp32 (Note [Generation forward]): norm_fp32 converts a weight in the
+// compute dtype to fp32 at every call, a kernel launch per norm and layer at every step (two per
+// layer, a tenth of a decode step's kernels). The layers' norms are therefore kept apart from their
+// flat buffers, converted to fp32 once on the device (a few KiB a layer, resident even for streamed
+// layers), and acquire() hands these out: the same values norm_fp32 would make, so the same output.
+LayerWeights DecoderWeights::norms_fp32(const torch::Tensor& flat) const {
+  const LayerWeights v = views(flat);
+  LayerWeights n;
+  const auto f32 = [&](const torch::Tensor& t) {
+    return t.defined() ? t.to(placement_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true)
+                       : torch::Tensor();
+  };
+  n.attn_norm = f32(v.attn_norm), n.attn_norm_bias = f32(v.attn_norm_bias);
+  n.ff_norm = f32(v.ff_norm), n.ff_norm_bias = f32(v.ff_norm_bias);
+  n.attn_out_norm = f32(v.attn_out_norm), n.ff_out_norm = f32(v.ff_out_norm);
+  return n;
+}
+
 LayerWeights DecoderWeights::acquire(int64_t layer) {
   const auto& flat = resident_.at(static_cast<size_t>(layer));
-  return views(flat.defined() ? flat : stream_->acquire(layer));
+  LayerWeights w = views(flat.defined() ? flat : stream_->acquire(layer));
+  const LayerWeights& n = norms_.at(static_cast<size_t>(layer));
+  w.attn_norm = n.attn_norm, w.attn_norm_bias = n.attn_norm_bias;
+  w.ff_norm = n.ff_norm, w.ff_norm_bias = n.ff_norm_bias;
+  w.attn_out_norm = n.attn_out_norm, w.ff_out_norm = n.ff_out_norm;
+  return w;
 }
 
 void DecoderWeights::release(int64_t layer) {

@@ -27,6 +27,7 @@ struct LayerWeights {
   torch::Tensor o, o_bias;                   // (C, H hd), (C)
   torch::Tensor gate_up, gate_up_bias;       // (2 F, C): gate and up stacked; ungated (GPT-2): (F, C), up only
   torch::Tensor down, down_bias;             // (C, F), (C)
+  // The norms are fp32 (Note [Norms in fp32]), whatever the matrices' dtype.
   torch::Tensor attn_norm, attn_norm_bias;   // (C): before the attention (the bias: LayerNorm)
   torch::Tensor ff_norm, ff_norm_bias;       // (C): before the feed-forward
   torch::Tensor attn_out_norm, ff_out_norm;  // (C): Gemma2's norms of the two outputs
@@ -53,8 +54,8 @@ class DecoderWeights {
   /// The always-resident weights on the device.
   const torch::Tensor& embed() const { return embed_; }                      // (V, C)
   const torch::Tensor& positions() const { return positions_; }              // (max_seq_len, C); undefined without
-  const torch::Tensor& final_norm() const { return final_norm_; }            // (C)
-  const torch::Tensor& final_norm_bias() const { return final_norm_bias_; }  // (C); LayerNorm only
+  const torch::Tensor& final_norm() const { return final_norm_; }            // (C) fp32
+  const torch::Tensor& final_norm_bias() const { return final_norm_bias_; }  // (C) fp32; LayerNorm only
   const torch::Tensor& lm_head() const { return lm_head_; }                  // (V, C); the embedding when tied
 
   /// Layer `layer`'s weights on the device, ready for work queued after this call.
@@ -78,6 +79,8 @@ class DecoderWeights {
 
  private:
   LayerWeights views(const torch::Tensor& flat) const;
+  /// The norm fields of `flat`'s views, as fp32 tensors of their own on the device.
+  LayerWeights norms_fp32(const torch::Tensor& flat) const;
   void load_layer(const torch::Tensor& flat, int64_t layer, const TensorLookup& lookup, const std::string& source);
 
   ModelSpec spec_;
@@ -85,6 +88,7 @@ class DecoderWeights {
   std::vector<Part> parts_;  // a layer's buffer, matrices first
   torch::Tensor embed_, positions_, final_norm_, final_norm_bias_, lm_head_;
   std::vector<torch::Tensor> resident_;  // per layer: the device flat buffer, undefined when streamed
+  std::vector<LayerWeights> norms_;      // per layer: its norms in fp32 on the device (Note [Norms in fp32])
   std::unique_ptr<LayerStream> stream_;  // null when every layer is resident
 };
 

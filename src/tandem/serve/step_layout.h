@@ -21,7 +21,8 @@ struct StepLayout {
   torch::Tensor write_page, write_slot;  // (N) int64: where each token's keys and values go
   int64_t decodes = 0;                   // rows [0, decodes) are one-token chunks
   torch::Tensor decode_pages;            // (B_d, P) int64, padded with any page
-  torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens) bool: key within the sequence
+  // Note [Decode masks once a step]: additive (0 or -inf, compute dtype) unless scores are soft-capped.
+  torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens): key within the sequence
   torch::Tensor decode_window_mask;      // the same, and within the sliding window (models with one)
   struct Prefill {
     int64_t row = 0, count = 0, start = 0;
