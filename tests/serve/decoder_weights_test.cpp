@@ -115,7 +115,12 @@ void expect_same(const torch::Tensor& got, const torch::Tensor& want, torch::Sca
   EXPECT_TRUE(torch::equal(got, want.to(dtype))) << what;
 }
 
-TEST(DecoderWeights, LlamaLayersStackQkvAndGateUpInTheComputeDtype) {
+// Note [Norms in fp32]: a norm's scale in fp32 holding the compute dtype's value of `want`.
+void expect_norm(const torch::Tensor& got, const torch::Tensor& want, torch::ScalarType dtype, const std::string& what) {
+  expect_same(got, want.to(dtype).to(torch::kFloat32), torch::kFloat32, what);
+}
+
+TEST(DecoderWeights, LlamaLayersStackQkvAndGateUpInTheComputeDtypeAndKeepNormsInFp32) {
   const ModelSpec s = spec_of(Family::kLlama, 2, false);
   const Tensors t = llama_tensors(s, false);
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -123,7 +128,7 @@ TEST(DecoderWeights, LlamaLayersStackQkvAndGateUpInTheComputeDtype) {
     DecoderWeights w(s, placement(s, dtype), lookup_of(t), "folder");
     expect_same(w.embed(), t.at("model.embed_tokens.weight"), dtype, "embed");
     expect_same(w.lm_head(), t.at("lm_head.weight"), dtype, "lm_head");
-    expect_same(w.final_norm(), t.at("model.norm.weight"), dtype, "final norm");
+    expect_norm(w.final_norm(), t.at("model.norm.weight"), dtype, "final norm");
     EXPECT_FALSE(w.positions().defined());
     EXPECT_FALSE(w.final_norm_bias().defined());
     for (int64_t i = 0; i < 2; ++i) {
@@ -137,13 +142,16 @@ TEST(DecoderWeights, LlamaLayersStackQkvAndGateUpInTheComputeDtype) {
       expect_same(l.gate_up, torch::cat({t.at(p + "mlp.gate_proj.weight"), t.at(p + "mlp.up_proj.weight")}), dtype,
                   p + "gate_up");
       expect_same(l.down, t.at(p + "mlp.down_proj.weight"), dtype, p + "down");
-      expect_same(l.attn_norm, t.at(p + "input_layernorm.weight"), dtype, p + "attn_norm");
-      expect_same(l.ff_norm, t.at(p + "post_attention_layernorm.weight"), dtype, p + "ff_norm");
+      expect_norm(l.attn_norm, t.at(p + "input_layernorm.weight"), dtype, p + "attn_norm");
+      expect_norm(l.ff_norm, t.at(p + "post_attention_layernorm.weight"), dtype, p + "ff_norm");
       for (const auto* absent : {&l.qkv_bias, &l.o_bias, &l.gate_up_bias, &l.down_bias, &l.attn_norm_bias,
                                  &l.ff_norm_bias, &l.attn_out_norm, &l.ff_out_norm})
         EXPECT_FALSE(absent->defined()) << p;
-      // One flat buffer a layer.
-      EXPECT_TRUE(l.qkv.storage().is_alias_of(l.ff_norm.storage())) << p;
+      // One flat buffer a layer for the matrices; the norms apart, in fp32, converted once.
+      EXPECT_TRUE(l.qkv.storage().is_alias_of(l.down.storage())) << p;
+      EXPECT_FALSE(l.qkv.storage().is_alias_of(l.ff_norm.storage())) << p;
+      EXPECT_TRUE(w.acquire(i).ff_norm.is_same(l.ff_norm)) << p << ": the same tensor at every acquire";
+      w.release(i);
       w.release(i);
     }
     EXPECT_EQ(w.uploads(), 0);
