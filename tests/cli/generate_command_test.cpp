@@ -74,6 +74,13 @@ TEST_F(GenerateCli, ABatchOfPromptsPrintsEachInOrder) {
   EXPECT_LT(one, two);
   EXPECT_LT(two, three);
   EXPECT_NE(batch.err.find("3 prompts"), std::string::npos) << batch.err;
+  // Without --max-batch the prompts are one batch, the KV cache sized for them (Note [Generation memory]).
+  EXPECT_NE(batch.err.find("batch up to 3 sequences (the prompts, at most 256)"), std::string::npos) << batch.err;
+  const Result two_at_once = run_cli("generate --checkpoint " + run() + " --prompts " + tmp.file("prompts.txt") +
+                                     " --max-tokens 12 --device cpu --stop zzz --max-batch 2");
+  ASSERT_EQ(two_at_once.code, 0) << two_at_once.err;
+  EXPECT_NE(two_at_once.err.find("batch up to 2 sequences (--max-batch)"), std::string::npos) << two_at_once.err;
+  EXPECT_EQ(two_at_once.out, batch.out) << "greedy output is the same however the prompts are batched";
   // The first completion equals the prompt run alone.
   const Result alone =
       run_cli("generate --checkpoint " + run() + " --prompt 'The model ' --max-tokens 12 --device cpu");

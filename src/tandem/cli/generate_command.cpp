@@ -122,9 +122,10 @@ int GenerateCommand::run() {
   TANDEM_CHECK(max_tokens_ >= 0, "--max-tokens must be >= 0; got ", max_tokens_);
   check_sampling_params(sampling_);
   // One batch of the prompts: the cache sized for that many full contexts (Note [Generation memory]).
-  model_.max_batch = std::min<int64_t>(model_.max_batch > 0 ? model_.max_batch : kGenerateBatch,
-                                       static_cast<int64_t>(texts.size()));
+  const bool given = model_.max_batch > 0;
+  model_.max_batch = std::min<int64_t>(given ? model_.max_batch : kGenerateBatch, static_cast<int64_t>(texts.size()));
   GenerationModel model = load_generation_model(model_);
+  if (!given) model.max_batch_source = "the prompts, at most 256";
 
   SchedulerOptions options;
   options.max_batch = model.max_batch;
