@@ -16,12 +16,9 @@
 namespace tandem {
 
 namespace {
-constexpr int64_t kGenerateBatch = 256;  // prompts decoded together by default, at most
-}  // namespace
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int64_t kGenerateBatch = 256;  // prompts decoded together by default, at most
 
 // Completions as they arrive: one prompt streams to stdout piece by piece; a batch prints each
 // completion whole, in prompt order, as soon as it and every earlier one are done.
@@ -125,7 +122,7 @@ int GenerateCommand::run() {
   const bool given = model_.max_batch > 0;
   model_.max_batch = std::min<int64_t>(given ? model_.max_batch : kGenerateBatch, static_cast<int64_t>(texts.size()));
   GenerationModel model = load_generation_model(model_);
-  if (!given) model.max_batch_source = "the prompts, at most 256";
+  if (!given) model.max_batch_source = strprintf("the prompts, at most %lld", static_cast<long long>(kGenerateBatch));
 
   SchedulerOptions options;
   options.max_batch = model.max_batch;

@@ -222,18 +222,16 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   auto vc = cache.values(index);
   kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
   vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
-  torch::Tensor y;  // (N, H, hd)
+  torch::Tensor decoded;  // (B_d, H, hd)
   if (step.decodes > 0) {
     const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
     const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
     const auto vd = gather_pages(vc, step.decode_pages);
-    const auto a = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o).squeeze(2);
-    if (step.decodes == step.rows) return a;  // Note [Decode step kernels]: the rows, not a copy
-    y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-    y.narrow(0, 0, step.decodes).copy_(a);
-  } else {
-    y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    decoded = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o).squeeze(2);
+    if (step.decodes == step.rows) return decoded;  // Note [Decode step kernels]: the rows, not a copy
   }
+  auto y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());  // (N, H, hd), contiguous
+  if (decoded.defined()) y.narrow(0, 0, step.decodes).copy_(decoded);
   if (step.fresh.count > 0) {
     const auto& g = step.fresh;
     const auto pad = [&](const torch::Tensor& t) {  // (N, heads, hd) -> (B, heads, T, hd)
