@@ -188,6 +188,8 @@ def summary(load, wall):
            "temperature": a.temperature, "wall_s": wall, "requests": n, "requests_per_s": n / wall,
            "generated_tokens": load.tokens, "generated_tokens_per_s": load.tokens / wall,
            "latency_p50_s": percentile(load.latencies, 50), "latency_p99_s": percentile(load.latencies, 99)}
+    if a.checkpoint and os.environ.get("TANDEM_DECODE_ATTENTION"):  # the server's decode attention, when set
+        out["serve_env"] = "TANDEM_DECODE_ATTENTION=" + os.environ["TANDEM_DECODE_ATTENTION"]
     if a.stream:
         out.update(ttft_p50_s=percentile(load.ttfts, 50), ttft_p99_s=percentile(load.ttfts, 99))
     return out
@@ -288,6 +290,8 @@ def table(paths):
         system = f", system prompt {s['system_words']} words" if s.get("system_words") else ""
         flags = s.get("serve_args")
         flags = "(a running server)" if flags is None else f"`{flags.strip()}`" if flags.strip() else "(defaults)"
+        if s.get("serve_env"):
+            flags += f", `{s['serve_env']}`"
         print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''}{system} | {flags} | {s['clients']} | "
               f"{s['max_tokens']} | "
               f"{s['requests_per_s']:.2f} | {s['generated_tokens_per_s']:.1f} | {s['latency_p50_s']:.3f} s | "

@@ -636,6 +636,13 @@ gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.t
      --max-batch "${SERVE_BATCH:-32}" --kv-cache-gib 1)
 "${gen[@]}" >"$OUT/gen-resident.log" 2>&1; tail -3 "$OUT/gen-resident.log"
 "${gen[@]}" --eager >"$OUT/gen-resident-eager.log" 2>&1; tail -1 "$OUT/gen-resident-eager.log"
+# SERVE_GATHER=1: the same, the batch-1 run and the default load also with the decode rows' pages
+# gathered into copies (TANDEM_DECODE_ATTENTION=gather), against the paged kernel (Note [Paged
+# decode attention]).
+if [[ ${SERVE_GATHER:-0} == 1 ]]; then
+  echo "-- the same with TANDEM_DECODE_ATTENTION=gather"
+  TANDEM_DECODE_ATTENTION=gather "${gen[@]}" >"$OUT/gen-resident-gather.log" 2>&1; tail -3 "$OUT/gen-resident-gather.log"
+fi
 
 "${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
@@ -646,6 +653,9 @@ head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
   --max-batch 1 --kv-cache-gib 1 >"$OUT/gen-batch1.log" 2>&1; tail -3 "$OUT/gen-batch1.log"
 "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
   --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/gen-batch1-eager.log" 2>&1; tail -1 "$OUT/gen-batch1-eager.log"
+[[ ${SERVE_GATHER:-0} == 1 ]] && TANDEM_DECODE_ATTENTION=gather "$BUILD/tandem" generate --checkpoint "$gdir" \
+  --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 \
+  >"$OUT/gen-batch1-gather.log" 2>&1 && echo "-- gather:" && tail -3 "$OUT/gen-batch1-gather.log"
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
 # The load on the server's defaults (SERVE_ARGS, default none: the KV cache and the running batch
 # sized from memory, Note [Generation memory]), then on SERVE_ARGS_B (default a fixed batch of 64 and
@@ -665,6 +675,7 @@ serve_load_run() {  # name, serve flags
 }
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
 serve_load_run serve-load "${SERVE_ARGS:-}"
+[[ ${SERVE_GATHER:-0} == 1 ]] && TANDEM_DECODE_ATTENTION=gather serve_load_run serve-load-gather "${SERVE_ARGS:-}"
 serve_b=${SERVE_ARGS_B---max-batch 64 --kv-cache-gib 2}
 [[ -n $serve_b ]] && serve_load_run serve-load-b "$serve_b"
 # The prefix cache (Note [Prefix cache]) on a chat load whose requests share a system prompt of
@@ -794,7 +805,7 @@ has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(f
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table $(ls "$OUT"/serve-load.json \
-  "$OUT"/serve-load-b.json "$OUT"/serve-prefix-on.json "$OUT"/serve-prefix-off.json 2>/dev/null)
+  "$OUT"/serve-load-gather.json "$OUT"/serve-load-b.json "$OUT"/serve-prefix-on.json "$OUT"/serve-prefix-off.json 2>/dev/null)
 has serve && [[ ${SERVE_BIG:-0} != 0 ]] && python3 bench/generate_peer.py table "tandem, 16 GiB=$OUT/gen-13b-tandem-16.log" \
   "tandem, 6 GiB=$OUT/gen-13b-tandem-6.log" "transformers + accelerate, 16 GiB=$OUT/gen-13b-accelerate.log"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"

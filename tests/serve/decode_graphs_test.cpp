@@ -170,26 +170,31 @@ TEST(ServeDecodeGraphs, AFailedRecordingFallsBackToTheEagerStep) {
   EXPECT_EQ(graphs.recordings(), 0);
 }
 
-// CUDA graphs on the GPU: fp32 and bf16, replayed steps against the eager decoder on the same GPU.
+// CUDA graphs on the GPU: fp32 and bf16, replayed steps against the eager decoder on the same GPU,
+// with heads of 8 (the gathered pages) and of 64 (the paged kernel, Note [Paged decode attention]).
 TEST(ServeDecodeGraphsGpu, CudaGraphsEqualTheEagerDecoder) {
   REQUIRE_CUDA();
   ASSERT_NE(graph_recorder(), nullptr);
-  const auto model = test::random_llama(test::small_llama_spec(), 24);
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    auto decoder = test::decoder_of(*model, dtype, -1, 1, c10::Device(c10::kCUDA, 0));
-    KvCache eager_cache(decoder->cache_shape(4), 64 * decoder->cache_shape(4).page_bytes());
-    KvCache cache(decoder->cache_shape(4), 64 * decoder->cache_shape(4).page_bytes());
-    const std::vector<int64_t> prompts{2, 5, 9, 1, 4, 13, 7, 3, 8};
-    const auto eager = decode_run(*decoder, eager_cache, prompts, 12,
-                                  [&](const auto& batch) { return decoder->forward(batch, eager_cache); });
-    DecodeGraphs graphs(*decoder, cache, graph_recorder());
-    const auto replayed =
-        decode_run(*decoder, cache, prompts, 12, [&](const auto& batch) { return graphs.forward(batch); });
-    const double scale = eager[0].abs().max().item<double>();
-    expect_same_steps(eager, replayed, dtype == torch::kFloat32 ? 1e-4 : 0.02 * scale);
-    EXPECT_GE(graphs.recordings(), 2);
-    EXPECT_EQ(graphs.replays(), 12);
-  }
+  auto wide = test::small_llama_spec();
+  wide.d_model = 256, wide.n_head = 4, wide.n_kv_head = 2;
+  for (const auto& spec : {test::small_llama_spec(), wide})
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const auto model = test::random_llama(spec, 24);
+      auto decoder = test::decoder_of(*model, dtype, -1, 1, c10::Device(c10::kCUDA, 0));
+      EXPECT_EQ(decoder->paged_attention(), spec.head_dim() == 64);
+      KvCache eager_cache(decoder->cache_shape(4), 64 * decoder->cache_shape(4).page_bytes());
+      KvCache cache(decoder->cache_shape(4), 64 * decoder->cache_shape(4).page_bytes());
+      const std::vector<int64_t> prompts{2, 5, 9, 1, 4, 13, 7, 3, 8};
+      const auto eager = decode_run(*decoder, eager_cache, prompts, 12,
+                                    [&](const auto& batch) { return decoder->forward(batch, eager_cache); });
+      DecodeGraphs graphs(*decoder, cache, graph_recorder());
+      const auto replayed =
+          decode_run(*decoder, cache, prompts, 12, [&](const auto& batch) { return graphs.forward(batch); });
+      const double scale = eager[0].abs().max().item<double>();
+      expect_same_steps(eager, replayed, dtype == torch::kFloat32 ? 1e-4 : 0.02 * scale);
+      EXPECT_GE(graphs.recordings(), 2);
+      EXPECT_EQ(graphs.replays(), 12);
+    }
 }
 
 }  // namespace

@@ -191,6 +191,21 @@ TEST(ServeDecoderGpu, IncrementalDecodingOnCudaEqualsTheCpuForward) {
   run_schedule(*decoder, model.get(), 9, 1e-4, 1e-4);
 }
 
+// Heads of 64 take the paged decode-attention kernel (Note [Paged decode attention]): the
+// decoder with it against the CPU's full forward, with and without a sliding window.
+TEST(ServeDecoderGpu, PagedAttentionOnCudaEqualsTheCpuForward) {
+  REQUIRE_CUDA();
+  auto spec = test::small_llama_spec();
+  spec.d_model = 256, spec.n_head = 4, spec.n_kv_head = 2;
+  for (const int64_t window : {int64_t{0}, int64_t{6}}) {
+    spec.parts.sliding_window = window;
+    const auto model = test::random_llama(spec, 3);
+    auto decoder = test::decoder_of(*model, torch::kFloat32, -1, 1, c10::Device(c10::kCUDA, 0));
+    ASSERT_TRUE(decoder->paged_attention());
+    run_schedule(*decoder, model.get(), 9, 1e-4, 1e-4);
+  }
+}
+
 TEST(ServeDecoderGpu, StreamedLayersOnCudaEqualResidentOnes) {
   REQUIRE_CUDA();
   const auto spec = test::small_llama_spec();

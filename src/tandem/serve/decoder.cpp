@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "tandem/core/error.h"
+#include "tandem/kernels/paged_attention.h"
 #include "tandem/models/decoder.h"
 #include "tandem/models/norm.h"
 
@@ -46,6 +49,20 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   if (!spec().parts.learned_positions) rope_ = std::make_unique<RopeTable>(spec());
   attention_options_.scale = spec().parts.query_scale;
   attention_options_.softcap = spec().parts.attn_softcap;
+  paged_attention_ = use_paged_attention();
+}
+
+// Note [Paged decode attention]: decode rows attend over their pages in place where the kernel takes
+// the model's shape and dtype and scores are not soft-capped; TANDEM_DECODE_ATTENTION=gather keeps
+// the gathered copies (to compare the two).
+bool Decoder::use_paged_attention() const {
+  const char* env = std::getenv("TANDEM_DECODE_ATTENTION");
+  const std::string choice = env == nullptr ? "" : env;
+  TANDEM_CHECK(choice.empty() || choice == "paged" || choice == "gather", "TANDEM_DECODE_ATTENTION=", choice,
+               " is not a decode attention; use paged or gather (or leave it unset)");
+  const auto& s = spec();
+  return choice != "gather" && s.parts.attn_softcap <= 0 &&
+         paged_decode_attention_supported(device(), dtype(), s.n_head, s.n_kv_head, s.head_dim());
 }
 
 KvCacheShape Decoder::cache_shape(int64_t page_tokens) const {
@@ -138,6 +155,8 @@ void Decoder::layout_decodes(const std::vector<SequenceChunk>& batch, const std:
 // put -65504 for -inf: every decode row has its own key, so no row is wholly masked and both give
 // zero weights). Soft-capped scores (Gemma2) mask in attend itself and keep the boolean masks.
 void Decoder::set_decode_masks(StepLayout& s, const torch::Tensor& lengths, int64_t keys) const {
+  s.decode_lengths = lengths;
+  if (paged_attention_) return;  // Note [Paged decode attention]: no masks
   const auto mask = length_mask(lengths, keys);
   const int64_t window = spec().parts.sliding_window;
   torch::Tensor windowed;
@@ -149,8 +168,8 @@ void Decoder::set_decode_masks(StepLayout& s, const torch::Tensor& lengths, int6
   const bool additive = spec().parts.attn_softcap <= 0;
   const auto bias = [&](const torch::Tensor& m) {
     if (!m.defined() || !additive) return m;
-    return torch::zeros(m.sizes(), m.options().dtype(dtype())).masked_fill_(m.logical_not(),
-                                                                            -std::numeric_limits<double>::infinity());
+    return torch::zeros(m.sizes(), m.options().dtype(dtype()))
+        .masked_fill_(m.logical_not(), -std::numeric_limits<double>::infinity());
   };
   s.decode_mask = bias(mask);
   s.decode_window_mask = bias(windowed);
@@ -223,7 +242,12 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
   vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
   torch::Tensor decoded;  // (B_d, H, hd)
-  if (step.decodes > 0) {
+  if (step.decodes > 0 && paged_attention_) {
+    const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2)));
+    decoded = paged_decode_attention(q.narrow(0, 0, step.decodes), kc, vc, step.decode_pages, step.decode_lengths,
+                                     spec().window(index), scale);
+    if (step.decodes == step.rows) return decoded;
+  } else if (step.decodes > 0) {
     const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
     const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
     const auto vd = gather_pages(vc, step.decode_pages);

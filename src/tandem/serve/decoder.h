@@ -60,6 +60,8 @@ class Decoder {
 
   /// The model's shapes (from its config.json).
   const ModelSpec& spec() const { return weights_->spec(); }
+  /// Whether decode rows attend through the paged kernel (Note [Paged decode attention]).
+  bool paged_attention() const { return paged_attention_; }
   /// Where it computes, and in which dtype (the KV cache's too).
   c10::Device device() const { return weights_->placement().device; }
   torch::ScalarType dtype() const { return weights_->placement().dtype; }
@@ -92,6 +94,7 @@ class Decoder {
   void set_positions(StepLayout& step, const torch::Tensor& positions);  // and their cos and sin
   void set_dynamic_rope(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, StepLayout& step);
   void set_decode_masks(StepLayout& step, const torch::Tensor& lengths, int64_t keys) const;
+  bool use_paged_attention() const;
   torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
@@ -99,6 +102,7 @@ class Decoder {
   std::shared_ptr<DecoderWeights> weights_;
   std::unique_ptr<RopeTable> rope_;  // null with learned positions
   AttentionOptions attention_options_;
+  bool paged_attention_ = false;  // Note [Paged decode attention]
 };
 
 }  // namespace tandem

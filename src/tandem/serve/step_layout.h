@@ -21,9 +21,11 @@ struct StepLayout {
   torch::Tensor write_page, write_slot;  // (N) int64: where each token's keys and values go
   int64_t decodes = 0;                   // rows [0, decodes) are one-token chunks
   torch::Tensor decode_pages;            // (B_d, P) int64, padded with any page
-  // Note [Decode masks once a step]: additive (0 or -inf, compute dtype) unless scores are soft-capped.
-  torch::Tensor decode_mask;             // (B_d, 1, 1, P * page_tokens): key within the sequence
-  torch::Tensor decode_window_mask;      // the same, and within the sliding window (models with one)
+  torch::Tensor decode_lengths;          // (B_d) int64: each sequence's tokens with the new one
+  // Note [Decode masks once a step]: additive (0 or -inf, compute dtype) unless scores are soft-capped;
+  // undefined where the paged kernel attends (Note [Paged decode attention]).
+  torch::Tensor decode_mask;         // (B_d, 1, 1, P * page_tokens): key within the sequence
+  torch::Tensor decode_window_mask;  // the same, and within the sliding window (models with one)
   struct Prefill {
     int64_t row = 0, count = 0, start = 0;
     bool grouped = false;       // attends in `fresh` with the other new sequences

@@ -1,0 +1,289 @@
+// Paged decode-attention CUDA kernels (Note [Paged decode attention]).
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tandem/kernels/cuda_check.h"
+#include "tandem/kernels/paged_attention_launch.h"
+
+namespace tandem::detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// N consecutive elements at p (aligned to their size, or to 16 bytes beyond) as floats.
+template <class T, int N>
+__device__ __forceinline__ void load_floats(const T* p, float* out) {
+  constexpr int bytes = N * static_cast<int>(sizeof(T));
+  if constexpr (bytes % 16 == 0) {
+    constexpr int per = 16 / static_cast<int>(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < bytes / 16; ++c) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + c);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < per; ++i) out[c * per + i] = to_float(e[i]);
+    }
+  } else if constexpr (bytes == 8) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+  } else if constexpr (bytes == 4) {
+    const unsigned raw = __ldg(reinterpret_cast<const unsigned*>(p));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
+  }
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// exp2(x - m), 0 where x is -inf (m is then finite, or the term is dropped by the caller).
+__device__ __forceinline__ float weight(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
+
+// One block per (sequence, key/value head, split); G_MAX >= the query heads per key/value head.
+template <class T, int HD, int G_MAX>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecodeArgs a) {
+  constexpr int E = HD / 32;  // value dimensions a lane owns
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  __shared__ float q_s[G_MAX][HD];
+  __shared__ float red_m[kWarps][G_MAX], red_l[kWarps][G_MAX];
+  __shared__ float red_acc[kWarps][G_MAX][HD];
+
+  const int64_t b = blockIdx.x, kvh = blockIdx.y;
+  const int split = static_cast<int>(blockIdx.z);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int G = static_cast<int>(a.H / a.KV);
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b;
+  const float qscale = a.scale * kLog2e;  // scores in log2 units
+  for (int i = static_cast<int>(threadIdx.x); i < G_MAX * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    q_s[g][d] = g < G ? to_float(q[(kvh * G + g) * a.q_stride_h + d]) * qscale : 0.0f;
+  }
+  __syncthreads();
+
+  const int64_t len = a.lengths[b];
+  const int64_t lo = a.window > 0 ? max(int64_t{0}, len - a.window) : int64_t{0};
+  const int64_t begin = lo + static_cast<int64_t>(split) * a.split_keys;
+  const int64_t end = min(len, begin + a.split_keys);
+  const T* kc = static_cast<const T*>(a.k_cache);
+  const T* vc = static_cast<const T*>(a.v_cache);
+  const int64_t pt = a.page_tokens, page_elems = a.KV * pt * HD, head_off = kvh * pt * HD;
+  const int64_t* pages = a.pages + b * a.pages_stride;
+
+  float m[G_MAX], l[G_MAX], acc[G_MAX][E];
+#pragma unroll
+  for (int g = 0; g < G_MAX; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+  }
+
+  for (int64_t base = begin + warp * 32; base < end; base += kWarps * 32) {
+    const int64_t j = base + lane;
+    int64_t off = 0;  // element offset of key j's row in the cache
+    float s[G_MAX];
+    if (j < end) {
+      off = pages[j / pt] * page_elems + head_off + (j % pt) * HD;
+#pragma unroll
+      for (int g = 0; g < G_MAX; ++g) s[g] = 0.0f;
+#pragma unroll 4
+      for (int c = 0; c < HD / VEC; ++c) {
+        float k[VEC];
+        load_floats<T, VEC>(kc + off + c * VEC, k);
+#pragma unroll
+        for (int g = 0; g < G_MAX; ++g)
+          if (g < G) {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) s[g] = fmaf(q_s[g][c * VEC + i], k[i], s[g]);
+          }
+      }
+    } else {
+#pragma unroll
+      for (int g = 0; g < G_MAX; ++g) s[g] = -INFINITY;
+    }
+    // Online softmax over this tile's 32 keys (lane 0's key is always valid: m_new is finite).
+#pragma unroll
+    for (int g = 0; g < G_MAX; ++g) {
+      if (g >= G) continue;
+      const float m_new = fmaxf(m[g], warp_max(s[g]));
+      const float alpha = weight(m[g], m_new);
+      s[g] = weight(s[g], m_new);
+      l[g] = l[g] * alpha + warp_sum(s[g]);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
+      m[g] = m_new;
+    }
+    const int n = static_cast<int>(min(int64_t{32}, end - base));
+    for (int kk = 0; kk < n; ++kk) {
+      const int64_t row = __shfl_sync(kFull, off, kk);
+      float v[E];
+      load_floats<T, E>(vc + row + lane * E, v);
+#pragma unroll
+      for (int g = 0; g < G_MAX; ++g) {
+        const float p = __shfl_sync(kFull, s[g], kk);
+        if (g < G) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, v[e], acc[g][e]);
+        }
+      }
+    }
+  }
+
+  // The warps' partial softmaxes combined.
+#pragma unroll
+  for (int g = 0; g < G_MAX; ++g) {
+    if (lane == 0) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
+#pragma unroll
+    for (int e = 0; e < E; ++e) red_acc[warp][g][lane * E + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < G * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_m[w][g]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = weight(red_m[w][g], M);
+        L = fmaf(red_l[w][g], f, L);
+        A = fmaf(red_acc[w][g][d], f, A);
+      }
+    }
+    const int64_t h = kvh * G + g;
+    if (a.splits == 1) {
+      static_cast<T*>(a.out)[(b * a.H + h) * HD + d] = from_float<T>(L > 0.0f ? A / L : 0.0f);
+    } else {
+      float* p = a.partial + ((b * a.H + h) * a.splits + split) * (HD + 2);
+      p[d] = A;
+      if (d == 0) p[HD] = M, p[HD + 1] = L;
+    }
+  }
+}
+
+// The splits' partial sums of one (sequence, query head) combined: one block, a thread a dimension.
+template <class T, int HD>
+__global__ void __launch_bounds__(HD) paged_decode_combine(const PagedDecodeArgs a) {
+  const int64_t b = blockIdx.x, h = blockIdx.y;
+  const int d = static_cast<int>(threadIdx.x);
+  const float* p = a.partial + (b * a.H + h) * a.splits * (HD + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, p[s * (HD + 2) + HD]);
+  float L = 0.0f, A = 0.0f;
+  if (M != -INFINITY)
+    for (int s = 0; s < a.splits; ++s) {
+      const float f = weight(p[s * (HD + 2) + HD], M);
+      L = fmaf(p[s * (HD + 2) + HD + 1], f, L);
+      A = fmaf(p[s * (HD + 2) + d], f, A);
+    }
+  static_cast<T*>(a.out)[(b * a.H + h) * HD + d] = from_float<T>(L > 0.0f ? A / L : 0.0f);
+}
+
+template <class T, int HD, int G_MAX>
+void launch_shape(const PagedDecodeArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(a.KV), static_cast<unsigned>(a.splits));
+  paged_decode_kernel<T, HD, G_MAX><<<grid, kThreads, 0, stream>>>(a);
+  TANDEM_CUDA_LAUNCH_CHECK();
+  if (a.splits > 1) {
+    paged_decode_combine<T, HD><<<dim3(static_cast<unsigned>(a.B), static_cast<unsigned>(a.H)), HD, 0, stream>>>(a);
+    TANDEM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template <class T, int HD>
+void launch_group(const PagedDecodeArgs& a, cudaStream_t stream) {
+  const int64_t G = a.H / a.KV;
+  if (G == 1)
+    launch_shape<T, HD, 1>(a, stream);
+  else if (G <= 4)
+    launch_shape<T, HD, 4>(a, stream);
+  else
+    launch_shape<T, HD, 8>(a, stream);
+}
+
+template <class T>
+void launch_type(const PagedDecodeArgs& a, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 64:
+      return launch_group<T, 64>(a, stream);
+    case 128:
+      return launch_group<T, 128>(a, stream);
+    default:
+      return launch_group<T, 256>(a, stream);
+  }
+}
+
+}  // namespace
+
+bool paged_decode_shape_supported(int64_t head_dim, int64_t group) {
+  return (head_dim == 64 || head_dim == 128 || head_dim == 256) && group >= 1 && group <= 8;
+}
+
+int paged_decode_splits(int64_t B, int64_t KV, int64_t max_keys, int sm_count, int64_t* split_keys) {
+  const int64_t blocks = std::max<int64_t>(1, B * KV);
+  const int64_t want = std::max<int64_t>(1, (2 * int64_t{sm_count} + blocks - 1) / blocks);
+  const int64_t by_keys = std::max<int64_t>(1, (max_keys + 127) / 128);
+  int64_t splits = std::min(want, by_keys);
+  int64_t keys = (max_keys + splits - 1) / splits;
+  keys = std::max<int64_t>(32, (keys + 31) / 32 * 32);
+  splits = (max_keys + keys - 1) / keys;
+  *split_keys = keys;
+  return static_cast<int>(std::max<int64_t>(1, splits));
+}
+
+void launch_paged_decode(const PagedDecodeArgs& a, cudaStream_t stream) {
+  if (a.B == 0) return;
+  switch (a.elem) {
+    case PagedElem::kF32:
+      return launch_type<float>(a, stream);
+    case PagedElem::kF16:
+      return launch_type<__half>(a, stream);
+    case PagedElem::kBF16:
+      return launch_type<__nv_bfloat16>(a, stream);
+  }
+}
+
+}  // namespace tandem::detail
