@@ -26,6 +26,7 @@ import torch
 # small one trained here (a tokenizer smaller than the model is allowed: its ids are a subset).
 PRESETS = {
     "13B": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, model_vocab=32000),
+    "llama2-7B": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, model_vocab=32000),
     "qwen2.5-0.5B": dict(family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, model_vocab=151936),
     "gemma2-2B": dict(family="gemma2", layers=26, hidden=2304, heads=8, kv_heads=4, ffn=9216, model_vocab=256000),
     "mistral-7B": dict(family="mistral", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, model_vocab=32000),
@@ -65,6 +66,7 @@ def make(args):
         max_position_embeddings=4096, dtype="bfloat16", eos_token_id=tok.token_to_id("<|eot_id|>"), **extra)
     # Built in bf16 where it will be initialised (normal_, std 0.02, on the GPU): an fp32 13B is 52 GB.
     torch.set_default_dtype(torch.bfloat16)
+    torch.manual_seed(args.seed)  # the same weights in every run: loads that stop at EOS stay comparable
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     torch.set_default_dtype(torch.float32)
@@ -184,6 +186,7 @@ def main():
     mk.add_argument("--kv-heads", type=int, default=8)
     mk.add_argument("--vocab", type=int, default=8000, help="the BPE tokenizer's target size")
     mk.add_argument("--model-vocab", type=int, default=0, help="the model's vocabulary (default: the tokenizer's)")
+    mk.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tm = sub.add_parser("time", help="time transformers' greedy generate on a folder")
     tm.add_argument("dir")
     tm.add_argument("--prompts", required=True, help="one prompt a line, all generated as one batch")

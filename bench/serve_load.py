@@ -60,6 +60,8 @@ def request_body(args, client):
     """The JSON body of `client`'s requests."""
     text = f"{args.prompt} {client}"
     body = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.ignore_eos:  # tandem's (and vLLM's) extension: every request generates max_tokens
+        body["ignore_eos"] = True
     if args.model:
         body["model"] = args.model
     if args.endpoint == "chat":
@@ -184,12 +186,12 @@ def summary(load, wall):
     n = len(load.latencies)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "url": a.url, "endpoint": a.endpoint, "stream": a.stream, "clients": a.clients, "max_tokens": a.max_tokens,
-           "system_words": a.system_words, "serve_args": a.serve_args if a.checkpoint else None,
+           "system_words": a.system_words, "ignore_eos": a.ignore_eos, "serve_args": a.serve_args if a.checkpoint else None,
            "temperature": a.temperature, "wall_s": wall, "requests": n, "requests_per_s": n / wall,
            "generated_tokens": load.tokens, "generated_tokens_per_s": load.tokens / wall,
            "latency_p50_s": percentile(load.latencies, 50), "latency_p99_s": percentile(load.latencies, 99)}
-    if a.checkpoint and os.environ.get("TANDEM_DECODE_ATTENTION"):  # the server's decode attention, when set
-        out["serve_env"] = "TANDEM_DECODE_ATTENTION=" + os.environ["TANDEM_DECODE_ATTENTION"]
+    if a.checkpoint and os.environ.get("TANDEM_DECODE_KERNELS"):  # the server's decode kernels, when set
+        out["serve_env"] = "TANDEM_DECODE_KERNELS=" + os.environ["TANDEM_DECODE_KERNELS"]
     if a.stream:
         out.update(ttft_p50_s=percentile(load.ttfts, 50), ttft_p99_s=percentile(load.ttfts, 99))
     return out
@@ -288,6 +290,7 @@ def table(paths):
             continue
         ttft = [f"{s[k]:.3f} s" if s.get(k) is not None else "" for k in ("ttft_p50_s", "ttft_p99_s")]
         system = f", system prompt {s['system_words']} words" if s.get("system_words") else ""
+        system += ", ignore_eos" if s.get("ignore_eos") else ""
         flags = s.get("serve_args")
         flags = "(a running server)" if flags is None else f"`{flags.strip()}`" if flags.strip() else "(defaults)"
         if s.get("serve_env"):
@@ -317,6 +320,8 @@ def parse_args(argv):
     ap.add_argument("--stream", action="store_true", help="stream (server-sent events) and time the first token")
     ap.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request (default 128)")
     ap.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (default 0)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="ask for max_tokens tokens whatever the model samples (the server's ignore_eos)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt (the client's number is appended)")
     ap.add_argument("--system-words", type=int, default=0,
                     help="chat: a system prompt of this many words that every request shares (default none)")

@@ -39,7 +39,9 @@
 #   serve  generation: tandem generate (resident with and without CUDA graphs, and streaming all but 4 layers) against transformers'
 #          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
-#          60); the server's tests with the openai client on the GPU. SERVE_BIG=1 adds a model larger than
+#          60); the server's tests with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
+#          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_NCU=1 times one decode step's kernels
+#          (bench/ncu_summary.py). SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
 #   families the decoder families' tests on cuda (tests/python/test_families.py), then tandem generate against
@@ -626,7 +628,21 @@ if has serve; then
 # resident, the rest streamed), then transformers + accelerate (device_map="auto", max_memory 16 GiB on the
 # GPU) on the same folder; each command limited to SERVE_BIG_TIMEOUT s (default 180). The summary sets the
 # three against the PCIe bound (weight bytes copied a step at 55 GB/s; bench/generate_peer.py table).
-if [[ ${SERVE_BIG:-0} != only ]]; then
+serve_load_run() {  # name, serve flags
+  rm -f "$OUT/$1.json"
+  echo "-- $1: tandem serve ${2:-(defaults)}"
+  if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/$1-server.log" \
+       --serve-args "$2" --clients "${SERVE_CLIENTS:-64}" --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream \
+       --max-tokens 128 ${SERVE_LOAD_FLAGS---ignore-eos} --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1; then
+    head -1 "$OUT/$1.log"
+    grep -aE "KV cache" "$OUT/$1-server.log" | head -1 | cut -c1-300
+  else
+    grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/$1.log" | head -5 | cut -c1-400
+    grep -aiE "error|fail|warn|abort|terminate" "$OUT/$1-server.log" | head -10 | cut -c1-400
+  fi
+}
+# SERVE_1B=0 leaves out the 1B folder's runs (generation, loads, the server's tests).
+if [[ ${SERVE_BIG:-0} != only && ${SERVE_1B:-1} == 1 ]]; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
 install_wheels clients || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
@@ -636,12 +652,12 @@ gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.t
      --max-batch "${SERVE_BATCH:-32}" --kv-cache-gib 1)
 "${gen[@]}" >"$OUT/gen-resident.log" 2>&1; tail -3 "$OUT/gen-resident.log"
 "${gen[@]}" --eager >"$OUT/gen-resident-eager.log" 2>&1; tail -1 "$OUT/gen-resident-eager.log"
-# SERVE_GATHER=1: the same, the batch-1 run and the default load also with the decode rows' pages
-# gathered into copies (TANDEM_DECODE_ATTENTION=gather), against the paged kernel (Note [Paged
-# decode attention]).
-if [[ ${SERVE_GATHER:-0} == 1 ]]; then
-  echo "-- the same with TANDEM_DECODE_ATTENTION=gather"
-  TANDEM_DECODE_ATTENTION=gather "${gen[@]}" >"$OUT/gen-resident-gather.log" 2>&1; tail -3 "$OUT/gen-resident-gather.log"
+# SERVE_AB=1: the same, the batch-1 run and the default load also with LibTorch's ops only
+# (TANDEM_DECODE_KERNELS=torch: pages gathered into copies, norms, RoPE, cache writes and the
+# activation unfused), against tandem's kernels (Note [Paged decode attention], Note [Decode fusions]).
+if [[ ${SERVE_AB:-0} == 1 ]]; then
+  echo "-- the same with TANDEM_DECODE_KERNELS=torch"
+  TANDEM_DECODE_KERNELS=torch "${gen[@]}" >"$OUT/gen-resident-torch.log" 2>&1; tail -3 "$OUT/gen-resident-torch.log"
 fi
 
 "${gen[@]}" --gpu-memory-gib 1.8 >"$OUT/gen-streamed.log" 2>&1; tail -3 "$OUT/gen-streamed.log"
@@ -653,29 +669,26 @@ head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
   --max-batch 1 --kv-cache-gib 1 >"$OUT/gen-batch1.log" 2>&1; tail -3 "$OUT/gen-batch1.log"
 "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos \
   --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/gen-batch1-eager.log" 2>&1; tail -1 "$OUT/gen-batch1-eager.log"
-[[ ${SERVE_GATHER:-0} == 1 ]] && TANDEM_DECODE_ATTENTION=gather "$BUILD/tandem" generate --checkpoint "$gdir" \
+[[ ${SERVE_AB:-0} == 1 ]] && TANDEM_DECODE_KERNELS=torch "$BUILD/tandem" generate --checkpoint "$gdir" \
   --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 \
-  >"$OUT/gen-batch1-gather.log" 2>&1 && echo "-- gather:" && tail -3 "$OUT/gen-batch1-gather.log"
+  >"$OUT/gen-batch1-torch.log" 2>&1 && echo "-- TANDEM_DECODE_KERNELS=torch:" && tail -3 "$OUT/gen-batch1-torch.log"
+# SERVE_NCU=1: every kernel of a batch-1 generation of 3 tokens (eager) timed by Nsight Compute,
+# the decode steps' kernels summed by name (ncu-decode.txt): what a decode step spends its time on.
+if [[ ${SERVE_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
+    "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 3 --ignore-eos \
+    --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/ncu-generate.log" 2>&1
+  python3 bench/ncu_summary.py "$OUT/ncu.csv" >"$OUT/ncu-decode.txt" 2>&1; head -40 "$OUT/ncu-decode.txt"
+fi
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
+# Every load asks for its 128 tokens whatever the random model samples (SERVE_LOAD_FLAGS, default
+# --ignore-eos; "" lets requests stop at EOS).
 # The load on the server's defaults (SERVE_ARGS, default none: the KV cache and the running batch
 # sized from memory, Note [Generation memory]), then on SERVE_ARGS_B (default a fixed batch of 64 and
 # a 2 GiB cache, the earlier benchmarks' flags; "" skips it).
-serve_load_run() {  # name, serve flags
-  rm -f "$OUT/$1.json"
-  echo "-- $1: tandem serve ${2:-(defaults)}"
-  if python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/$1-server.log" \
-       --serve-args "$2" --clients "${SERVE_CLIENTS:-64}" --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream \
-       --max-tokens 128 --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1; then
-    head -1 "$OUT/$1.log"
-    grep -aE "KV cache" "$OUT/$1-server.log" | head -1 | cut -c1-300
-  else
-    grep -aiE "fail|error|HTTP [0-9]|client [0-9]" "$OUT/$1.log" | head -5 | cut -c1-400
-    grep -aiE "error|fail|warn|abort|terminate" "$OUT/$1-server.log" | head -10 | cut -c1-400
-  fi
-}
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
 serve_load_run serve-load "${SERVE_ARGS:-}"
-[[ ${SERVE_GATHER:-0} == 1 ]] && TANDEM_DECODE_ATTENTION=gather serve_load_run serve-load-gather "${SERVE_ARGS:-}"
+[[ ${SERVE_AB:-0} == 1 ]] && TANDEM_DECODE_KERNELS=torch serve_load_run serve-load-torch "${SERVE_ARGS:-}"
 serve_b=${SERVE_ARGS_B---max-batch 64 --kv-cache-gib 2}
 [[ -n $serve_b ]] && serve_load_run serve-load-b "$serve_b"
 # The prefix cache (Note [Prefix cache]) on a chat load whose requests share a system prompt of
@@ -685,7 +698,8 @@ for cache in ${SERVE_PREFIX-on off}; do
   flag=""; [[ $cache == off ]] && flag="--no-prefix-cache"
   python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/serve-prefix-$cache-server.log" \
     --serve-args "${SERVE_ARGS:-} $flag" --clients "${SERVE_CLIENTS:-64}" \
-    --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 --system-words "${SERVE_SYSTEM_WORDS:-220}" \
+    --duration "${SERVE_LOAD_S:-60}" --endpoint chat --stream --max-tokens 128 ${SERVE_LOAD_FLAGS---ignore-eos} \
+    --system-words "${SERVE_SYSTEM_WORDS:-220}" \
     --json "$OUT/serve-prefix-$cache.json" >"$OUT/serve-prefix-$cache.log" 2>&1 || tail -3 "$OUT/serve-prefix-$cache.log"
   echo "prefix cache $cache: $(head -1 "$OUT/serve-prefix-$cache.log")"
 done
@@ -694,6 +708,29 @@ if [[ ${SERVE_PYTEST:-1} == 1 ]]; then
   TANDEM_CLI="$PWD/../../$BUILD/tandem" python3 -m pytest -q -p no:cacheprovider test_serve.py test_serve_http.py test_serve_prefix.py) >"$OUT/pytest-serve.log" 2>&1
 tail -2 "$OUT/pytest-serve.log"
 fi
+fi
+# SERVE_7B=1: Llama-2-7B's shape with random weights (13.5 GB, in /dev/shm where it fits): tandem
+# generate at batch 1 (tandem's kernels and LibTorch's ops only) and at batch SERVE_BATCH, transformers'
+# generate at both, and the load of the 1B runs above on it (SERVE_LOAD_S seconds).
+if [[ ${SERVE_7B:-0} == 1 ]]; then
+echo "== serve: Llama-2-7B's shape, tandem generate and transformers generate, then the load"
+install_wheels clients || true
+s7=/tmp/gen-7b
+(( $(df --output=avail -B1 /dev/shm 2>/dev/null | tail -1 || echo 0) > 20000000000 )) && s7=/dev/shm/gen-7b
+mkdir -p "$s7"
+python3 bench/generate_peer.py make "$s7" --preset llama2-7B 2>&1 | tail -1
+[[ -f $OUT/gen-prompts.txt ]] || write_prompts "${SERVE_BATCH:-32}" "$OUT/gen-prompts.txt"
+head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
+g7=("$BUILD/tandem" generate --checkpoint "$s7" --max-tokens 128 --ignore-eos --kv-cache-gib 4)
+"${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1.log" 2>&1; tail -2 "$OUT/gen7-batch1.log"
+TANDEM_DECODE_KERNELS=torch "${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1-torch.log" 2>&1
+echo "-- TANDEM_DECODE_KERNELS=torch:"; tail -2 "$OUT/gen7-batch1-torch.log"
+"${g7[@]}" --prompts "$OUT/gen-prompts.txt" --max-batch "${SERVE_BATCH:-32}" >"$OUT/gen7-batch.log" 2>&1
+tail -2 "$OUT/gen7-batch.log"
+python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
+python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
+gdir=$s7 serve_load_run serve7-load "${SERVE_ARGS:-}"
+rm -rf "$s7"
 fi
 if [[ ${SERVE_BIG:-0} != 0 ]]; then
 echo "== serve: 13B random weights over a 16 GiB and a 6 GiB GPU share, tandem generate and transformers + accelerate"
@@ -805,7 +842,7 @@ has curve && python3 bench/train_curves.py --every 20 --svg "$OUT/curve.svg" $(f
 has telemetry && python3 bench/telemetry_table.py "${tel_on[@]}" -- "${tel_off[@]}"
 has train && python3 bench/compare.py --tandem "${tandem_runs[@]}" --pytorch "${pytorch_runs[@]}"
 has serve && [[ ${SERVE_BIG:-0} != only ]] && python3 bench/serve_load.py --table $(ls "$OUT"/serve-load.json \
-  "$OUT"/serve-load-gather.json "$OUT"/serve-load-b.json "$OUT"/serve-prefix-on.json "$OUT"/serve-prefix-off.json 2>/dev/null)
+  "$OUT"/serve-load-torch.json "$OUT"/serve7-load.json "$OUT"/serve-load-b.json "$OUT"/serve-prefix-on.json "$OUT"/serve-prefix-off.json 2>/dev/null)
 has serve && [[ ${SERVE_BIG:-0} != 0 ]] && python3 bench/generate_peer.py table "tandem, 16 GiB=$OUT/gen-13b-tandem-16.log" \
   "tandem, 6 GiB=$OUT/gen-13b-tandem-6.log" "transformers + accelerate, 16 GiB=$OUT/gen-13b-accelerate.log"
 has placement && python3 bench/placement_table.py table "${pl_args[@]}" --json "$OUT/placement.json"

@@ -206,6 +206,38 @@ TEST(ServeDecoderGpu, PagedAttentionOnCudaEqualsTheCpuForward) {
   }
 }
 
+// The fused kernels (Note [Decode fusions], Note [Paged decode attention]) against LibTorch's ops
+// (TANDEM_DECODE_KERNELS=torch) on the same GPU in bf16: the same schedule's logits within bf16's
+// rounding of the values.
+TEST(ServeDecoderGpu, FusedKernelsStayWithinBf16RoundingOfLibTorchsOps) {
+  REQUIRE_CUDA();
+  auto spec = test::small_llama_spec();
+  spec.d_model = 256, spec.n_head = 4, spec.n_kv_head = 2;
+  const auto model = test::random_llama(spec, 5);
+  const c10::Device cuda(c10::kCUDA, 0);
+  auto fused = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
+  ::setenv("TANDEM_DECODE_KERNELS", "torch", 1);
+  auto plain = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
+  ::unsetenv("TANDEM_DECODE_KERNELS");
+  EXPECT_TRUE(fused->paged_attention());
+  EXPECT_FALSE(plain->paged_attention());
+  const auto a = run_schedule(*fused, nullptr, 9), b = run_schedule(*plain, nullptr, 9);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = b[i].abs().max().item<double>();
+    EXPECT_TRUE(test::AllClose(a[i], b[i], 0, 0.03 * scale)) << "step " << i;
+  }
+}
+
+TEST(ServeDecoder, AnUnknownChoiceOfDecodeKernelsIsNamed) {
+  const auto model = test::random_llama(test::small_llama_spec(), 3);
+  ::setenv("TANDEM_DECODE_KERNELS", "fast", 1);
+  const auto message = test::error_of([&] { test::decoder_of(*model); });
+  ::unsetenv("TANDEM_DECODE_KERNELS");
+  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or torch"),
+            std::string::npos)
+      << message;
+}
+
 TEST(ServeDecoderGpu, StreamedLayersOnCudaEqualResidentOnes) {
   REQUIRE_CUDA();
   const auto spec = test::small_llama_spec();

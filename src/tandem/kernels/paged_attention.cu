@@ -1,41 +1,22 @@
 // Paged decode-attention CUDA kernels (Note [Paged decode attention]).
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "tandem/kernels/cuda_check.h"
+#include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/paged_attention_launch.h"
 
 namespace tandem::detail {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kPrefetch = 4;  // value rows a lane has in flight
 constexpr int kThreads = 32 * kWarps;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // N consecutive elements at p (aligned to their size, or to 16 bytes beyond) as floats.
 template <class T, int N>
@@ -155,19 +136,31 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecod
       for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
       m[g] = m_new;
     }
+    // The tile's values, kPrefetch rows loaded before any is used: at small batches the loop is
+    // bound by the loads' latency, not by bandwidth.
     const int n = static_cast<int>(min(int64_t{32}, end - base));
-    for (int kk = 0; kk < n; ++kk) {
-      const int64_t row = __shfl_sync(kFull, off, kk);
-      float v[E];
-      load_floats<T, E>(vc + row + lane * E, v);
+    for (int k0 = 0; k0 < n; k0 += kPrefetch) {
+      float v[kPrefetch][E];
 #pragma unroll
-      for (int g = 0; g < G_MAX; ++g) {
-        const float p = __shfl_sync(kFull, s[g], kk);
-        if (g < G) {
+      for (int u = 0; u < kPrefetch; ++u) {
+        const int64_t row = __shfl_sync(kFull, off, (k0 + u) & 31);
+        if (k0 + u < n) {
+          load_floats<T, E>(vc + row + lane * E, v[u]);
+        } else {
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, v[e], acc[g][e]);
+          for (int e = 0; e < E; ++e) v[u][e] = 0.0f;
         }
       }
+#pragma unroll
+      for (int u = 0; u < kPrefetch; ++u)
+#pragma unroll
+        for (int g = 0; g < G_MAX; ++g) {
+          const float p = __shfl_sync(kFull, s[g], (k0 + u) & 31);
+          if (g < G) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, v[u][e], acc[g][e]);
+          }
+        }
     }
   }
 
@@ -276,14 +269,7 @@ int paged_decode_splits(int64_t B, int64_t KV, int64_t max_keys, int sm_count, i
 
 void launch_paged_decode(const PagedDecodeArgs& a, cudaStream_t stream) {
   if (a.B == 0) return;
-  switch (a.elem) {
-    case PagedElem::kF32:
-      return launch_type<float>(a, stream);
-    case PagedElem::kF16:
-      return launch_type<__half>(a, stream);
-    case PagedElem::kBF16:
-      return launch_type<__nv_bfloat16>(a, stream);
-  }
+  with_element_type(a.elem, [&](auto tag) { launch_type<decltype(tag)>(a, stream); });
 }
 
 }  // namespace tandem::detail

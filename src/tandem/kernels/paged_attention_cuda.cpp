@@ -9,31 +9,16 @@
 #include <cmath>
 
 #include "tandem/core/error.h"
+#include "tandem/kernels/element_type_of.h"
 #include "tandem/kernels/paged_attention.h"
 #include "tandem/kernels/paged_attention_launch.h"
 
 namespace tandem::detail {
 namespace {
 
-bool elem_of(torch::ScalarType t, PagedElem* elem) {
-  switch (t) {
-    case torch::kFloat32:
-      *elem = PagedElem::kF32;
-      return true;
-    case torch::kFloat16:
-      *elem = PagedElem::kF16;
-      return true;
-    case torch::kBFloat16:
-      *elem = PagedElem::kBF16;
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool supported(torch::ScalarType dtype, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  PagedElem elem;
-  return elem_of(dtype, &elem) && kv_heads > 0 && heads % kv_heads == 0 &&
+  ElementType elem;
+  return element_type_of(dtype, &elem) && kv_heads > 0 && heads % kv_heads == 0 &&
          paged_decode_shape_supported(head_dim, heads / kv_heads);
 }
 
@@ -47,7 +32,7 @@ torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k_cache, const
   const auto page_ids = pages.to(torch::kInt64).contiguous();
   const auto lens = lengths.to(torch::kInt64).contiguous();
   PagedDecodeArgs a;
-  elem_of(q.scalar_type(), &a.elem);
+  element_type_of(q.scalar_type(), &a.elem);
   a.B = q.size(0);
   a.H = q.size(1);
   a.head_dim = q.size(2);

@@ -6,10 +6,9 @@
 
 #include <cstdint>
 
-namespace tandem::detail {
+#include "tandem/kernels/element_type.h"
 
-/// Element type of the queries, the cache and the output.
-enum class PagedElem : int { kF32, kF16, kBF16 };
+namespace tandem::detail {
 
 struct PagedDecodeArgs {
   const void* q = nullptr;  ///< (B, H, hd), strides q_stride_b, q_stride_h, 1
@@ -24,9 +23,9 @@ struct PagedDecodeArgs {
   int64_t B = 0, H = 0, KV = 0, head_dim = 0, page_tokens = 0;
   int64_t window = 0;  ///< <= 0: none
   float scale = 1.0f;
-  int splits = 1;          ///< blocks a sequence's keys are split over
-  int64_t split_keys = 0;  ///< keys a split covers (a multiple of 32)
-  PagedElem elem = PagedElem::kF32;
+  int splits = 1;                        ///< blocks a sequence's keys are split over
+  int64_t split_keys = 0;                ///< keys a split covers (a multiple of 32)
+  ElementType elem = ElementType::kF32;  ///< of the queries, the caches and the output
 };
 
 /// Whether a kernel is compiled for this shape: head_dim 64, 128 or 256, at most 8 query heads a

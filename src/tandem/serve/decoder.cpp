@@ -9,7 +9,9 @@
 #include <string>
 
 #include "tandem/core/error.h"
+#include "tandem/kernels/decode_fusions.h"
 #include "tandem/kernels/paged_attention.h"
+#include "tandem/kernels/skinny_linear.h"
 #include "tandem/models/decoder.h"
 #include "tandem/models/norm.h"
 
@@ -37,8 +39,14 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  return torch::nn::functional::linear(x, w, b);
+// Note [Paged decode attention] and Note [Decode fusions]: the CUDA kernels, unless
+// TANDEM_DECODE_KERNELS=torch asks for LibTorch's ops only (to compare the two).
+bool use_fused_kernels() {
+  const char* env = std::getenv("TANDEM_DECODE_KERNELS");
+  const std::string choice = env == nullptr ? "" : env;
+  TANDEM_CHECK(choice.empty() || choice == "fused" || choice == "torch", "TANDEM_DECODE_KERNELS=", choice,
+               " is not a choice of decode kernels; use fused or torch (or leave it unset)");
+  return choice != "torch";
 }
 
 }  // namespace
@@ -49,20 +57,24 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   if (!spec().parts.learned_positions) rope_ = std::make_unique<RopeTable>(spec());
   attention_options_.scale = spec().parts.query_scale;
   attention_options_.softcap = spec().parts.attn_softcap;
-  paged_attention_ = use_paged_attention();
+  const bool fused = use_fused_kernels() && decode_fusions_available(device(), dtype());
+  paged_attention_ =
+      fused &&
+      paged_decode_attention_supported(device(), dtype(), spec().n_head, spec().n_kv_head, spec().head_dim()) &&
+      spec().parts.attn_softcap <= 0;
+  const auto& p = spec().parts;
+  fused_norms_ =
+      fused && (p.norm == NormKind::kRms || p.norm == NormKind::kRmsPlusOne) && fused_norm_takes(spec().d_model);
+  fused_rope_ = fused && rope_ != nullptr;
+  fused_act_ = fused && p.gated_ffn && p.act == Activation::kSilu;
+  skinny_linear_ = fused;
 }
 
-// Note [Paged decode attention]: decode rows attend over their pages in place where the kernel takes
-// the model's shape and dtype and scores are not soft-capped; TANDEM_DECODE_ATTENTION=gather keeps
-// the gathered copies (to compare the two).
-bool Decoder::use_paged_attention() const {
-  const char* env = std::getenv("TANDEM_DECODE_ATTENTION");
-  const std::string choice = env == nullptr ? "" : env;
-  TANDEM_CHECK(choice.empty() || choice == "paged" || choice == "gather", "TANDEM_DECODE_ATTENTION=", choice,
-               " is not a decode attention; use paged or gather (or leave it unset)");
-  const auto& s = spec();
-  return choice != "gather" && s.parts.attn_softcap <= 0 &&
-         paged_decode_attention_supported(device(), dtype(), s.n_head, s.n_kv_head, s.head_dim());
+// Note [Skinny linear]: a step of a few rows (a small decode batch) reads each matrix at the
+// memory's speed through the skinny kernel, a larger one through cuBLAS.
+torch::Tensor Decoder::linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const {
+  if (skinny_linear_ && skinny_linear_takes(x, w)) return skinny_linear(x, w, b);
+  return torch::nn::functional::linear(x, w, b);
 }
 
 KvCacheShape Decoder::cache_shape(int64_t page_tokens) const {
@@ -237,10 +249,8 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
                                  const StepLayout& step, KvCache& cache) {
   const bool windowed = spec().window(index) > 0;  // the step's window masks, else its plain ones
   const auto& o = attention_options_;
-  auto kc = cache.keys(index);  // (P, KV, page_tokens, hd), shared with the cache
-  auto vc = cache.values(index);
-  kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
-  vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
+  const auto kc = cache.keys(index);  // (P, KV, page_tokens, hd), holding this step's keys and values
+  const auto vc = cache.values(index);
   torch::Tensor decoded;  // (B_d, H, hd)
   if (step.decodes > 0 && paged_attention_) {
     const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2)));
@@ -283,34 +293,79 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   return y;
 }
 
-torch::Tensor Decoder::layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache) {
+// Note [Residual carried into the next norm]: the layer's input is the residual stream x plus
+// `pending` (the previous layer's feed-forward output, undefined before the first layer), added
+// here together with the norm that follows it; the layer returns its own stream and output the same
+// way. The values are those of adding at the end of each layer.
+std::pair<torch::Tensor, torch::Tensor> Decoder::layer(const torch::Tensor& x, const torch::Tensor& pending,
+                                                       int64_t index, const StepLayout& step, KvCache& cache) {
   const auto& s = spec();
-  const NormKind kind = s.parts.norm;
-  const int64_t N = step.rows, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), Q = H * hd;
-  const auto norm = [&](const torch::Tensor& t, const torch::Tensor& w, const torch::Tensor& b) {
-    return norm_fp32(t, w, b, s.norm_eps, kind);  // Note [Generation forward]
-  };
+  const int64_t N = step.rows, H = s.n_head, hd = s.head_dim();
   const LayerWeights w = weights_->acquire(index);
   // Attention. x: (N, C) fp32 residual stream.
-  const auto qkv = linear(norm(x, w.attn_norm, w.attn_norm_bias).to(dtype()), w.qkv, w.qkv_bias);  // (N, Q+2KVhd)
-  auto qk = qkv.narrow(1, 0, Q + KV * hd).view({N, H + KV, hd});
-  if (rope_) qk = apply_rope(qk, step.cos, step.sin);  // q and k
-  const auto q = qk.narrow(1, 0, H), k = qk.narrow(1, H, KV);
-  const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
+  const auto [stream, h_in] = add_and_norm(x, pending, w.attn_norm, w.attn_norm_bias);
+  const auto qkv = linear(h_in, w.qkv, w.qkv_bias);  // (N, Q+2KVhd)
+  const auto [q, k, v] = queries_keys_values(qkv, index, step, cache);
   const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
   // Note [Decode step kernels]: the add converts the compute-dtype output to fp32 itself.
-  const auto a = linear(y.reshape({N, Q}), w.o, w.o_bias);
-  const auto r = w.attn_out_norm.defined() ? x + norm(a, w.attn_out_norm, {}) : x + a;
+  auto a = linear(y.reshape({N, H * hd}), w.o, w.o_bias);
+  if (w.attn_out_norm.defined()) a = norm_fp32(a, w.attn_out_norm, {}, s.norm_eps, s.parts.norm);
   // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
-  const auto h = norm(r, w.ff_norm, w.ff_norm_bias).to(dtype());
-  const auto gu = linear(h, w.gate_up, w.gate_up_bias);  // (N, 2F) or (N, F)
-  const int64_t F = s.d_ff;
-  const auto inner =
-      s.parts.gated_ffn ? activate(gu.narrow(1, 0, F), s.parts.act) * gu.narrow(1, F, F) : activate(gu, s.parts.act);
-  const auto f = linear(inner, w.down, w.down_bias);
-  auto out = w.ff_out_norm.defined() ? r + norm(f, w.ff_out_norm, {}) : r + f;
+  const auto [r, h] = add_and_norm(stream, a, w.ff_norm, w.ff_norm_bias);
+  const auto inner = gated(linear(h, w.gate_up, w.gate_up_bias));  // (N, F)
+  auto f = linear(inner, w.down, w.down_bias);
+  if (w.ff_out_norm.defined()) f = norm_fp32(f, w.ff_out_norm, {}, s.norm_eps, s.parts.norm);
   weights_->release(index);
-  return out;
+  return {r, f};
+}
+
+// The norm of x in the compute dtype (Note [Generation forward]): one kernel where the fused norm
+// takes it (Note [Decode fusions]).
+torch::Tensor Decoder::norm_in(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) const {
+  const auto& s = spec();
+  if (fused_norms_) return rms_norm_cast(x, w, s.norm_eps, s.parts.norm == NormKind::kRmsPlusOne, dtype());
+  return norm_fp32(x, w, bias, s.norm_eps, s.parts.norm).to(dtype());
+}
+
+// r = x + a (a undefined: r = x) and r's norm in the compute dtype.
+std::pair<torch::Tensor, torch::Tensor> Decoder::add_and_norm(const torch::Tensor& x, const torch::Tensor& a,
+                                                              const torch::Tensor& w, const torch::Tensor& bias) const {
+  if (!a.defined()) return {x, norm_in(x, w, bias)};
+  const auto& s = spec();
+  if (fused_norms_) return add_rms_norm_cast(x, a, w, s.norm_eps, s.parts.norm == NormKind::kRmsPlusOne, dtype());
+  const auto r = x + a;
+  return {r, norm_in(r, w, bias)};
+}
+
+// q and k rotated (RoPE) and v, from the fused projection; the new keys and values written into the
+// layer's cache at the step's slots.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_values(const torch::Tensor& qkv,
+                                                                                     int64_t index,
+                                                                                     const StepLayout& step,
+                                                                                     KvCache& cache) const {
+  const auto& s = spec();
+  const int64_t N = step.rows, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), Q = H * hd;
+  const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
+  auto kc = cache.keys(index), vc = cache.values(index);
+  if (fused_rope_) {
+    auto [q, k] = rope_write_kv(qkv, H, KV, step.cos, step.sin, kc, vc, step.write_page, step.write_slot);
+    return {q, k, v};
+  }
+  auto qk = qkv.narrow(1, 0, Q + KV * hd).view({N, H + KV, hd});
+  if (rope_) qk = apply_rope(qk, step.cos, step.sin);
+  const auto k = qk.narrow(1, H, KV);
+  kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
+  vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
+  return {qk.narrow(1, 0, H), k, v};
+}
+
+// The feed-forward's inner activation from the (gate, up) product: act(gate) * up, or act(up) for
+// an ungated feed-forward.
+torch::Tensor Decoder::gated(const torch::Tensor& gu) const {
+  const auto& p = spec().parts;
+  if (fused_act_) return silu_mul(gu);
+  const int64_t F = spec().d_ff;
+  return p.gated_ffn ? activate(gu.narrow(1, 0, F), p.act) * gu.narrow(1, F, F) : activate(gu, p.act);
 }
 
 torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {
@@ -368,11 +423,11 @@ torch::Tensor Decoder::run(const StepLayout& step, KvCache& cache) {
   auto x = torch::embedding(w.embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32
   if (w.positions().defined()) x = x + torch::embedding(w.positions(), step.positions).to(torch::kFloat32);
   if (p.scale_embedding) x = x * std::sqrt(double(spec().d_model));
-  for (int64_t i = 0; i < spec().n_layer; ++i) x = layer(x, i, step, cache);
-  const auto h =
-      norm_fp32(x.index_select(0, step.logit_rows), w.final_norm(), w.final_norm_bias(), spec().norm_eps, p.norm)
-          .to(dtype());
-  auto logits = torch::nn::functional::linear(h, w.lm_head()).to(torch::kFloat32);  // (B or N, V) fp32
+  torch::Tensor pending;  // Note [Residual carried into the next norm]
+  for (int64_t i = 0; i < spec().n_layer; ++i) std::tie(x, pending) = layer(x, pending, i, step, cache);
+  if (pending.defined()) x = x + pending;
+  const auto h = norm_in(x.index_select(0, step.logit_rows), w.final_norm(), w.final_norm_bias());
+  auto logits = linear(h, w.lm_head(), {}).to(torch::kFloat32);  // (B or N, V) fp32
   return p.final_softcap > 0 ? torch::tanh(logits / p.final_softcap) * p.final_softcap : logits;
 }
 

@@ -29,6 +29,8 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
@@ -94,15 +96,25 @@ class Decoder {
   void set_positions(StepLayout& step, const torch::Tensor& positions);  // and their cos and sin
   void set_dynamic_rope(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order, StepLayout& step);
   void set_decode_masks(StepLayout& step, const torch::Tensor& lengths, int64_t keys) const;
-  bool use_paged_attention() const;
-  torch::Tensor layer(const torch::Tensor& x, int64_t index, const StepLayout& step, KvCache& cache);
+  std::pair<torch::Tensor, torch::Tensor> layer(const torch::Tensor& x, const torch::Tensor& pending, int64_t index,
+                                                const StepLayout& step, KvCache& cache);
+  torch::Tensor norm_in(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) const;
+  torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
+  std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& a,
+                                                       const torch::Tensor& w, const torch::Tensor& bias) const;
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> queries_keys_values(const torch::Tensor& qkv, int64_t index,
+                                                                              const StepLayout& step,
+                                                                              KvCache& cache) const;
+  torch::Tensor gated(const torch::Tensor& gu) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
 
   std::shared_ptr<DecoderWeights> weights_;
   std::unique_ptr<RopeTable> rope_;  // null with learned positions
   AttentionOptions attention_options_;
-  bool paged_attention_ = false;  // Note [Paged decode attention]
+  bool paged_attention_ = false;                                       // Note [Paged decode attention]
+  bool fused_norms_ = false, fused_rope_ = false, fused_act_ = false;  // Note [Decode fusions]
+  bool skinny_linear_ = false;                                         // Note [Skinny linear]
 };
 
 }  // namespace tandem

@@ -1,0 +1,27 @@
+#pragma once
+// LibTorch's dtype as the kernels' ElementType, for the glue (kernels/*_cuda.cpp) between them.
+
+#include <c10/core/ScalarType.h>
+
+#include "tandem/kernels/element_type.h"
+
+namespace tandem::detail {
+
+/// False where the kernels take no such elements.
+inline bool element_type_of(c10::ScalarType t, ElementType* e) {
+  switch (t) {
+    case c10::kFloat:
+      *e = ElementType::kF32;
+      return true;
+    case c10::kHalf:
+      *e = ElementType::kF16;
+      return true;
+    case c10::kBFloat16:
+      *e = ElementType::kBF16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace tandem::detail

@@ -1,0 +1,97 @@
+// The skinny linear's CUDA kernel (Note [Skinny linear]).
+
+#include <cuda_runtime.h>
+
+#include "tandem/kernels/cuda_check.h"
+#include "tandem/kernels/cuda_elements.cuh"
+#include "tandem/kernels/skinny_linear_launch.h"
+
+namespace tandem::detail {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kInFlight = 4;  // 16-byte pieces of the weight row a lane loads before using any
+constexpr unsigned kFull = 0xffffffffu;
+
+// Dot products of 16-byte pieces: acc += sum_i x[i] * w[i].
+template <class T>
+__device__ __forceinline__ float dot16(const uint4& xr, const uint4& wr, float acc) {
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  const T* xe = reinterpret_cast<const T*>(&xr);
+  const T* we = reinterpret_cast<const T*>(&wr);
+#pragma unroll
+  for (int i = 0; i < per; ++i) acc = fmaf(to_float(xe[i]), to_float(we[i]), acc);
+  return acc;
+}
+
+// One warp per output feature o, for all ROWS rows of x.
+template <class T, int ROWS>
+__global__ void __launch_bounds__(32 * kWarps)
+    skinny_linear_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                         T* __restrict__ y, int64_t K, int64_t O) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t o = int64_t{blockIdx.x} * kWarps + static_cast<int>(threadIdx.x) / 32;
+  if (o >= O) return;
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  const int64_t pieces = K / per;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + o * K);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  for (int64_t base = lane; base < pieces; base += 32 * kInFlight) {
+    uint4 wv[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t c = base + 32 * u;
+      wv[u] = c < pieces ? __ldcs(wr + c) : make_uint4(0, 0, 0, 0);  // streamed: read once
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t c = base + 32 * u;
+      if (c >= pieces) break;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[r] = dot16<T>(__ldg(xr + r * pieces + c), wv[u], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float v = acc[r];
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(kFull, v, s);
+    if (lane == 0) {
+      if (bias != nullptr) v += to_float(bias[o]);
+      y[r * O + o] = from_float<T>(v);
+    }
+  }
+}
+
+template <class T, int ROWS>
+void launch_rows(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((O + kWarps - 1) / kWarps);
+  skinny_linear_kernel<T, ROWS><<<blocks, 32 * kWarps, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y), K, O);
+  TANDEM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_skinny_linear(const void* x, const void* w, const void* bias, void* y, int64_t rows, int64_t K, int64_t O,
+                          ElementType elem, cudaStream_t stream) {
+  if (rows == 0 || O == 0) return;
+  with_element_type(elem, [&](auto tag) {
+    using T = decltype(tag);
+    switch (rows) {
+      case 1:
+        return launch_rows<T, 1>(x, w, bias, y, K, O, stream);
+      case 2:
+        return launch_rows<T, 2>(x, w, bias, y, K, O, stream);
+      case 3:
+        return launch_rows<T, 3>(x, w, bias, y, K, O, stream);
+      default:
+        return launch_rows<T, 4>(x, w, bias, y, K, O, stream);
+    }
+  });
+}
+
+}  // namespace tandem::detail
