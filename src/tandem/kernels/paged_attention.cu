@@ -62,69 +62,25 @@ __device__ __forceinline__ float warp_sum(float x) {
 // exp2(x - m), 0 where x is -inf (m is then finite, or the term is dropped by the caller).
 __device__ __forceinline__ float weight(float x, float m) { return x == -INFINITY ? 0.0f : exp2f(x - m); }
 
-// One block per (sequence, key/value head, split); G_MAX >= the query heads per key/value head.
-template <class T, int HD, int G_MAX>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecodeArgs a) {
-  constexpr int E = HD / 32;  // value dimensions a lane owns
-  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
-  __shared__ float q_s[G_MAX][HD];
-  __shared__ float red_m[kWarps][G_MAX], red_l[kWarps][G_MAX];
-  __shared__ float red_acc[kWarps][G_MAX][HD];
-
-  const int64_t b = blockIdx.x, kvh = blockIdx.y;
-  const int split = static_cast<int>(blockIdx.z);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int G = static_cast<int>(a.H / a.KV);
-  const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b;
-  const float qscale = a.scale * kLog2e;  // scores in log2 units
-  for (int i = static_cast<int>(threadIdx.x); i < G_MAX * HD; i += kThreads) {
-    const int g = i / HD, d = i % HD;
-    q_s[g][d] = g < G ? to_float(q[(kvh * G + g) * a.q_stride_h + d]) * qscale : 0.0f;
-  }
-  __syncthreads();
-
-  const int64_t len = a.lengths[b];
-  const int64_t lo = a.window > 0 ? max(int64_t{0}, len - a.window) : int64_t{0};
-  const int64_t begin = lo + static_cast<int64_t>(split) * a.split_keys;
-  const int64_t end = min(len, begin + a.split_keys);
-  const T* kc = static_cast<const T*>(a.k_cache);
-  const T* vc = static_cast<const T*>(a.v_cache);
-  const int64_t pt = a.page_tokens, page_elems = a.KV * pt * HD, head_off = kvh * pt * HD;
-  const int64_t* pages = a.pages + b * a.pages_stride;
-
+// One warp's running softmax over the keys it has seen, for each of the block's query heads: the
+// maximum score m, the sum of exp2(score - m) l, and the values weighted by them (E dimensions a lane).
+template <int G_MAX, int E>
+struct WarpSoftmax {
   float m[G_MAX], l[G_MAX], acc[G_MAX][E];
+
+  __device__ __forceinline__ WarpSoftmax() {
 #pragma unroll
-  for (int g = 0; g < G_MAX; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
+    for (int g = 0; g < G_MAX; ++g) {
+      m[g] = -INFINITY;
+      l[g] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+      for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+    }
   }
 
-  for (int64_t base = begin + warp * 32; base < end; base += kWarps * 32) {
-    const int64_t j = base + lane;
-    int64_t off = 0;  // element offset of key j's row in the cache
-    float s[G_MAX];
-    if (j < end) {
-      off = pages[j / pt] * page_elems + head_off + (j % pt) * HD;
-#pragma unroll
-      for (int g = 0; g < G_MAX; ++g) s[g] = 0.0f;
-#pragma unroll 4
-      for (int c = 0; c < HD / VEC; ++c) {
-        float k[VEC];
-        load_floats<T, VEC>(kc + off + c * VEC, k);
-#pragma unroll
-        for (int g = 0; g < G_MAX; ++g)
-          if (g < G) {
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) s[g] = fmaf(q_s[g][c * VEC + i], k[i], s[g]);
-          }
-      }
-    } else {
-#pragma unroll
-      for (int g = 0; g < G_MAX; ++g) s[g] = -INFINITY;
-    }
-    // Online softmax over this tile's 32 keys (lane 0's key is always valid: m_new is finite).
+  // Takes a tile's scores (a lane's key each, -inf where none; lane 0's is real, so the new maximum
+  // is finite) and turns s into the keys' weights under the new maximum.
+  __device__ __forceinline__ void rescale(float (&s)[G_MAX], int G) {
 #pragma unroll
     for (int g = 0; g < G_MAX; ++g) {
       if (g >= G) continue;
@@ -136,9 +92,13 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecod
       for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
       m[g] = m_new;
     }
-    // The tile's values, kPrefetch rows loaded before any is used: at small batches the loop is
-    // bound by the loads' latency, not by bandwidth.
-    const int n = static_cast<int>(min(int64_t{32}, end - base));
+  }
+
+  // Adds the tile's n values (key kk's row at element offset `off` of lane kk), weighted by s,
+  // kPrefetch rows loaded before any is used: at small batches the loop waits on the loads' latency.
+  template <class T>
+  __device__ __forceinline__ void add_values(const T* vc, int64_t off, const float (&s)[G_MAX], int n, int G,
+                                             int lane) {
     for (int k0 = 0; k0 < n; k0 += kPrefetch) {
       float v[kPrefetch][E];
 #pragma unroll
@@ -163,15 +123,34 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecod
         }
     }
   }
+};
 
-  // The warps' partial softmaxes combined.
+// The scores of the key whose row starts at element `off` against the block's G query heads (in
+// shared memory, already scaled into log2 units).
+template <class T, int HD, int G_MAX>
+__device__ __forceinline__ void key_scores(const float (&q_s)[G_MAX][HD], const T* key, int G, float (&s)[G_MAX]) {
+  constexpr int VEC = 16 / static_cast<int>(sizeof(T));
 #pragma unroll
-  for (int g = 0; g < G_MAX; ++g) {
-    if (lane == 0) red_m[warp][g] = m[g], red_l[warp][g] = l[g];
+  for (int g = 0; g < G_MAX; ++g) s[g] = 0.0f;
+#pragma unroll 4
+  for (int c = 0; c < HD / VEC; ++c) {
+    float k[VEC];
+    load_floats<T, VEC>(key + c * VEC, k);
 #pragma unroll
-    for (int e = 0; e < E; ++e) red_acc[warp][g][lane * E + e] = acc[g][e];
+    for (int g = 0; g < G_MAX; ++g)
+      if (g < G) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) s[g] = fmaf(q_s[g][c * VEC + i], k[i], s[g]);
+      }
   }
-  __syncthreads();
+}
+
+// The block's result from its warps' softmaxes (in shared memory): the output rows, or with several
+// splits the unnormalised sums, the maximum and the sum of weights for the combining kernel.
+template <class T, int HD, int G_MAX>
+__device__ void write_block(const PagedDecodeArgs& a, const float (&red_m)[kWarps][G_MAX],
+                            const float (&red_l)[kWarps][G_MAX], const float (&red_acc)[kWarps][G_MAX][HD], int64_t b,
+                            int64_t kvh, int split, int G) {
   for (int i = static_cast<int>(threadIdx.x); i < G * HD; i += kThreads) {
     const int g = i / HD, d = i % HD;
     float M = -INFINITY;
@@ -195,6 +174,56 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecod
       if (d == 0) p[HD] = M, p[HD + 1] = L;
     }
   }
+}
+
+// One block per (sequence, key/value head, split); G_MAX >= the query heads per key/value head.
+// Each warp takes 32 keys at a time, a lane a key.
+template <class T, int HD, int G_MAX>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecodeArgs a) {
+  constexpr int E = HD / 32;  // value dimensions a lane owns
+  __shared__ float q_s[G_MAX][HD];
+  __shared__ float red_m[kWarps][G_MAX], red_l[kWarps][G_MAX];
+  __shared__ float red_acc[kWarps][G_MAX][HD];
+  const int64_t b = blockIdx.x, kvh = blockIdx.y;
+  const int split = static_cast<int>(blockIdx.z);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int G = static_cast<int>(a.H / a.KV);
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride_b;
+  for (int i = static_cast<int>(threadIdx.x); i < G_MAX * HD; i += kThreads) {
+    const int g = i / HD, d = i % HD;  // scores in log2 units
+    q_s[g][d] = g < G ? to_float(q[(kvh * G + g) * a.q_stride_h + d]) * (a.scale * kLog2e) : 0.0f;
+  }
+  __syncthreads();
+
+  const int64_t len = a.lengths[b];
+  const int64_t begin = (a.window > 0 ? max(int64_t{0}, len - a.window) : int64_t{0}) + int64_t{split} * a.split_keys;
+  const int64_t end = min(len, begin + a.split_keys);
+  const int64_t pt = a.page_tokens, page_elems = a.KV * pt * HD, head_off = kvh * pt * HD;
+  const int64_t* pages = a.pages + b * a.pages_stride;
+  WarpSoftmax<G_MAX, E> sm;
+  for (int64_t base = begin + warp * 32; base < end; base += kWarps * 32) {
+    const int64_t j = base + lane;
+    int64_t off = 0;  // element offset of key j's row in the cache
+    float s[G_MAX];
+    if (j < end) {
+      off = pages[j / pt] * page_elems + head_off + (j % pt) * HD;
+      key_scores<T, HD, G_MAX>(q_s, static_cast<const T*>(a.k_cache) + off, G, s);
+    } else {
+#pragma unroll
+      for (int g = 0; g < G_MAX; ++g) s[g] = -INFINITY;
+    }
+    sm.rescale(s, G);
+    sm.add_values(static_cast<const T*>(a.v_cache), off, s, static_cast<int>(min(int64_t{32}, end - base)), G, lane);
+  }
+
+#pragma unroll
+  for (int g = 0; g < G_MAX; ++g) {
+    if (lane == 0) red_m[warp][g] = sm.m[g], red_l[warp][g] = sm.l[g];
+#pragma unroll
+    for (int e = 0; e < E; ++e) red_acc[warp][g][lane * E + e] = sm.acc[g][e];
+  }
+  __syncthreads();
+  write_block<T, HD, G_MAX>(a, red_m, red_l, red_acc, b, kvh, split, G);
 }
 
 // The splits' partial sums of one (sequence, query head) combined: one block, a thread a dimension.
