@@ -41,7 +41,7 @@
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
 #          60); the server's tests with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
 #          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_NCU=1 times one decode step's kernels
-#          (bench/ncu_summary.py). SERVE_BIG=1 adds a model larger than
+#          (bench/ncu_kernels.py --last-step). SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
 #   families the decoder families' tests on cuda (tests/python/test_families.py), then tandem generate against
@@ -678,7 +678,7 @@ if [[ ${SERVE_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu.csv" \
     "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 3 --ignore-eos \
     --max-batch 1 --kv-cache-gib 1 --eager >"$OUT/ncu-generate.log" 2>&1
-  python3 bench/ncu_summary.py "$OUT/ncu.csv" >"$OUT/ncu-decode.txt" 2>&1; head -40 "$OUT/ncu-decode.txt"
+  python3 bench/ncu_kernels.py "$OUT/ncu.csv" --last-step >"$OUT/ncu-decode.txt" 2>&1; head -40 "$OUT/ncu-decode.txt"
 fi
 python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
 # Every load asks for its 128 tokens whatever the random model samples (SERVE_LOAD_FLAGS, default
