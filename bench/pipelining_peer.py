@@ -56,6 +56,64 @@ class Stage(nn.Module):
             return F.linear(h, self.lm_head.weight)[..., : self.vocab]
 
 
+class PassTimer:
+    """Each forward and backward pass of the stage (and the step's update) timed by CUDA events on the
+    compute stream, as tandem's pipeline trace times its passes (Note [Pipeline pass timing]): a pass
+    starts once its message has arrived on the stream. The ranks' tracks are aligned by the host's wall
+    clock at the first pass, as tandem's are; the step's passes go to a Chrome trace, one track a stage."""
+
+    def __init__(self, stage, dev):
+        self.on, self.dev, self.spans, self.host0 = False, dev, [], None
+        fwd, bwd = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def forward_one_chunk(chunk, *args, **kwargs):
+            self.begin(f"F{chunk}")
+            out = fwd(chunk, *args, **kwargs)
+            self.end()
+            return out
+
+        def backward_one_chunk(chunk, *args, **kwargs):
+            self.begin(f"B{chunk}")
+            out = bwd(chunk, *args, **kwargs)
+            self.end()
+            return out
+
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+
+    def begin(self, name):
+        if not self.on:
+            return
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        if self.host0 is None:
+            self.host0 = time.time()
+        self.spans.append([name, e, None])
+
+    def end(self):
+        if not self.on:
+            return
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        self.spans[-1][2] = e
+
+    def write(self, path, rank, world, step):
+        torch.cuda.synchronize()
+        first = self.spans[0][1] if self.spans else None
+        mine = [(n, first.elapsed_time(a) / 1e3, first.elapsed_time(b) / 1e3) for n, a, b in self.spans]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, (self.host0 or 0.0, mine))
+        if rank != world - 1:
+            return
+        origin = min(h for h, _ in gathered)
+        events = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": r, "args": {"name": f"stage {r}"}}
+                  for r in range(world)]
+        for r, (h, spans) in enumerate(gathered):
+            for n, a, b in spans:
+                events.append({"name": n, "cat": f"step {step}", "ph": "X", "pid": 1, "tid": r,
+                               "ts": (h - origin + a) * 1e6, "dur": (b - a) * 1e6})
+        json.dump({"displayTimeUnit": "ms", "traceEvents": events}, open(path, "w"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-config", required=True, help="model_config.json from a tandem run directory")
@@ -66,6 +124,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     ap.add_argument("--json", default="")
+    ap.add_argument("--trace-step", type=int, default=4,
+                    help="the step whose passes are timed on the GPU and written to <json>.trace.json (-1: none)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = ap.parse_args()
     c = json.load(open(a.model_config))
@@ -108,6 +168,7 @@ def main():
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
+    timed = PassTimer(stage, dev) if cuda and a.json and a.trace_step >= 0 else None
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)  # the same tokens on every rank: the first stage reads the inputs, the last the targets
     rows = a.micro_batch * a.micro_batches
@@ -115,6 +176,8 @@ def main():
     times, losses = [], []
     for step in range(a.steps):
         t0 = time.perf_counter()
+        if timed:
+            timed.on = step == a.trace_step
         x = torch.randint(0, vocab, (rows, a.seq + 1), device=dev, generator=gen)
         step_losses = []
         if first:
@@ -130,8 +193,12 @@ def main():
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef)
+        if timed and timed.on:
+            timed.begin("U")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if timed and timed.on:
+            timed.end()
         loss = torch.stack(step_losses).mean() if last else torch.zeros((), device=dev)
         dist.broadcast(loss, world - 1)
         losses.append(loss.item())  # the one host sync per step
@@ -159,6 +226,8 @@ def main():
         "losses": losses,
         "loss_finite": all(math.isfinite(v) for v in losses),
     }
+    if timed:
+        timed.write(a.json + ".trace.json", rank, world, a.trace_step)
     if last:
         print(json.dumps({k: v for k, v in out.items() if k != "losses"}))
         if a.json:

@@ -28,7 +28,8 @@
 #          dist.zero_stage=2) against DeepSpeed ZeRO-2 with offload_optimizer=cpu. DIST_PARTS (default "resident
 #          offload") and DIST_SIDES (default "tandem peer") select; DIST_TIMEOUT / DIST_BIG_TIMEOUT (default
 #          240 / 540 s) limit each run. DIST_PARTS may add: pipeline (1B in 2 stages, 1F1B, tandem against
-#          torch.distributed.pipelining, bench/pipelining_peer.py; PP_STAGES stages, PP_CUTS cuts), pp-offload (DIST_BIG in 2 stages with the offload
+#          torch.distributed.pipelining, bench/pipelining_peer.py; PP_STAGES stages, PP_CUTS cuts, PP_SET settings; each
+#          side's step 4 pass by pass from bench/pipeline_gaps.py), pp-offload (DIST_BIG in 2 stages with the offload
 #          engine), largest (the most of LARGEST_LAYERS, default "56 54 52", layers of LLaMA-30B's width that the
 #          plan admits, in 2 stages with offload, LARGEST_STEPS, default 50, steps on real text). Each run
 #          prints its GPUs' peak memory in use as nvidia-smi sees it.
@@ -501,6 +502,7 @@ if dist_has pipeline && (( G >= 2 )); then
        --set train.grad_accum="$PP_M" --set train.seq_len=2048 --steps "$PP_STEPS" --set train.eval_every=0
        --set train.save_final=false --set optim.warmup_steps=5 --set train.progress=lines --set train.log_every=1
        --set dist.pipeline_stages="$PP_STAGES" --set dist.pipeline_schedule=1f1b)
+  for kv in ${PP_SET:-}; do dpp+=(--set "$kv"); done
   mpp="$OUT/dist-pp-model.json"
   "$BUILD/tandem" inspect -p 1B --set model.tie_embeddings=false --hf-config "$mpp" >/dev/null 2>&1
   label="1B, $PP_STAGES stages, 1F1B, $PP_M x $PP_B rows x 2048"
@@ -517,6 +519,10 @@ if dist_has pipeline && (( G >= 2 )); then
     "$OUT/dist-pippy-pp$PP_STAGES.json" "$PP_WARMUP" 240 \
     "${launch[@]}" bench/pipelining_peer.py --model-config "$mpp" --micro-batch "$PP_B" --micro-batches "$PP_M" \
     --seq 2048 --steps "$PP_STEPS" --warmup "$PP_WARMUP" --schedule 1f1b --json "$OUT/dist-pippy-pp$PP_STAGES.json"
+  # Each side's step 4 timed pass by pass on the GPUs (tandem's dist.pipeline_trace_steps default, the
+  # peer's --trace-step): busy time, and the gaps between passes on each stage.
+  python3 bench/pipeline_gaps.py $(for cut in ${PP_CUTS:-even}; do echo "tandem-$cut=$OUT/dist-tandem-pp$PP_STAGES-$cut/pipeline_trace.json"; done) \
+    "peer=$OUT/dist-pippy-pp$PP_STAGES.json.trace.json" | cut -c1-300
 fi
 
 if dist_has pp-offload && (( G >= 2 )); then

@@ -76,6 +76,7 @@ torch::Tensor PipelineStep::run(const std::vector<Batch>& batches,
     if (gpu) record(pass_events_.back().second);
     times_.passes.emplace_back(start, wall_seconds());
   }
+  link_.wait_receives();
   link_.wait_sends();
   times_.wait_s = link_.take_wait_s();
   times_.section_s = seconds_since(t0);
@@ -188,6 +189,7 @@ torch::Tensor PipelineStep::evaluate(const std::vector<Batch>& batches) {
     else
       link_.send_activation(y, micro);
   }
+  link_.wait_receives();
   link_.wait_sends();
   link_.take_wait_s();
   return loss_sum;
