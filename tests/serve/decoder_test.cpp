@@ -5,6 +5,7 @@
 
 #include "tandem/serve/decoder.h"
 
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -102,6 +103,20 @@ TEST(ServeDecoder, IncrementalDecodingEqualsTheFullForward) {
   ASSERT_EQ(logits.size(), 9u);
   // The reference is not trivially matched: the logits differ between positions.
   EXPECT_GT((logits[0][0] - logits[0][1]).abs().max().item<double>(), 1.0);
+}
+
+// Note [No per-shape attention plans]: a step that prefills switches LibTorch's process-wide cuDNN
+// attention off for itself and leaves the switch as it found it, on or off.
+TEST(ServeDecoder, StepsThatPrefillLeaveTheCudnnAttentionSwitchAsItWas) {
+  const auto model = test::random_llama(test::small_llama_spec(), 3);
+  auto decoder = test::decoder_of(*model);
+  const bool before = at::globalContext().userEnabledCuDNNSDP();
+  for (const bool on : {true, false}) {
+    at::globalContext().setSDPUseCuDNN(on);
+    run_schedule(*decoder, model.get(), 5);  // prefills from the start and a masked continuation
+    EXPECT_EQ(at::globalContext().userEnabledCuDNNSDP(), on);
+  }
+  at::globalContext().setSDPUseCuDNN(before);
 }
 
 TEST(ServeDecoder, TiedEmbeddingsAndOneKeyValueHead) {

@@ -1,5 +1,6 @@
 #include "tandem/serve/decoder.h"
 
+#include <ATen/Context.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
@@ -48,6 +49,34 @@ bool use_fused_kernels() {
                " is not a choice of decode kernels; use fused or torch (or leave it unset)");
   return choice != "torch";
 }
+
+// Note [No per-shape attention plans]
+// cuDNN's attention, LibTorch's first choice on Hopper for a masked or grouped-query SDPA, builds a
+// plan for every new shape (45 to 700 ms for its first call at a key length on an H100,
+// bench/sdpa_first_call.py) and runs fast after it. The prefills of a serving step have shapes
+// that hardly repeat (each prompt's length, each cached prefix's), so every step that prefilled
+// paid plans: under the 64-client load on an H100 such a step took 50.8 ms against 1.87 ms for a
+// decode step, 45 % of the server's busy time, and the time to first token followed. A step that
+// prefills runs its attention with cuDNN's backend switched off (flash attention for a prompt from
+// its start, the memory-efficient or the math backend for a masked continuation), none of which
+// plans per shape; decode steps keep LibTorch's choice (the paged kernel takes them, or under
+// TANDEM_DECODE_KERNELS=torch a few recorded shapes). The switch is LibTorch's process-wide one,
+// set for the step and restored after it (attention in another thread during that step would see
+// it too).
+class NoCudnnAttention {
+ public:
+  explicit NoCudnnAttention(bool on) : on_(on), was_(at::globalContext().userEnabledCuDNNSDP()) {
+    if (on_) at::globalContext().setSDPUseCuDNN(false);
+  }
+  ~NoCudnnAttention() {
+    if (on_) at::globalContext().setSDPUseCuDNN(was_);
+  }
+  NoCudnnAttention(const NoCudnnAttention&) = delete;
+  NoCudnnAttention& operator=(const NoCudnnAttention&) = delete;
+
+ private:
+  bool on_, was_;
+};
 
 }  // namespace
 
@@ -372,7 +401,9 @@ torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache&
   TANDEM_ASSERT(!batch.empty(), "a step without sequences");
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
-  return run(layout(batch, cache, rows), cache);
+  const StepLayout step = layout(batch, cache, rows);
+  const NoCudnnAttention no_plans(step.rows > step.decodes);  // Note [No per-shape attention plans]
+  return run(step, cache);
 }
 
 void Decoder::set_positions(StepLayout& s, const torch::Tensor& positions) {
