@@ -96,6 +96,11 @@ class PassTimer:
         e.record()
         self.spans[-1][2] = e
 
+    def extend(self):
+        """The last pass ends now (the last stage's loss, taken by the schedule after its forward)."""
+        if self.on and self.spans:
+            self.end()
+
     def write(self, path, rank, world, step):
         torch.cuda.synchronize()
         first = self.spans[0][1] if self.spans else None
@@ -125,7 +130,7 @@ def main():
     ap.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"])
     ap.add_argument("--json", default="")
     ap.add_argument("--trace-step", type=int, default=4,
-                    help="the step whose passes are timed on the GPU and written to <json>.trace.json (-1: none)")
+                    help="the step (1-based) whose passes are timed on the GPU and written to <json>.trace.json (0: none)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     a = ap.parse_args()
     c = json.load(open(a.model_config))
@@ -157,9 +162,13 @@ def main():
         stage_mod.cos.copy_(e.cos().float())
         stage_mod.sin.copy_(e.sin().float())
     stage = PipelineStage(stage_mod, rank, world, dev)
+    timed = PassTimer(stage, dev) if cuda and a.json and a.trace_step > 0 else None
 
     def loss_fn(logits, targets):
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        if timed:
+            timed.extend()  # the schedule takes the loss after the forward pass: it belongs to that pass
+        return loss
 
     Sched = Schedule1F1B if a.schedule == "1f1b" else ScheduleGPipe
     schedule = Sched(stage, n_microbatches=a.micro_batches, loss_fn=loss_fn)
@@ -168,7 +177,6 @@ def main():
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=cuda)
-    timed = PassTimer(stage, dev) if cuda and a.json and a.trace_step >= 0 else None
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)  # the same tokens on every rank: the first stage reads the inputs, the last the targets
     rows = a.micro_batch * a.micro_batches
@@ -177,7 +185,7 @@ def main():
     for step in range(a.steps):
         t0 = time.perf_counter()
         if timed:
-            timed.on = step == a.trace_step
+            timed.on = step + 1 == a.trace_step  # 1-based, as tandem's dist.pipeline_trace_steps
         x = torch.randint(0, vocab, (rows, a.seq + 1), device=dev, generator=gen)
         step_losses = []
         if first:

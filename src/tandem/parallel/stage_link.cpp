@@ -1,5 +1,8 @@
 #include "tandem/parallel/stage_link.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <chrono>
 #include <thread>
 
@@ -133,9 +136,11 @@ torch::Tensor StageLink::recv(c10d::Backend& link, int rank, int64_t micro, cons
                                  static_cast<long long>(micro), what, rank, rank / grid_.replicas());
   std::vector<at::Tensor> pv{torch::empty(shape.sizes, torch::TensorOptions().dtype(shape.dtype).device(wire))};
   if (!host_transport_) {  // the compute stream waits for it, the host does not
-    auto work = link.recv(pv, rank, payload_tag(micro));
-    work->wait();
-    receives_.push_back({std::move(work), std::move(waited)});
+    link.recv(pv, rank, payload_tag(micro))->wait();
+    // An event behind it on the compute stream, not the Work: that holds the tensor until the step's end.
+    c10::impl::VirtualGuardImpl impl(device_.type());
+    receives_.push_back({c10::Event(device_.type()), std::move(waited)});
+    receives_.back().arrived.record(impl.getStream(device_));
     return pv[0];
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -149,9 +154,9 @@ void StageLink::wait_receives() {
   const auto t0 = std::chrono::steady_clock::now();
   for (; !receives_.empty(); receives_.pop_front()) {
     Queued& q = receives_.front();
-    if (q.work->isCompleted()) continue;
+    if (q.arrived.query()) continue;
     const Comm::Waiting waiting(&comm_, q.what);
-    while (!q.work->isCompleted()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    while (!q.arrived.query()) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -6,6 +6,7 @@
 // Blocks, autocast or micro-batch size; the step's other activations and every gradient have that
 // shape, so their receives are queued without waiting for anything.
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -22,7 +23,8 @@ class Comm;
 class StageLink {
  public:
   /// Over `comm`'s stage links (Comm::Link: activations down, gradients up) between the neighbours
-  /// of `grid`; tensors arrive on `device`. A receive marks this rank's wait (Comm::Waiting).
+  /// of `grid`; tensors arrive on `device`. Where the host waits (a step's first activation, every
+  /// receive over a host transport, wait_receives()), it marks this rank's wait (Comm::Waiting).
   StageLink(Comm& comm, const PipelineGrid& grid, c10::Device device);
   ~StageLink();
   StageLink(const StageLink&) = delete;
@@ -68,8 +70,8 @@ class StageLink {
   Shape sent_;           // the step's activations sent (micro-batch 0's): the gradients coming back
   Shape received_;       // the step's activations received (micro-batch 0's header)
   struct Queued {
-    c10::intrusive_ptr<c10d::Work> work;
-    std::string what;  // "micro-batch 3's gradient from rank 1 (stage 1) over the stage link"
+    c10::Event arrived;  // on the compute stream, behind the receive
+    std::string what;    // "micro-batch 3's gradient from rank 1 (stage 1) over the stage link"
   };
   std::deque<c10::intrusive_ptr<c10d::Work>> sends_;
   std::deque<Queued> receives_;  // NCCL: queued on the compute stream, not yet seen to arrive

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "tandem/core/error.h"
@@ -57,26 +58,56 @@ bool use_fused_kernels() {
 // that hardly repeat (each prompt's length, each cached prefix's), so every step that prefilled
 // paid plans: under the 64-client load on an H100 such a step took 50.8 ms against 1.87 ms for a
 // decode step, 45 % of the server's busy time, and the time to first token followed. A step that
-// prefills runs its attention with cuDNN's backend switched off (flash attention for a prompt from
-// its start, the memory-efficient or the math backend for a masked continuation), none of which
-// plans per shape; decode steps keep LibTorch's choice (the paged kernel takes them, or under
-// TANDEM_DECODE_KERNELS=torch a few recorded shapes). The switch is LibTorch's process-wide one,
-// set for the step and restored after it (attention in another thread during that step would see
-// it too).
+// prefills runs its attention with cuDNN's backend switched off, and none of the others plans per
+// shape: flash attention takes a prompt from its start (causal, grouped queries), the memory-
+// efficient kernel a masked one (a continuation, prompts padded together, a window). That kernel
+// takes no grouped queries, and LibTorch's math backend, which would, holds every score (a 2048-token
+// chunk over a 128 K-token prefix: 17 GB at 32 heads), so a masked attention of grouped queries gets
+// its key and value heads repeated first (attend_without_plans). Decode steps keep LibTorch's choice
+// (the paged kernel takes them, or under TANDEM_DECODE_KERNELS=torch a few recorded shapes). The
+// switch is LibTorch's process-wide one: the first step in flight that prefills turns it off, the
+// last one to end restores it, so decoders on several threads leave it as they found it.
 class NoCudnnAttention {
  public:
-  explicit NoCudnnAttention(bool on) : on_(on), was_(at::globalContext().userEnabledCuDNNSDP()) {
-    if (on_) at::globalContext().setSDPUseCuDNN(false);
+  explicit NoCudnnAttention(bool on) : on_(on) {
+    if (!on_) return;
+    State& s = state();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.depth++ == 0) {
+      s.saved = at::globalContext().userEnabledCuDNNSDP();
+      at::globalContext().setSDPUseCuDNN(false);
+    }
   }
   ~NoCudnnAttention() {
-    if (on_) at::globalContext().setSDPUseCuDNN(was_);
+    if (!on_) return;
+    State& s = state();
+    const std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.depth == 0) at::globalContext().setSDPUseCuDNN(s.saved);
   }
   NoCudnnAttention(const NoCudnnAttention&) = delete;
   NoCudnnAttention& operator=(const NoCudnnAttention&) = delete;
 
  private:
-  bool on_, was_;
+  struct State {
+    std::mutex mutex;
+    int depth = 0;
+    bool saved = true;
+  };
+  static State& state() {
+    static State s;
+    return s;
+  }
+  bool on_;
 };
+
+// Note [No per-shape attention plans]: attend() for a step that prefills, a masked attention's
+// key and value heads repeated to the queries' so that the memory-efficient kernel takes it.
+torch::Tensor attend_without_plans(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   const torch::Tensor& mask, const AttentionOptions& o) {
+  if (!mask.defined() || o.softcap > 0 || k.size(1) == q.size(1)) return attend(q, k, v, mask, o);
+  const int64_t groups = q.size(1) / k.size(1);
+  return attend(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), mask, o);
+}
 
 }  // namespace
 
@@ -278,6 +309,11 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
                                  const StepLayout& step, KvCache& cache) {
   const bool windowed = spec().window(index) > 0;  // the step's window masks, else its plain ones
   const auto& o = attention_options_;
+  const bool prefills = step.rows > step.decodes;  // Note [No per-shape attention plans]
+  const auto attend_step = [&](const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_,
+                               const torch::Tensor& mask) {
+    return prefills ? attend_without_plans(q_, k_, v_, mask, o) : attend(q_, k_, v_, mask, o);
+  };
   const auto kc = cache.keys(index);  // (P, KV, page_tokens, hd), holding this step's keys and values
   const auto vc = cache.values(index);
   torch::Tensor decoded;  // (B_d, H, hd)
@@ -285,14 +321,14 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
     const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2)));
     decoded = paged_decode_attention(q.narrow(0, 0, step.decodes), kc, vc, step.decode_pages, step.decode_lengths,
                                      spec().window(index), scale);
-    if (step.decodes == step.rows) return decoded;
   } else if (step.decodes > 0) {
     const auto qd = q.narrow(0, 0, step.decodes).unsqueeze(2);  // (B_d, H, 1, hd)
     const auto kd = gather_pages(kc, step.decode_pages);        // (B_d, KV, S, hd)
     const auto vd = gather_pages(vc, step.decode_pages);
-    decoded = attend(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask, o).squeeze(2);
-    if (step.decodes == step.rows) return decoded;  // Note [Decode step kernels]: the rows, not a copy
+    decoded = attend_step(qd, kd, vd, windowed ? step.decode_window_mask : step.decode_mask).squeeze(2);
   }
+  if (step.decodes > 0 && step.decodes == step.rows)
+    return decoded;  // Note [Decode step kernels]: the rows, not a copy
   auto y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());  // (N, H, hd), contiguous
   if (decoded.defined()) y.narrow(0, 0, step.decodes).copy_(decoded);
   if (step.fresh.count > 0) {
@@ -300,7 +336,7 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
     const auto pad = [&](const torch::Tensor& t) {  // (N, heads, hd) -> (B, heads, T, hd)
       return t.index_select(0, g.gather).view({g.count, g.width, t.size(1), t.size(2)}).transpose(1, 2);
     };
-    const auto a = attend(pad(q), pad(k), pad(v), windowed ? g.window_mask : g.mask, o);
+    const auto a = attend_step(pad(q), pad(k), pad(v), windowed ? g.window_mask : g.mask);
     y.index_copy_(0, g.rows, a.transpose(1, 2).reshape({-1, q.size(1), q.size(2)}).index_select(0, g.places));
   }
   for (const auto& p : step.prefills) {
@@ -310,12 +346,12 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
     if (p.start == 0) {
       const auto kp = k.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);  // (1, KV, T, hd)
       const auto vp = v.narrow(0, p.row, p.count).transpose(0, 1).unsqueeze(0);
-      a = attend(qp, kp, vp, windowed ? p.window_mask : torch::Tensor(), o);  // undefined: causal
+      a = attend_step(qp, kp, vp, windowed ? p.window_mask : torch::Tensor());  // undefined: causal
     } else {
       const int64_t L = p.start + p.count;
       const auto kp = gather_pages(kc, p.pages).narrow(2, 0, L);  // (1, KV, L, hd)
       const auto vp = gather_pages(vc, p.pages).narrow(2, 0, L);
-      a = attend(qp, kp, vp, windowed ? p.window_mask : p.mask, o);
+      a = attend_step(qp, kp, vp, windowed ? p.window_mask : p.mask);
     }
     y.narrow(0, p.row, p.count).copy_(a.squeeze(0).transpose(0, 1));
   }
