@@ -1,6 +1,6 @@
 #pragma once
-// Device helpers shared by the CUDA kernels: conversions between the element types and fp32, and a
-// launch switch over ElementType.
+// Device helpers shared by the CUDA kernels: conversions between the element types and fp32, warp
+// reductions, and a launch switch over ElementType.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,6 +33,23 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 template <class T>
 __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
+}
+
+/// Every lane of a full warp.
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+/// The sum of x over the 32 lanes of a warp, on every lane.
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullWarp, x, o);
+  return x;
+}
+
+/// The largest x of the 32 lanes of a warp, on every lane.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, o));
+  return x;
 }
 
 /// Calls f(T{}) with T the C++ type of `e`.

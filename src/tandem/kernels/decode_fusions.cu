@@ -12,12 +12,11 @@ namespace tandem::detail {
 namespace {
 
 constexpr int kNormThreads = 512;
-constexpr unsigned kFull = 0xffffffffu;
 
 // The sum of every thread's v in the block (kNormThreads threads), on every thread.
 __device__ float block_sum(float v) {
   __shared__ float partial[kNormThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  v = warp_sum(v);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (lane == 0) partial[warp] = v;
   __syncthreads();

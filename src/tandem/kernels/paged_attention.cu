@@ -15,7 +15,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kPrefetch = 4;  // value rows a lane has in flight
 constexpr int kThreads = 32 * kWarps;
-constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // N consecutive elements at p (aligned to their size, or to 16 bytes beyond) as floats.
@@ -45,18 +44,6 @@ __device__ __forceinline__ void load_floats(const T* p, float* out) {
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
   }
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
-  return x;
 }
 
 // exp2(x - m), 0 where x is -inf (m is then finite, or the term is dropped by the caller).
@@ -103,7 +90,7 @@ struct WarpSoftmax {
       float v[kPrefetch][E];
 #pragma unroll
       for (int u = 0; u < kPrefetch; ++u) {
-        const int64_t row = __shfl_sync(kFull, off, (k0 + u) & 31);
+        const int64_t row = __shfl_sync(kFullWarp, off, (k0 + u) & 31);
         if (k0 + u < n) {
           load_floats<T, E>(vc + row + lane * E, v[u]);
         } else {
@@ -115,7 +102,7 @@ struct WarpSoftmax {
       for (int u = 0; u < kPrefetch; ++u)
 #pragma unroll
         for (int g = 0; g < G_MAX; ++g) {
-          const float p = __shfl_sync(kFull, s[g], (k0 + u) & 31);
+          const float p = __shfl_sync(kFullWarp, s[g], (k0 + u) & 31);
           if (g < G) {
 #pragma unroll
             for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, v[u][e], acc[g][e]);

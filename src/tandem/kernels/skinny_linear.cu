@@ -11,7 +11,6 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kInFlight = 4;  // 16-byte pieces of the weight row a lane loads before using any
-constexpr unsigned kFull = 0xffffffffu;
 
 // Dot products of 16-byte pieces: acc += sum_i x[i] * w[i].
 template <class T>
@@ -56,9 +55,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float v = acc[r];
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(kFull, v, s);
+    float v = warp_sum(acc[r]);
     if (lane == 0) {
       if (bias != nullptr) v += to_float(bias[o]);
       y[r * O + o] = from_float<T>(v);
