@@ -221,25 +221,32 @@ TEST(ServeDecoderGpu, PagedAttentionOnCudaEqualsTheCpuForward) {
   }
 }
 
-// The fused kernels (Note [Decode fusions], Note [Paged decode attention]) against LibTorch's ops
-// (TANDEM_DECODE_KERNELS=torch) on the same GPU in bf16: the same schedule's logits within bf16's
-// rounding of the values.
+// The fused kernels (Note [Decode fusions], Note [Paged decode attention]) and the packed prefills
+// (Note [Packed prefill attention]: fresh prompts, several joining in one step, a continuation)
+// against LibTorch's ops and one attention call per chunk (TANDEM_DECODE_KERNELS=torch) on the same
+// GPU in bf16, with and without a sliding window: the same schedule's logits within bf16's rounding
+// of the values.
 TEST(ServeDecoderGpu, FusedKernelsStayWithinBf16RoundingOfLibTorchsOps) {
   REQUIRE_CUDA();
   auto spec = test::small_llama_spec();
   spec.d_model = 256, spec.n_head = 4, spec.n_kv_head = 2;
-  const auto model = test::random_llama(spec, 5);
-  const c10::Device cuda(c10::kCUDA, 0);
-  auto fused = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
-  ::setenv("TANDEM_DECODE_KERNELS", "torch", 1);
-  auto plain = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
-  ::unsetenv("TANDEM_DECODE_KERNELS");
-  EXPECT_TRUE(fused->paged_attention());
-  EXPECT_FALSE(plain->paged_attention());
-  const auto a = run_schedule(*fused, nullptr, 9), b = run_schedule(*plain, nullptr, 9);
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double scale = b[i].abs().max().item<double>();
-    EXPECT_TRUE(test::AllClose(a[i], b[i], 0, 0.03 * scale)) << "step " << i;
+  for (const int64_t window : {int64_t{0}, int64_t{5}}) {
+    spec.parts.sliding_window = window;
+    const auto model = test::random_llama(spec, 5);
+    const c10::Device cuda(c10::kCUDA, 0);
+    auto fused = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
+    ::setenv("TANDEM_DECODE_KERNELS", "torch", 1);
+    auto plain = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
+    ::unsetenv("TANDEM_DECODE_KERNELS");
+    EXPECT_TRUE(fused->paged_attention());
+    EXPECT_FALSE(plain->paged_attention());
+    EXPECT_TRUE(fused->packed_prefill());
+    EXPECT_FALSE(plain->packed_prefill());
+    const auto a = run_schedule(*fused, nullptr, 9), b = run_schedule(*plain, nullptr, 9);
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double scale = b[i].abs().max().item<double>();
+      EXPECT_TRUE(test::AllClose(a[i], b[i], 0, 0.03 * scale)) << "window " << window << ", step " << i;
+    }
   }
 }
 

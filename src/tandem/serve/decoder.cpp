@@ -16,6 +16,7 @@
 #include "tandem/kernels/skinny_linear.h"
 #include "tandem/models/decoder.h"
 #include "tandem/models/norm.h"
+#include "tandem/serve/packed_prefill.h"
 
 namespace tandem {
 
@@ -64,7 +65,8 @@ bool use_fused_kernels() {
 // takes no grouped queries, and LibTorch's math backend, which would, holds every score (a 2048-token
 // chunk over a 128 K-token prefix: 17 GB at 32 heads), so a masked attention of grouped queries gets
 // its key and value heads repeated first (attend_without_plans). Decode steps keep LibTorch's choice
-// (the paged kernel takes them, or under TANDEM_DECODE_KERNELS=torch a few recorded shapes). The
+// (the paged kernel takes them, or under TANDEM_DECODE_KERNELS=torch a few recorded shapes), and so
+// do steps whose prefills are packed into one call (Note [Packed prefill attention]). The
 // switch is LibTorch's process-wide one: the first step in flight that prefills turns it off, the
 // last one to end restores it, so decoders on several threads leave it as they found it.
 class NoCudnnAttention {
@@ -128,6 +130,7 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   fused_rope_ = fused && rope_ != nullptr;
   fused_act_ = fused && p.gated_ffn && p.act == Activation::kSilu;
   skinny_linear_ = fused;
+  packed_prefill_ = fused && packed_prefill_supported(device(), dtype(), spec().head_dim(), p.attn_softcap);
 }
 
 // Note [Skinny linear]: a step of a few rows (a small decode batch) reads each matrix at the
@@ -185,7 +188,15 @@ StepLayout Decoder::layout(const std::vector<SequenceChunk>& batch, const KvCach
   s.write_page = int64_tensor(page, device);
   s.write_slot = int64_tensor(slot, device);
   layout_decodes(batch, order, cache, s);
-  layout_prefills(batch, order, cache, s);
+  if (packed_prefill_) {  // Note [Packed prefill attention]
+    std::vector<PrefillChunk> chunks;
+    for (size_t j = 0; j < s.prefills.size(); ++j)
+      chunks.push_back({batch[order[static_cast<size_t>(s.decodes) + j]].pages, s.prefills[j].start,
+                        s.prefills[j].count});
+    s.packed = pack_prefills(chunks, pt, device);
+  } else {
+    layout_prefills(batch, order, cache, s);
+  }
 
   std::vector<int64_t> logit_rows;
   for (size_t b = 0; b < batch.size(); ++b) {
@@ -310,6 +321,7 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   const bool windowed = spec().window(index) > 0;  // the step's window masks, else its plain ones
   const auto& o = attention_options_;
   const bool prefills = step.rows > step.decodes;  // Note [No per-shape attention plans]
+  const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2)));
   const auto attend_step = [&](const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_,
                                const torch::Tensor& mask) {
     return prefills ? attend_without_plans(q_, k_, v_, mask, o) : attend(q_, k_, v_, mask, o);
@@ -318,7 +330,6 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   const auto vc = cache.values(index);
   torch::Tensor decoded;  // (B_d, H, hd)
   if (step.decodes > 0 && paged_attention_) {
-    const double scale = o.scale > 0 ? o.scale : 1.0 / std::sqrt(double(q.size(2)));
     decoded = paged_decode_attention(q.narrow(0, 0, step.decodes), kc, vc, step.decode_pages, step.decode_lengths,
                                      spec().window(index), scale);
   } else if (step.decodes > 0) {
@@ -331,6 +342,12 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
     return decoded;  // Note [Decode step kernels]: the rows, not a copy
   auto y = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());  // (N, H, hd), contiguous
   if (decoded.defined()) y.narrow(0, 0, step.decodes).copy_(decoded);
+  if (step.packed.max_q > 0) {  // Note [Packed prefill attention]
+    const int64_t n = step.rows - step.decodes;
+    y.narrow(0, step.decodes, n)
+        .copy_(packed_prefill_attention(q.narrow(0, step.decodes, n), kc, vc, step.packed, spec().window(index), scale));
+    return y;
+  }
   if (step.fresh.count > 0) {
     const auto& g = step.fresh;
     const auto pad = [&](const torch::Tensor& t) {  // (N, heads, hd) -> (B, heads, T, hd)
@@ -438,7 +455,8 @@ torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache&
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
   const StepLayout step = layout(batch, cache, rows);
-  const NoCudnnAttention no_plans(step.rows > step.decodes);  // Note [No per-shape attention plans]
+  // Note [No per-shape attention plans]; packed prefills call no SDPA (Note [Packed prefill attention]).
+  const NoCudnnAttention no_plans(step.rows > step.decodes && step.packed.max_q == 0);
   return run(step, cache);
 }
 

@@ -64,6 +64,8 @@ class Decoder {
   const ModelSpec& spec() const { return weights_->spec(); }
   /// Whether decode rows attend through the paged kernel (Note [Paged decode attention]).
   bool paged_attention() const { return paged_attention_; }
+  /// Whether a step's prefills attend in one call (Note [Packed prefill attention]).
+  bool packed_prefill() const { return packed_prefill_; }
   /// Where it computes, and in which dtype (the KV cache's too).
   c10::Device device() const { return weights_->placement().device; }
   torch::ScalarType dtype() const { return weights_->placement().dtype; }
@@ -115,6 +117,7 @@ class Decoder {
   bool paged_attention_ = false;                                       // Note [Paged decode attention]
   bool fused_norms_ = false, fused_rope_ = false, fused_act_ = false;  // Note [Decode fusions]
   bool skinny_linear_ = false;                                         // Note [Skinny linear]
+  bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
 };
 
 }  // namespace tandem

@@ -11,6 +11,15 @@
 
 namespace tandem {
 
+/// A step's prefill chunks packed for FlashAttention's variable-length kernel (Note [Packed
+/// prefill attention]): chunk i's query rows are [cu_q[i], cu_q[i + 1]) of the prefill rows, its
+/// sequence's keys (the cached ones and its own) [cu_k[i], cu_k[i + 1]) of the packed keys.
+struct PackedPrefills {
+  int64_t max_q = 0, max_k = 0;      // the longest chunk, the longest sequence with it
+  torch::Tensor cu_q, cu_k;          // (S + 1) int32
+  torch::Tensor key_page, key_slot;  // (K) int64: where each packed key lies in the cache
+};
+
 /// Rows are in "step order": the one-token chunks first, then the others, each chunk's tokens
 /// consecutive.
 struct StepLayout {
@@ -42,6 +51,9 @@ struct StepLayout {
     torch::Tensor window_mask;     // mask within the sliding window
     torch::Tensor places, rows;    // (M) int64: the padded places of real tokens and their step rows
   } fresh;
+  /// Note [Packed prefill attention]: every prefill of the step in one call (max_q 0: none, or
+  /// the per-chunk layout above).
+  PackedPrefills packed;
   torch::Tensor logit_rows;  // (B) or (N) int64: the rows whose logits are returned, in batch order
 };
 
