@@ -182,6 +182,12 @@ SP_KINDS = {
                               remove_extra_whitespaces=False, split_digits=True),
     # SentencePiece's defaults: unigram, NFKC and collapsed whitespace, <unk> for unseen characters.
     "unigram": dict(model_type="unigram", character_coverage=0.98, vocab_size=320),
+    # Unigram with case folding, bytes for unseen characters and no dummy prefix; and with the text's
+    # spaces kept (Note [SentencePiece normalization]).
+    "unigram_cf_bytes": dict(model_type="unigram", normalization_rule_name="nmt_nfkc_cf", byte_fallback=True,
+                             add_dummy_prefix=False, character_coverage=0.98, vocab_size=600),
+    "unigram_spaces_kept": dict(model_type="unigram", normalization_rule_name="identity",
+                                remove_extra_whitespaces=False, character_coverage=0.98, vocab_size=320),
 }
 
 
@@ -399,7 +405,8 @@ def mixed_text(size=1 << 20, seed=2):
 @pytest.mark.parametrize("kind", list(SP_KINDS))
 def test_a_sentencepiece_model_encodes_a_long_text_as_the_package(tmp_path, kind):
     # Llama 2's kind of model is encoded as SentencePiece-style BPE (Note [SentencePiece model as
-    # BPE]), a text holding a user-defined piece by the library; the unigram model by the library.
+    # BPE]), the unigram models by tandem's own encoder (Note [SentencePiece unigram]), a text holding
+    # a user-defined piece by the library.
     path, ref = sentencepiece_model(tmp_path, **SP_KINDS[kind])
     tok = tandem.Tokenizer.open(path)
     with_piece = mixed_text()

@@ -6,6 +6,8 @@
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
 #include "tandem/data/sp_model_bpe.h"
+#include "tandem/data/sp_model_proto.h"
+#include "tandem/data/sp_unigram.h"
 
 #ifdef TANDEM_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -58,6 +60,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_file(const 
   t->choose_bos_eos(names);
   const SpModelProto proto = parse_sp_model_proto(t->sp_->sp.serialized_model_proto(), path);
   t->bpe_ = sp_bpe_for_model(proto, path);
+  t->unigram_ = sp_unigram_for_model(proto, path);
   for (const auto& p : proto.pieces)
     if (p.type == SpModelProto::kUserDefined) t->user_pieces_.push_back(p.piece);
   return t;
@@ -91,6 +94,8 @@ std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, Speci
   if (bpe_ && !user_piece) {  // Note [SentencePiece model as BPE]
     const auto bpe_ids = bpe_->encode(text, SpecialTokens::kOmit);
     ids.assign(bpe_ids.begin(), bpe_ids.end());
+  } else if (unigram_) {  // Note [SentencePiece unigram]
+    ids = unigram_->encode(text);
   } else {
     const auto status = sp_->sp.Encode(text, &ids);
     TANDEM_CHECK(status.ok(), "SentencePiece could not encode a text: ", one_line(status.ToString()));

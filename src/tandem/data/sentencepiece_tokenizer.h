@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tandem/data/sp_bpe_tokenizer.h"
+#include "tandem/data/sp_unigram.h"
 #include "tandem/data/tokenizer.h"
 
 namespace tandem {
@@ -54,6 +55,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   /// The model read as SentencePiece-style BPE, where it can stand for it (Note [SentencePiece
   /// model as BPE]): encodes a text holding none of `user_pieces_`; else null.
   std::unique_ptr<SpBpeTokenizer> bpe_;
+  std::unique_ptr<SpUnigram> unigram_;  // Note [SentencePiece unigram]: encodes every text; null: not unigram
   std::vector<std::string> user_pieces_;
   std::string path_;
   SentencePieceTemplate template_;

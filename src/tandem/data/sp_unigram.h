@@ -1,0 +1,67 @@
+#pragma once
+// A SentencePiece unigram model file (tokenizer.model: T5, ALBERT, XLNet, and SentencePiece's
+// default) encoded without libsentencepiece (Note [SentencePiece unigram]): the model's compiled
+// normalization (Note [SentencePiece normalization]) and the best segmentation by its pieces' scores.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/data/sp_model_proto.h"
+
+namespace tandem {
+
+/// The normalization of a SentencePiece model: its compiled character map (a double-array trie
+/// from input bytes to replacements, longest match first), then whitespace: leading and repeated
+/// spaces dropped and trailing ones removed (remove_extra_whitespaces), a space put in front
+/// (add_dummy_prefix) and spaces written as U+2581 (escape_whitespaces).
+class SpNormalizer {
+ public:
+  /// UserError naming `source` when the character map is malformed.
+  SpNormalizer(const SpModelProto& model, const std::string& source);
+  std::string normalize(std::string_view text) const;
+
+ private:
+  /// The replacement of the longest mapped prefix of `text` and the bytes it consumes; without a
+  /// mapped prefix, the first character itself (U+FFFD and one byte for a malformed one).
+  std::pair<std::string_view, size_t> prefix(std::string_view text) const;
+
+  std::vector<uint32_t> units_;  // the trie's double array
+  std::string replacements_;     // NUL-terminated replacements, indexed by the trie's values
+  std::vector<std::string> user_pieces_;  // the model's user-defined pieces, never normalized
+  bool user_first_[256] = {};             // a byte some user-defined piece starts with
+  bool add_dummy_prefix_, remove_extra_whitespaces_, escape_whitespaces_;
+};
+
+/// Encodes a text as the `sentencepiece` package 0.2 does with a unigram model.
+class SpUnigram {
+ public:
+  std::vector<int> encode(std::string_view text) const;
+
+ private:
+  friend std::unique_ptr<SpUnigram> sp_unigram_for_model(const SpModelProto&, const std::string&);
+  SpUnigram(const SpModelProto& model, const std::string& source);
+  void build_trie(const std::vector<std::pair<std::string, int32_t>>& pieces);
+  /// The ids of the best segmentation of normalized text.
+  std::vector<int> encode_normalized(std::string_view normalized) const;
+
+  SpNormalizer normalizer_;
+  // A byte trie of the pieces, its edges in one array: node v's are [first_[v], first_[v + 1]) of
+  // byte_ and to_, sorted by byte; root_ the root's by byte (-1: none). piece_[v]: the piece ending
+  // at v, -1 for none.
+  std::vector<int32_t> first_, to_, piece_;
+  std::vector<uint8_t> byte_;
+  int32_t root_[256];
+  std::vector<float> score_;
+  int unk_ = -1;
+  float unk_score_ = 0;
+  std::vector<int> byte_ids_;  // <0x00>..<0xFF> with byte_fallback; empty without
+};
+
+/// The unigram encoder of `model`; null for a model that is not unigram or puts whitespace after
+/// pieces (treat_whitespace_as_suffix).
+std::unique_ptr<SpUnigram> sp_unigram_for_model(const SpModelProto& model, const std::string& source);
+
+}  // namespace tandem
