@@ -223,22 +223,9 @@ void SpUnigram::build_trie(const std::vector<std::pair<std::string, int32_t>>& p
   for (const auto& [b, to] : nodes[0].next) root_[b] = to;
 }
 
-namespace {
-
-struct BestPath {
-  double score = 0;  // a float sum over a long text would lose close paths' difference (as 0.1.97 does)
-  int32_t start = -1;  // -1: not reached
-  int32_t id = -1;
-};
-
-}  // namespace
-
-std::vector<int> SpUnigram::encode_normalized(std::string_view text) const {
+// The best path to every character boundary of `text`: best[end] the last piece's start and id.
+void SpUnigram::best_paths(std::string_view text, BestPath* best) const {
   const size_t n = text.size();
-  TANDEM_CHECK(n < size_t{1} << 31, "a text of ", n, " bytes is beyond the unigram encoder's 2 GiB; encode it in pieces");
-  thread_local std::vector<BestPath> reused;  // a fresh one page-faults its way through every call
-  reused.assign(n + 1, BestPath{});
-  BestPath* const best = reused.data();  // one lookup of the thread's vector, not one per use
   best[0].start = 0;
   for (size_t at = 0; at < n;) {
     const size_t len = std::max<size_t>(1, std::min(char_length(static_cast<uint8_t>(text[at])), n - at));
@@ -273,6 +260,15 @@ std::vector<int> SpUnigram::encode_normalized(std::string_view text) const {
     }
     at += len;
   }
+}
+
+std::vector<int> SpUnigram::encode_normalized(std::string_view text) const {
+  const size_t n = text.size();
+  TANDEM_CHECK(n < size_t{1} << 31, "a text of ", n, " bytes is beyond the unigram encoder's 2 GiB; encode it in pieces");
+  thread_local std::vector<BestPath> reused;  // a fresh one page-faults its way through every call
+  reused.assign(n + 1, BestPath{});
+  BestPath* const best = reused.data();  // one lookup of the thread's vector, not one per use
+  best_paths(text, best);
   // Back from the end: ids in reverse, consecutive unknown characters one unknown piece (or their
   // bytes with byte_fallback).
   std::vector<int> ids;

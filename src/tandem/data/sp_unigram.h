@@ -44,8 +44,14 @@ class SpUnigram {
   friend std::unique_ptr<SpUnigram> sp_unigram_for_model(const SpModelProto&, const std::string&);
   SpUnigram(const SpModelProto& model, const std::string& source);
   void build_trie(const std::vector<std::pair<std::string, int32_t>>& pieces);
+  struct BestPath {
+    double score = 0;    // in double: a float sum over a long text loses close paths' difference
+    int32_t start = -1;  // where the path's last piece starts; -1: not reached
+    int32_t id = -1;     // that piece
+  };
   /// The ids of the best segmentation of normalized text.
   std::vector<int> encode_normalized(std::string_view normalized) const;
+  void best_paths(std::string_view normalized, BestPath* best) const;
 
   SpNormalizer normalizer_;
   // A byte trie of the pieces, its edges in one array: node v's are [first_[v], first_[v + 1]) of

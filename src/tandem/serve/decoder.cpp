@@ -188,15 +188,7 @@ StepLayout Decoder::layout(const std::vector<SequenceChunk>& batch, const KvCach
   s.write_page = int64_tensor(page, device);
   s.write_slot = int64_tensor(slot, device);
   layout_decodes(batch, order, cache, s);
-  if (packed_prefill_) {  // Note [Packed prefill attention]
-    std::vector<PrefillChunk> chunks;
-    for (size_t j = 0; j < s.prefills.size(); ++j)
-      chunks.push_back({batch[order[static_cast<size_t>(s.decodes) + j]].pages, s.prefills[j].start,
-                        s.prefills[j].count});
-    s.packed = pack_prefills(chunks, pt, device);
-  } else {
-    layout_prefills(batch, order, cache, s);
-  }
+  layout_prefills(batch, order, cache, s);
 
   std::vector<int64_t> logit_rows;
   for (size_t b = 0; b < batch.size(); ++b) {
@@ -260,6 +252,14 @@ void Decoder::set_decode_masks(StepLayout& s, const torch::Tensor& lengths, int6
 
 void Decoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std::vector<size_t>& order,
                               const KvCache& cache, StepLayout& s) const {
+  if (packed_prefill_) {  // Note [Packed prefill attention]: no masks, no page tables of their own
+    std::vector<PrefillChunk> chunks;
+    for (size_t j = 0; j < s.prefills.size(); ++j)
+      chunks.push_back({batch[order[static_cast<size_t>(s.decodes) + j]].pages, s.prefills[j].start,
+                        s.prefills[j].count});
+    s.packed = pack_prefills(chunks, cache.page_tokens(), device());
+    return;
+  }
   const auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device());
   const int64_t window = spec().parts.sliding_window;
   for (size_t j = 0; j < s.prefills.size(); ++j) {
