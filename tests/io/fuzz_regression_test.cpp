@@ -11,6 +11,8 @@
 #include "../test_util.h"
 #include "tandem/core/config.h"
 #include "tandem/formats/deepspeed.h"
+#include "tandem/data/sp_model_proto.h"
+#include "tandem/data/sp_unigram.h"
 #include "tandem/data/token_file.h"
 #include "tandem/formats/safetensors.h"
 
@@ -55,6 +57,19 @@ TEST(FuzzRegression, TokenFiles) {
         const auto buf = TokenBuffer::open(path, fmt);
         if (buf.size() > 0) (void)buf.max_token();
       });
+  });
+}
+
+TEST(FuzzRegression, SentencePieceModels) {
+  replay("sp_model", [](const std::string& bytes, const std::string&) {
+    fuzz::accepts([&] {
+      auto model = parse_sp_model_proto(bytes, "fuzz.model");
+      model.model_type = 1, model.treat_whitespace_as_suffix = false;
+      const auto unigram = sp_unigram_for_model(model, "fuzz.model");
+      for (const std::string text : {std::string(), std::string("  Hello \t world  "),
+                                     std::string("caf\xC3\xA9 \xF0\x9F\x98\x80 <sep> \xFF\xC3"), bytes.substr(0, 96)})
+        (void)unigram->encode(text);
+    });
   });
 }
 
