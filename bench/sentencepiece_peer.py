@@ -1,8 +1,8 @@
 """tandem's SentencePiece encoders against the `sentencepiece` package, in one invocation.
 
-The parity tests' two models (tests/python/test_tokenizers_parity.py: a unigram model with
-SentencePiece's defaults, a BPE model with Llama 2's settings), trained here, and their 1 MB mix of
-scripts, emoji and whitespace edge cases:
+The parity tests' models (tests/python/test_tokenizers_parity.py SP_KINDS: a BPE model with Llama
+2's settings and three unigram models), trained here, and their 1 MB mix of scripts, emoji and
+whitespace edge cases:
 - one text: tandem.Tokenizer.encode against SentencePieceProcessor.encode, the best of --repeats;
 - a corpus of --files copies of it: `tandem tokenize --threads N` (the tokens/s it prints: reading,
   encoding and writing, without the process's start and the model's load) against the package's

@@ -23,7 +23,8 @@ const std::string kSp = "\xE2\x96\x81";  // U+2581
 SpModelProto model(const std::vector<std::pair<std::string, float>>& pieces, bool bytes = false) {
   SpModelProto m;
   m.model_type = 1;
-  m.pieces = {{"<unk>", 0, SpModelProto::kUnknown}, {"<s>", 0, SpModelProto::kControl}, {"</s>", 0, SpModelProto::kControl}};
+  m.pieces = {
+      {"<unk>", 0, SpModelProto::kUnknown}, {"<s>", 0, SpModelProto::kControl}, {"</s>", 0, SpModelProto::kControl}};
   for (const auto& [p, score] : pieces) m.pieces.push_back({p, score, SpModelProto::kNormal});
   if (bytes) {
     m.byte_fallback = true;
@@ -55,11 +56,17 @@ TEST(SpUnigram, ATieKeepsThePathFoundFirst) {
 
 TEST(SpUnigram, ConsecutiveUnknownCharactersAreOnePieceOrTheirBytes) {
   const auto m = model({{kSp + "a", -1}, {"a", -2}, {kSp, -3}});
-  EXPECT_EQ(encode(m, "a\xC3\xA9\xC3\xA9" "a"), (Ids{3, 0, 4}));  // ▁a, éé as one <unk>, a
+  EXPECT_EQ(encode(m,
+                   "a\xC3\xA9\xC3\xA9"
+                   "a"),
+            (Ids{3, 0, 4}));  // ▁a, éé as one <unk>, a
   EXPECT_EQ(encode(m, "a \xC3\xA9"), (Ids{3, 5, 0}));
   const auto b = model({{kSp + "a", -1}, {"a", -2}, {kSp, -3}}, true);
   const int byte0 = 6;  // <0x00>
-  EXPECT_EQ(encode(b, "a\xC3\xA9" "a"), (Ids{3, byte0 + 0xC3, byte0 + 0xA9, 4}));
+  EXPECT_EQ(encode(b,
+                   "a\xC3\xA9"
+                   "a"),
+            (Ids{3, byte0 + 0xC3, byte0 + 0xA9, 4}));
 }
 
 TEST(SpUnigram, AUserDefinedPieceIsAlwaysTakenWhole) {
@@ -67,6 +74,37 @@ TEST(SpUnigram, AUserDefinedPieceIsAlwaysTakenWhole) {
   m.pieces.push_back({"<s>x", 0, SpModelProto::kUserDefined});  // 8
   EXPECT_EQ(encode(m, "a<s>x"), (Ids{3, 8}));
   EXPECT_EQ(encode(m, "a<s>"), (Ids{3, 4, 5, 6}));
+}
+
+// As libsentencepiece: the highest score starts at FLT_MIN, so a user-defined piece scores about
+// -0.1 and beats even a split into two pieces of -1 each.
+TEST(SpUnigram, AUserDefinedPieceBeatsItsSplits) {
+  auto m = model({{"u", -1}, {"v", -1}});
+  m.add_dummy_prefix = false;
+  m.pieces.push_back({"uv", 0, SpModelProto::kUserDefined});  // 5
+  EXPECT_EQ(encode(m, "uv"), (Ids{5}));
+  EXPECT_EQ(encode(m, "vu"), (Ids{4, 3}));
+}
+
+// SentencePiece's UTF-8 decoding: a malformed character (overlong, a surrogate, a stray
+// continuation byte) becomes U+FFFD one byte at a time; here unknown, spelled as its bytes.
+TEST(SpUnigram, MalformedCharactersBecomeReplacementCharacters) {
+  const auto m = model({{kSp + "a", -1}, {"a", -2}, {kSp, -3}}, true);
+  const int byte0 = 6;
+  const Ids fffd{byte0 + 0xEF, byte0 + 0xBF, byte0 + 0xBD};
+  const auto times = [&](int n) {
+    Ids out;
+    for (int i = 0; i < n; ++i) out.insert(out.end(), fffd.begin(), fffd.end());
+    return out;
+  };
+  const auto with = [&](Ids head, const Ids& tail) {
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  EXPECT_EQ(encode(m, "a\xC0\x80"), with({3}, times(2)));                   // overlong
+  EXPECT_EQ(encode(m, "a\xED\xA0\x80"), with({3}, times(3)));               // a surrogate
+  EXPECT_EQ(encode(m, "a\xF4\x90\x80\x80"), with({3}, times(4)));           // beyond U+10FFFF
+  EXPECT_EQ(encode(m, "a\xC3\xA9"), (Ids{3, byte0 + 0xC3, byte0 + 0xA9}));  // é, well formed
 }
 
 TEST(SpUnigram, WhitespaceIsCollapsedOrKeptAsTheModelSays) {

@@ -89,9 +89,11 @@ void SentencePieceTokenizer::choose_bos_eos(const SpecialTokenNames& names) {
 
 std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, SpecialTokens special) const {
   std::vector<int> ids;
-  const bool user_piece = std::any_of(user_pieces_.begin(), user_pieces_.end(),
-                                      [&](const std::string& p) { return text.find(p) != std::string_view::npos; });
-  if (bpe_ && !user_piece) {  // Note [SentencePiece model as BPE]
+  const auto user_piece = [&] {
+    return std::any_of(user_pieces_.begin(), user_pieces_.end(),
+                       [&](const std::string& p) { return text.find(p) != std::string_view::npos; });
+  };
+  if (bpe_ && !user_piece()) {  // Note [SentencePiece model as BPE]
     const auto bpe_ids = bpe_->encode(text, SpecialTokens::kOmit);
     ids.assign(bpe_ids.begin(), bpe_ids.end());
   } else if (unigram_) {  // Note [SentencePiece unigram]

@@ -23,17 +23,19 @@ namespace tandem {
 //
 // Note [SentencePiece unigram]
 // libsentencepiece 0.1.97 (Debian's) encodes a unigram model 3 to 4.5 times slower than the
-// `sentencepiece` package 0.2, and sums path scores in float, which over a long text loses the
+// `sentencepiece` package 0.2.3, and sums path scores in float, which over a long text loses the
 // difference between close segmentations (0.04 at a total near -3e6 on the parity tests' 1 MB mix),
 // so its ids there differ from the package's. The package's best segmentation, rebuilt here: over
 // the normalized text, at each character boundary reached, every piece starting there (a byte trie
 // of the normal and user-defined pieces; unused, control and byte pieces never match) extends the
 // best path to its end, a user-defined piece scoring its length times the highest normal score
-// minus 0.1 (so it is always taken); a character that no piece of its own length covers gets the
-// unknown piece, scoring the lowest normal score minus 10. Scores add up in double. A later
-// candidate replaces a path only when strictly better, so ties keep the first found (shorter
-// pieces, earlier starts). Going back from the end, consecutive unknown characters become one
-// unknown piece, which byte_fallback spells as the pieces of its bytes. tests/python/
+// (which starts at FLT_MIN, so about -0.1: it beats its own splits); a character that no piece of
+// its own length covers gets the unknown piece, scoring the lowest normal score minus 10. Scores add
+// up in double, as the package 0.2.3's do. A later candidate replaces a path only when strictly
+// better, so a tie keeps the path found first: the one whose last piece starts earlier (the longer
+// last piece). Going back from the end, consecutive unknown characters become one unknown piece,
+// which byte_fallback spells as the pieces of its bytes. A malformed character in the input becomes
+// U+FFFD, one byte at a time, as SentencePiece's UTF-8 decoding has it. tests/python/
 // test_tokenizers_parity.py holds the ids equal to the package's for three unigram models (NFKC
 // with collapsed whitespace; case folding with byte fallback and no dummy prefix; identity with
 // spaces kept) on the parity texts and a 1 MB mix with and without a user-defined piece.
@@ -44,20 +46,25 @@ constexpr char kSpaceSymbol[] = "\xE2\x96\x81";  // U+2581
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 constexpr float kUnknownPenalty = 10.0f;
 
-size_t char_length(uint8_t c) {
-  if (c < 0x80) return 1;
-  if ((c >> 5) == 0x6) return 2;
-  if ((c >> 4) == 0xE) return 3;
-  if ((c >> 3) == 0x1E) return 4;
-  return 0;  // a continuation byte or beyond UTF-8: malformed
-}
+// The bytes a character takes by its first byte, as SentencePiece steps through a normalized text
+// (a stray continuation byte 1, F8-FF 4).
+size_t char_length(uint8_t c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
-// A character of `text` at its start: its length, 0 when malformed or cut.
+// A well-formed character at the start of `text`: its length, 0 when malformed (a stray or missing
+// continuation byte, an overlong form, a surrogate, beyond U+10FFFF) or cut.
 size_t valid_char(std::string_view text) {
-  const size_t n = char_length(static_cast<uint8_t>(text[0]));
+  const auto c = static_cast<uint8_t>(text[0]);
+  if (c < 0x80) return 1;
+  const size_t n = c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;  // C0, C1: overlong
   if (n == 0 || n > text.size()) return 0;
-  for (size_t i = 1; i < n; ++i)
-    if ((static_cast<uint8_t>(text[i]) & 0xC0) != 0x80) return 0;
+  uint32_t cp = c & (0xFFu >> (n + 1));
+  for (size_t i = 1; i < n; ++i) {
+    const auto b = static_cast<uint8_t>(text[i]);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+  if (cp < least || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
   return n;
 }
 
@@ -116,8 +123,7 @@ std::pair<std::string_view, size_t> SpNormalizer::prefix(std::string_view text) 
       }
     }
   }
-  if (matched > 0 && value < replacements_.size())
-    return {std::string_view(replacements_.c_str() + value), matched};
+  if (matched > 0 && value < replacements_.size()) return {std::string_view(replacements_.c_str() + value), matched};
   const size_t n = valid_char(text);
   if (n == 0) return {std::string_view(kReplacement, 3), 1};
   return {text.substr(0, n), n};
@@ -159,9 +165,12 @@ std::string SpNormalizer::normalize(std::string_view text) const {
 }
 
 SpUnigram::SpUnigram(const SpModelProto& m, const std::string& source) : normalizer_(m, source) {
-  float min_score = std::numeric_limits<float>::max(), max_score = std::numeric_limits<float>::lowest();
+  // As libsentencepiece: the highest score starts at FLT_MIN (the least positive float), so with the
+  // usual negative scores a user-defined piece scores about -0.1 and beats any split of itself.
+  float min_score = std::numeric_limits<float>::max(), max_score = std::numeric_limits<float>::min();
   for (const auto& p : m.pieces)
-    if (p.type == SpModelProto::kNormal) min_score = std::min(min_score, p.score), max_score = std::max(max_score, p.score);
+    if (p.type == SpModelProto::kNormal)
+      min_score = std::min(min_score, p.score), max_score = std::max(max_score, p.score);
   score_.assign(m.pieces.size(), 0.0f);
   std::vector<std::pair<std::string, int32_t>> matched;
   for (size_t id = 0; id < m.pieces.size(); ++id) {
@@ -169,7 +178,7 @@ SpUnigram::SpUnigram(const SpModelProto& m, const std::string& source) : normali
     if (p.type == SpModelProto::kUnknown && unk_ < 0) unk_ = static_cast<int>(id);
     if ((p.type != SpModelProto::kNormal && p.type != SpModelProto::kUserDefined) || p.piece.empty()) continue;
     // A user-defined piece outscores every split of its bytes, as in libsentencepiece.
-    score_[id] = p.type == SpModelProto::kNormal ? p.score : float(p.piece.size()) * max_score - 0.1f;
+    score_[id] = p.type == SpModelProto::kNormal ? double(p.score) : double(p.piece.size()) * max_score - 0.1;
     matched.emplace_back(p.piece, static_cast<int32_t>(id));
   }
   TANDEM_CHECK(unk_ >= 0, source, " is a unigram model without an unknown piece; the model file is damaged");
@@ -228,11 +237,8 @@ void SpUnigram::best_paths(std::string_view text, BestPath* best) const {
   const size_t n = text.size();
   best[0].start = 0;
   for (size_t at = 0; at < n;) {
-    const size_t len = std::max<size_t>(1, std::min(char_length(static_cast<uint8_t>(text[at])), n - at));
-    if (best[at].start < 0) {
-      at += len;
-      continue;
-    }
+    // Every character start is reached (by the unknown piece at least).
+    const size_t len = std::min(char_length(static_cast<uint8_t>(text[at])), n - at);
     const double here = best[at].score;
     bool single = false;
     for (size_t end = at + 1, node = size_t(root_[static_cast<uint8_t>(text[at])]); node != size_t(-1); ++end) {
@@ -264,10 +270,16 @@ void SpUnigram::best_paths(std::string_view text, BestPath* best) const {
 
 std::vector<int> SpUnigram::encode_normalized(std::string_view text) const {
   const size_t n = text.size();
-  TANDEM_CHECK(n < size_t{1} << 31, "a text of ", n, " bytes is beyond the unigram encoder's 2 GiB; encode it in pieces");
-  thread_local std::vector<BestPath> reused;  // a fresh one page-faults its way through every call
-  reused.assign(n + 1, BestPath{});
-  BestPath* const best = reused.data();  // one lookup of the thread's vector, not one per use
+  TANDEM_CHECK(n < size_t{1} << 31, "a text of ", n,
+               " bytes is beyond the unigram encoder's 2 GiB; encode it in pieces");
+  // A thread's buffer is reused (a fresh one page-faults its way through every call) up to 4 M
+  // characters (64 MiB); a longer text gets one of its own, freed after.
+  constexpr size_t kReused = size_t{1} << 22;
+  thread_local std::vector<BestPath> reused;
+  std::vector<BestPath> own;
+  std::vector<BestPath>& buffer = n < kReused ? reused : own;
+  buffer.assign(n + 1, BestPath{});
+  BestPath* const best = buffer.data();  // one lookup of the thread's vector, not one per use
   best_paths(text, best);
   // Back from the end: ids in reverse, consecutive unknown characters one unknown piece (or their
   // bytes with byte_fallback).
@@ -292,7 +304,9 @@ std::vector<int> SpUnigram::encode_normalized(std::string_view text) const {
   return ids;
 }
 
-std::vector<int> SpUnigram::encode(std::string_view text) const { return encode_normalized(normalizer_.normalize(text)); }
+std::vector<int> SpUnigram::encode(std::string_view text) const {
+  return encode_normalized(normalizer_.normalize(text));
+}
 
 std::unique_ptr<SpUnigram> sp_unigram_for_model(const SpModelProto& m, const std::string& source) {
   if (m.model_type != 1 || m.treat_whitespace_as_suffix) return nullptr;

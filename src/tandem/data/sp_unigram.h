@@ -28,14 +28,14 @@ class SpNormalizer {
   /// mapped prefix, the first character itself (U+FFFD and one byte for a malformed one).
   std::pair<std::string_view, size_t> prefix(std::string_view text) const;
 
-  std::vector<uint32_t> units_;  // the trie's double array
-  std::string replacements_;     // NUL-terminated replacements, indexed by the trie's values
+  std::vector<uint32_t> units_;           // the trie's double array
+  std::string replacements_;              // NUL-terminated replacements, indexed by the trie's values
   std::vector<std::string> user_pieces_;  // the model's user-defined pieces, never normalized
   bool user_first_[256] = {};             // a byte some user-defined piece starts with
   bool add_dummy_prefix_, remove_extra_whitespaces_, escape_whitespaces_;
 };
 
-/// Encodes a text as the `sentencepiece` package 0.2 does with a unigram model.
+/// Encodes a text as the `sentencepiece` package 0.2.3 does with a unigram model.
 class SpUnigram {
  public:
   std::vector<int> encode(std::string_view text) const;
@@ -60,7 +60,7 @@ class SpUnigram {
   std::vector<int32_t> first_, to_, piece_;
   std::vector<uint8_t> byte_;
   int32_t root_[256];
-  std::vector<float> score_;
+  std::vector<double> score_;
   int unk_ = -1;
   float unk_score_ = 0;
   std::vector<int> byte_ids_;  // <0x00>..<0xFF> with byte_fallback; empty without

@@ -255,8 +255,8 @@ void Decoder::layout_prefills(const std::vector<SequenceChunk>& batch, const std
   if (packed_prefill_) {  // Note [Packed prefill attention]: no masks, no page tables of their own
     std::vector<PrefillChunk> chunks;
     for (size_t j = 0; j < s.prefills.size(); ++j)
-      chunks.push_back({batch[order[static_cast<size_t>(s.decodes) + j]].pages, s.prefills[j].start,
-                        s.prefills[j].count});
+      chunks.push_back(
+          {batch[order[static_cast<size_t>(s.decodes) + j]].pages, s.prefills[j].start, s.prefills[j].count});
     s.packed = pack_prefills(chunks, cache.page_tokens(), device());
     return;
   }
@@ -345,7 +345,8 @@ torch::Tensor Decoder::attention(const torch::Tensor& q, const torch::Tensor& k,
   if (step.packed.max_q > 0) {  // Note [Packed prefill attention]
     const int64_t n = step.rows - step.decodes;
     y.narrow(0, step.decodes, n)
-        .copy_(packed_prefill_attention(q.narrow(0, step.decodes, n), kc, vc, step.packed, spec().window(index), scale));
+        .copy_(
+            packed_prefill_attention(q.narrow(0, step.decodes, n), kc, vc, step.packed, spec().window(index), scale));
     return y;
   }
   if (step.fresh.count > 0) {
@@ -455,8 +456,10 @@ torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache&
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
   const StepLayout step = layout(batch, cache, rows);
-  // Note [No per-shape attention plans]; packed prefills call no SDPA (Note [Packed prefill attention]).
-  const NoCudnnAttention no_plans(step.rows > step.decodes && step.packed.max_q == 0);
+  // Note [No per-shape attention plans]: a step that prefills calls SDPA for its prefills unless they
+  // are packed (Note [Packed prefill attention]), and for its decode rows without the paged kernel.
+  const bool sdpa = step.packed.max_q == 0 || (step.decodes > 0 && !paged_attention_);
+  const NoCudnnAttention no_plans(step.rows > step.decodes && sdpa);
   return run(step, cache);
 }
 

@@ -1,5 +1,6 @@
 #include "tandem/serve/packed_prefill.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/_flash_attention_forward.h>
 
 #include <algorithm>
@@ -25,8 +26,10 @@ namespace tandem {
 // with soft-capped scores keep the per-chunk path (Decoder::attention).
 
 bool packed_prefill_supported(const c10::Device& device, torch::ScalarType dtype, int64_t head_dim, double softcap) {
-  return device.is_cuda() && (dtype == torch::kFloat16 || dtype == torch::kBFloat16) && head_dim % 8 == 0 &&
-         head_dim <= 256 && softcap <= 0;
+  // FlashAttention needs sm80 or later, as tandem's own decode kernels (built for sm80 and sm90) do.
+  return device.is_cuda() && at::globalContext().userEnabledFlashSDP() &&
+         (dtype == torch::kFloat16 || dtype == torch::kBFloat16) && head_dim % 8 == 0 && head_dim <= 256 &&
+         softcap <= 0;
 }
 
 PackedPrefills pack_prefills(const std::vector<PrefillChunk>& chunks, int64_t page_tokens, const c10::Device& device) {
@@ -50,6 +53,8 @@ PackedPrefills pack_prefills(const std::vector<PrefillChunk>& chunks, int64_t pa
     }
   }
   const auto K = static_cast<int64_t>(page.size());
+  TANDEM_CHECK(K < (int64_t{1} << 31), "a step whose prefills attend over ", K,
+               " keys in all, beyond the 2^31 of the variable-length kernel; lower --max-batch or --max-step-tokens");
   std::vector<int64_t> all;
   all.reserve(2 * (S + 1) + 2 * K);
   for (const auto* v : {&cu_q, &cu_k, &page, &slot}) all.insert(all.end(), v->begin(), v->end());
@@ -62,8 +67,9 @@ PackedPrefills pack_prefills(const std::vector<PrefillChunk>& chunks, int64_t pa
   return p;
 }
 
-torch::Tensor packed_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                                       const PackedPrefills& packed, int64_t window, double scale) {
+torch::Tensor packed_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                       const torch::Tensor& v_cache, const PackedPrefills& packed, int64_t window,
+                                       double scale) {
   using torch::indexing::Slice;
   TANDEM_ASSERT(packed.max_q > 0 && q.dim() == 3 && k_cache.dim() == 4, "packed prefill attention of q ", q.sizes(),
                 " over a cache of ", k_cache.sizes());

@@ -30,7 +30,8 @@ PackedPrefills pack_prefills(const std::vector<PrefillChunk>& chunks, int64_t pa
 /// q (Q, H, hd): the prefills' query rows in step order, attending causally (and within `window`
 /// keys when > 0) over their sequences' keys and values in the caches (P, KV, page_tokens, hd),
 /// which already hold the step's own. Returns (Q, H, hd).
-torch::Tensor packed_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                                       const PackedPrefills& packed, int64_t window, double scale);
+torch::Tensor packed_prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                       const torch::Tensor& v_cache, const PackedPrefills& packed, int64_t window,
+                                       double scale);
 
 }  // namespace tandem
