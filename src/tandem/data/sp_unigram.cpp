@@ -7,6 +7,7 @@
 #include <map>
 
 #include "tandem/core/error.h"
+#include "tandem/data/tokenizer.h"
 
 namespace tandem {
 
@@ -49,24 +50,6 @@ constexpr float kUnknownPenalty = 10.0f;
 // The bytes a character takes by its first byte, as SentencePiece steps through a normalized text
 // (a stray continuation byte 1, F8-FF 4).
 size_t char_length(uint8_t c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-
-// A well-formed character at the start of `text`: its length, 0 when malformed (a stray or missing
-// continuation byte, an overlong form, a surrogate, beyond U+10FFFF) or cut.
-size_t valid_char(std::string_view text) {
-  const auto c = static_cast<uint8_t>(text[0]);
-  if (c < 0x80) return 1;
-  const size_t n = c < 0xC2 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF5 ? 4 : 0;  // C0, C1: overlong
-  if (n == 0 || n > text.size()) return 0;
-  uint32_t cp = c & (0xFFu >> (n + 1));
-  for (size_t i = 1; i < n; ++i) {
-    const auto b = static_cast<uint8_t>(text[i]);
-    if ((b & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3Fu);
-  }
-  const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
-  if (cp < least || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return n;
-}
 
 uint32_t unit_offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
 uint32_t unit_label(uint32_t u) { return u & ((1u << 31) | 0xFFu); }
@@ -124,9 +107,9 @@ std::pair<std::string_view, size_t> SpNormalizer::prefix(std::string_view text) 
     }
   }
   if (matched > 0 && value < replacements_.size()) return {std::string_view(replacements_.c_str() + value), matched};
-  const size_t n = valid_char(text);
-  if (n == 0) return {std::string_view(kReplacement, 3), 1};
-  return {text.substr(0, n), n};
+  const int n = utf8_scan(text, 0);  // a malformed character: U+FFFD for its first byte
+  if (n <= 0) return {std::string_view(kReplacement, 3), 1};
+  return {text.substr(0, static_cast<size_t>(n)), static_cast<size_t>(n)};
 }
 
 std::string SpNormalizer::normalize(std::string_view text) const {

@@ -56,25 +56,10 @@ struct ChunkTokens {
 // counts as malformed: the reader cuts tasks at piece boundaries, never inside a character.
 int64_t malformed_utf8_bytes(std::string_view text) {
   int64_t bad = 0;
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xC0) == 0x80;
-    if (ok && len > 1) {
-      uint32_t cp = c & (0xFF >> (len + 1));
-      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (p[i + k] & 0x3F);
-      const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
-      ok = cp >= min[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    }
-    if (ok) {
-      i += len;
-    } else {
-      ++bad;
-      ++i;
-    }
+  for (size_t i = 0; i < text.size();) {
+    const int n = utf8_scan(text, i);
+    if (n < 0) bad += -n;
+    i += static_cast<size_t>(n < 0 ? -n : n);
   }
   return bad;
 }

@@ -23,7 +23,8 @@ bool valid_second_byte(unsigned char lead, unsigned char b) {
   return b >= 0x80 && b <= 0xBF;
 }
 
-// The length of the well-formed sequence at s[i], or -(length of its maximal malformed part).
+}  // namespace
+
 int utf8_scan(std::string_view s, size_t i) {
   const auto lead = static_cast<unsigned char>(s[i]);
   const int n = utf8_sequence_length(lead);
@@ -36,8 +37,6 @@ int utf8_scan(std::string_view s, size_t i) {
   }
   return n;
 }
-
-}  // namespace
 
 const char* tokenizer_kind_name(TokenizerKind kind) {
   switch (kind) {

@@ -94,6 +94,10 @@ class Tokenizer {
 /// streaming decoder can print now).
 size_t utf8_complete_length(std::string_view bytes);
 
+/// The length of the well-formed UTF-8 sequence at s[i], or -(length of its maximal malformed part):
+/// a stray continuation byte, a cut, overlong or surrogate sequence, a code point past U+10FFFF.
+int utf8_scan(std::string_view s, size_t i);
+
 /// `bytes` with every malformed UTF-8 sequence replaced by U+FFFD (one per maximal malformed part).
 std::string utf8_lossy(std::string_view bytes);
 
