@@ -54,7 +54,7 @@ size_t whitespace_end_after(std::string_view s, size_t begin) {
 
 // Cuts `text` at the matches of `matcher`: on_text for the text between them (and where it starts),
 // on_token for each match (single_word, lstrip and rstrip applied as `tokenizers` does).
-void split_added(std::string_view text, const AddedTokenMatcher& matcher, const std::vector<AddedToken>& tokens,
+void split_added(std::string_view text, const StringMatcher& matcher, const std::vector<AddedToken>& tokens,
                  const std::function<void(std::string_view, size_t)>& on_text,
                  const std::function<void(TokenId)>& on_token) {
   size_t done = 0, pos = 0;
@@ -77,45 +77,6 @@ void split_added(std::string_view text, const AddedTokenMatcher& matcher, const 
 }
 
 }  // namespace
-
-void AddedTokenMatcher::add(std::string_view pattern, int token) {
-  if (pattern.empty()) return;
-  int node = 0;
-  for (char ch : pattern) {
-    const auto b = static_cast<unsigned char>(ch);
-    const int child = find_child(node, b);
-    if (child >= 0) {
-      node = child;
-      continue;
-    }
-    nodes_.push_back({});
-    nodes_[node].next.emplace_back(b, static_cast<int>(nodes_.size()) - 1);
-    node = static_cast<int>(nodes_.size()) - 1;
-  }
-  if (nodes_[node].token < 0) nodes_[node].token = token;
-  first_[static_cast<unsigned char>(pattern[0])] = true;
-}
-
-std::optional<AddedTokenMatcher::Match> AddedTokenMatcher::find(std::string_view text, size_t from) const {
-  for (size_t p = from; p < text.size(); ++p) {
-    if (!first_[static_cast<unsigned char>(text[p])]) continue;
-    int node = 0, best = -1;
-    size_t best_end = 0;
-    for (size_t q = p; q < text.size(); ++q) {
-      node = find_child(node, static_cast<unsigned char>(text[q]));
-      if (node < 0) break;
-      if (nodes_[node].token >= 0) best = nodes_[node].token, best_end = q + 1;
-    }
-    if (best >= 0) return Match{p, best_end, best};
-  }
-  return std::nullopt;
-}
-
-int AddedTokenMatcher::find_child(int node, unsigned char b) const {
-  for (const auto& [c, child] : nodes_[node].next)
-    if (c == b) return child;
-  return -1;
-}
 
 AddedTokens AddedTokens::parse(const json& list, const std::string& source, const NormalizeText& normalize) {
   AddedTokens out;

@@ -4,7 +4,6 @@
 // normalized=false on the raw text, then, after the normalizer ran on what is left, those with
 // normalized=true; leftmost-longest, with single_word, lstrip and rstrip.
 
-#include <array>
 #include <functional>
 #include <optional>
 #include <string>
@@ -12,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tandem/data/string_matcher.h"
 #include "tandem/data/tokenizer_json.h"
 
 namespace tandem::detail {
@@ -23,27 +23,6 @@ struct AddedToken {
   bool special = false, single_word = false, lstrip = false, rstrip = false, normalized = true;
 };
 
-/// Leftmost-longest search for a set of strings (a byte trie).
-class AddedTokenMatcher {
- public:
-  struct Match {
-    size_t start, end;
-    int token;  // index into the added tokens
-  };
-  void add(std::string_view pattern, int token);
-  bool empty() const { return nodes_.size() == 1; }
-  std::optional<Match> find(std::string_view text, size_t from) const;
-
- private:
-  struct Node {
-    std::vector<std::pair<unsigned char, int>> next;
-    int token = -1;
-  };
-  int find_child(int node, unsigned char b) const;
-  std::vector<Node> nodes_{1};
-  std::array<bool, 256> first_{};
-};
-
 /// The text after the tokenizer's normalizer; may return a view of `text` or of `storage`.
 using NormalizeText = std::function<std::string_view(std::string_view text, std::string& storage)>;
 
@@ -51,7 +30,7 @@ using NormalizeText = std::function<std::string_view(std::string_view text, std:
 struct AddedTokens {
   std::vector<AddedToken> tokens;
   std::unordered_map<std::string, TokenId> ids;  // content -> id
-  AddedTokenMatcher raw, normalized;
+  StringMatcher raw, normalized;
 
   /// Reads "added_tokens" (null: none); normalized tokens are matched in their normalized form.
   static AddedTokens parse(const json& list, const std::string& source, const NormalizeText& normalize);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "tandem/core/error.h"
 #include "tandem/data/tokenizer.h"
@@ -64,8 +65,7 @@ SpNormalizer::SpNormalizer(const SpModelProto& m, const std::string& source)
       escape_whitespaces_(m.escape_whitespaces) {
   for (const auto& p : m.pieces)
     if (p.type == SpModelProto::kUserDefined && !p.piece.empty()) {
-      user_pieces_.push_back(p.piece);
-      user_first_[static_cast<uint8_t>(p.piece[0])] = true;
+      user_pieces_.add(p.piece, 0);
     }
   const std::string& blob = m.charsmap;
   if (blob.empty()) return;  // identity
@@ -81,12 +81,6 @@ SpNormalizer::SpNormalizer(const SpModelProto& m, const std::string& source)
 }
 
 std::pair<std::string_view, size_t> SpNormalizer::prefix(std::string_view text) const {
-  if (user_first_[static_cast<uint8_t>(text[0])]) {  // a user-defined piece passes as written, the longest
-    size_t longest = 0;
-    for (const auto& p : user_pieces_)
-      if (p.size() > longest && text.substr(0, p.size()) == p) longest = p.size();
-    if (longest > 0) return {text.substr(0, longest), longest};
-  }
   size_t matched = 0;
   uint32_t value = 0;
   if (!units_.empty()) {
@@ -113,21 +107,34 @@ std::pair<std::string_view, size_t> SpNormalizer::prefix(std::string_view text) 
 }
 
 std::string SpNormalizer::normalize(std::string_view text) const {
+  // The piece at `at`: a user-defined piece starting there, as written (the next one is sought once
+  // and again only when passed), else the map's.
+  std::optional<StringMatcher::Match> user;
+  bool sought = false;
+  const auto piece_at = [&](size_t at) -> std::pair<std::string_view, size_t> {
+    if (!user_pieces_.empty() && (!sought || (user && user->start < at))) {
+      user = user_pieces_.find(text, at);
+      sought = true;
+    }
+    if (user && user->start == at) return {text.substr(at, user->end - at), user->end - at};
+    return prefix(text.substr(at));
+  };
   std::string out;
+  size_t at = 0;
   if (remove_extra_whitespaces_) {  // leading whitespace
-    while (!text.empty()) {
-      const auto [s, n] = prefix(text);
+    while (at < text.size()) {
+      const auto [s, n] = piece_at(at);
       if (s != " ") break;
-      text.remove_prefix(n);
+      at += n;
     }
   }
-  if (text.empty()) return out;
+  if (at == text.size()) return out;
   out.reserve(text.size() + text.size() / 4 + 3);
   if (add_dummy_prefix_) out += escape_whitespaces_ ? kSpaceSymbol : " ";
   bool previous_space = remove_extra_whitespaces_;
-  while (!text.empty()) {
-    auto [s, n] = prefix(text);
-    text.remove_prefix(n);
+  while (at < text.size()) {
+    auto [s, n] = piece_at(at);
+    at += n;
     if (previous_space)
       while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
     if (s.empty()) continue;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tandem/data/sp_model_proto.h"
+#include "tandem/data/string_matcher.h"
 
 namespace tandem {
 
@@ -28,10 +29,9 @@ class SpNormalizer {
   /// mapped prefix, the first character itself (U+FFFD and one byte for a malformed one).
   std::pair<std::string_view, size_t> prefix(std::string_view text) const;
 
-  std::vector<uint32_t> units_;           // the trie's double array
-  std::string replacements_;              // NUL-terminated replacements, indexed by the trie's values
-  std::vector<std::string> user_pieces_;  // the model's user-defined pieces, never normalized
-  bool user_first_[256] = {};             // a byte some user-defined piece starts with
+  std::vector<uint32_t> units_;  // the trie's double array
+  std::string replacements_;     // NUL-terminated replacements, indexed by the trie's values
+  StringMatcher user_pieces_;    // the model's user-defined pieces, never normalized
   bool add_dummy_prefix_, remove_extra_whitespaces_, escape_whitespaces_;
 };
 
