@@ -52,7 +52,10 @@
 #   trainer transformers' Trainer on a Mistral-7B shape with tandem's OffloadAdamW, torchao's CPUOffloadOptimizer
 #          and DeepSpeed ZeRO-2 offload (bench/trainer_peers.py; TR_SHAPE, TR_BATCH, TR_SEQ, TR_SIDES, TR_LAYERS);
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
-#          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8 and delayedN.
+#          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8, delayedN, bf16sr,
+#          bf16kahan and int8sr (bf16 masters);
+#   capacity the largest of CAP_LAYERS layers of LLaMA-30B's width one GPU trains with a bf16 master and 8-bit
+#          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -261,7 +264,9 @@ if has curve; then
 # Convergence on real text (the Python sources as bytes), 1B, B=8, T=1024, CURVE_STEPS (default 320)
 # steps, the recipe's defaults: GPU-only AdamW, the offload engine at k = 0 (bf16 host states, a
 # 4-slot host ring) exact, the same delayed, and (CURVE_RUNS may add) int8: exact with 8-bit host
-# states (Note [8-bit states]), delayedN: N exact updates, then delayed (offload.delayed_after=N).
+# states (Note [8-bit states]), delayedN: N exact updates, then delayed (offload.delayed_after=N),
+# bf16sr / bf16kahan: exact with a bf16 master (Note [bf16 master]), int8sr: both 8-bit states and a
+# stochastically rounded bf16 master (4 bytes a parameter on the host).
 # bench/train_curves.py tabulates them.
 corpus="$OUT/corpus.txt"
 [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
@@ -276,10 +281,54 @@ for c in ${CURVE_RUNS:-gpu exact delayed}; do
   [[ $c == delayed ]] && extra+=(--set offload.delayed_update=true)
   [[ $c =~ ^delayed([0-9]+)$ ]] && extra+=(--set offload.delayed_update=true --set offload.delayed_after="${BASH_REMATCH[1]}")
   [[ $c == int8 ]] && extra+=(--set optim.state_dtype=int8)
+  # Note [bf16 master]: bf16sr / bf16kahan with the bf16 host states above, int8sr with 8-bit ones.
+  [[ $c == bf16sr || $c == int8sr ]] && extra+=(--set optim.master_dtype=bf16 --set optim.master_rounding=stochastic)
+  [[ $c == bf16kahan ]] && extra+=(--set optim.master_dtype=bf16 --set optim.master_rounding=kahan)
+  [[ $c == int8sr ]] && extra+=(--set optim.state_dtype=int8)
   echo "== curve: 1B $c"
   "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"
   grep -E "recipe|lr |offload:|done" "$OUT/curve-$c.log" | head -4
 done
+fi
+
+if has capacity; then
+# The largest model one GPU trains with the host tier at 4 bytes a parameter (a bf16 master rounded
+# stochastically and 8-bit states, Note [bf16 master]): the most of CAP_LAYERS (default "44 42 40 38")
+# layers of LLaMA-30B's width (44: 24.0 B) that `tandem inspect --plan` admits, every Block
+# CPU-updated, B=1 x CAP_M (default 4) micro-batches of 2048 tokens, CAP_STEPS (default 50) steps on
+# the Python sources as bytes. Each size's plan is kept, so the first refused one shows why; CAP_SET
+# adds settings (e.g. optim.master_dtype=fp32 for the fp32 master's largest).
+corpus="$OUT/corpus.txt"
+[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+cap=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
+     --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch=1
+     --set train.grad_accum="${CAP_M:-4}" --set train.seq_len=2048 --set model.checkpointing=true
+     --set offload.optimizer=cpu --set offload.update_split=0 --set optim.state_dtype=int8
+     --set optim.master_dtype=bf16 --set optim.master_rounding=stochastic --set optim.lr=1e-4 --set optim.warmup_steps=10)
+for kv in ${CAP_SET:-}; do cap+=(--set "$kv"); done
+echo "== capacity: layers of d 6656 on one GPU, $(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1048576 )) GiB host, $(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) / 1048576 )) GiB available"
+layers=""
+for L in ${CAP_LAYERS:-44 42 40 38}; do
+  "$BUILD/tandem" inspect "${cap[@]}" --set model.n_layer="$L" --plan >"$OUT/capacity-plan-$L.log" 2>&1
+  rc=$?
+  echo "$L layers: $(grep -E '^parameters' "$OUT/capacity-plan-$L.log" | cut -c1-40) plan rc $rc"
+  grep -E "master|budget|error" "$OUT/capacity-plan-$L.log" | cut -c1-300
+  if (( rc == 0 )); then layers=$L; break; fi
+done
+if [[ -n $layers ]]; then
+  timeout "${CAP_TIMEOUT:-480}" "$BUILD/tandem" train "${cap[@]}" --set model.n_layer="$layers" --steps "${CAP_STEPS:-50}" \
+    --set data.path="$corpus" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
+    --set train.log_every=5 --run-dir "$OUT/capacity-$layers" >"$OUT/capacity-$layers.log" 2>&1 &
+  cap_pid=$!
+  peak=0
+  while kill -0 $cap_pid 2>/dev/null; do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+    (( ${used:-0} > peak )) && peak=$used
+    sleep 5
+  done
+  wait $cap_pid; echo "capacity run rc $?; GPU memory in use at most ${peak} MiB"
+  grep -E "offload: .*plan|start-up|pinned|done:|loss" "$OUT/capacity-$layers.log" | tail -16 | cut -c1-240
+fi
 fi
 
 if has telemetry; then

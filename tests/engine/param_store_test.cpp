@@ -213,6 +213,56 @@ TEST(ParamStore, EightBitStatesDecodeOnTheWayUpAndEncodeToTheSameCodesOnTheWayBa
   EXPECT_TRUE(torch::equal(b.v, codes_v));
 }
 
+// Note [bf16 master]: the host master in bf16 (with its compensation for Kahan) widens to fp32 on
+// the way to the device side and comes back with the same value; param_state reads it in fp32,
+// load_param_state writes it; checkpoint code sees the bf16 master, and a Kahan master's
+// compensation is among the state's names.
+TEST(ParamStore, ABf16MasterWidensOnTheWayUpAndComesBackWithTheSameValue) {
+  for (const auto kind : {HostMaster::kBf16Stochastic, HostMaster::kBf16Kahan}) {
+    const bool kahan = kind == HostMaster::kBf16Kahan;
+    SCOPED_TRACE(kahan ? "kahan" : "stochastic");
+    auto model = small_model();
+    ParamStoreOptions so;
+    so.host_master = kind;
+    so.host_state_dtype = torch::kInt8;
+    ParamStore store(*model, so, 0);
+    auto& b = store.blocks()[1];
+    ASSERT_EQ(b.master.scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(b.master_comp.defined(), kahan);
+    const auto initial = master_f32(b);
+    train_three_steps(*model, store);
+    const auto w = master_f32(b);
+    EXPECT_FALSE(torch::equal(w, initial)) << "the updates did not reach the master";
+    EXPECT_TRUE(torch::equal(b.working.narrow(0, 0, b.numel), b.master.narrow(0, 0, b.numel).to(b.working.dtype())))
+        << "the device copy is the master's bf16 value";
+    store.move_block(1, UpdateSide::kGpu);
+    EXPECT_EQ(b.master.scalar_type(), torch::kFloat32);
+    EXPECT_FALSE(b.master_comp.defined());
+    EXPECT_TRUE(torch::equal(b.master.cpu(), w));
+    store.move_block(1, UpdateSide::kCpu);
+    ASSERT_EQ(b.master.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(master_f32(b), w));
+    // The Python optimizer's view: the fp32 value, and a new one written back.
+    const auto& f = b.params[0];
+    auto st = store.param_state(f.param);
+    EXPECT_EQ(st[0].scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(st[0].reshape(-1), w.narrow(0, f.offset, f.numel)));
+    const auto moved = st[0] + 1e-3;
+    store.load_param_state(f.param, moved, st[1], st[2]);
+    const auto back = store.param_state(f.param)[0];
+    EXPECT_TRUE(torch::allclose(back, moved, kahan ? 1e-5 : 4e-3, 0));
+    EXPECT_TRUE(torch::equal(f.param.detach().reshape(-1).to(torch::kFloat32),
+                             b.master.narrow(0, f.offset, f.numel).to(torch::kFloat32)))
+        << "the working copy follows the new master";
+    // Checkpoint code binds the bf16 master itself; state() names a Kahan master's compensation.
+    store.with_masters_bound([&] { EXPECT_EQ(f.param.scalar_type(), torch::kBFloat16); });
+    bool named = false;
+    for (const auto& [name, t] : store.state(torch::zeros({})))
+      if (name == f.name + ".master_comp") named = true;
+    EXPECT_EQ(named, kahan);
+  }
+}
+
 TEST(ParamStore, MoveBlockChangesOneBlocksSideAndItsBuffers) {
   auto model = small_model();
   ParamStoreOptions so;

@@ -162,6 +162,24 @@ TEST(GpuOffload, EightBitStatesResumeOnCuda) {
   expect_resume_repeats([](Config& c) { c.optim.state_dtype = StateDtype::kInt8; });
 }
 
+// Note [bf16 master] on a real device: bf16 masters (stochastic and Kahan) with 8-bit states
+// resume bit for bit, and train.
+TEST(GpuOffload, Bf16MastersResumeOnCudaAndTrain) {
+  REQUIRE_CUDA();
+  for (const auto rounding : {MasterRounding::kStochastic, MasterRounding::kKahan}) {
+    SCOPED_TRACE(to_string(rounding));
+    const auto tweak = [&](Config& c) {
+      c.optim.state_dtype = StateDtype::kInt8;
+      c.optim.master_dtype = MasterDtype::kBf16;
+      c.optim.master_rounding = rounding;
+    };
+    expect_resume_repeats(tweak);
+    test::TempDir dir;
+    const auto run = offload_run(dir, 40, tweak);
+    EXPECT_LT(run.losses.back(), run.losses.front() - 1.0);
+  }
+}
+
 TEST(GpuOffload, DelayedAfterNUpdatesRunsExactFirstAndResumesAtTheSameUpdate) {
   REQUIRE_CUDA();
   // Note [Delayed update]: the first 4 updates exact (the exact run's losses, bit for bit), then the

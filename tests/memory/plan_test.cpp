@@ -105,6 +105,26 @@ TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
   EXPECT_EQ(row_bytes(b, kTierPinned, "undo log"), (4 + 4) * n_cpu);
 }
 
+// Note [bf16 master]: a stochastically rounded bf16 master halves the host master and its undo
+// copy; Kahan's keeps 4 bytes (the bf16 pair); GPU-updated Blocks keep fp32 masters either way.
+TEST(MemoryPlan, ABf16MasterHalvesTheHostMasterRowsOrKeepsThemWithKahan) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  const int64_t n_gpu = k7bEmbedding + 4 * k7bLayer, n_cpu = 28 * k7bLayer + k7bHead;
+  const MemoryPlan f = plan_offload_memory(s, c, 2048, 4);
+  c.optim.master_dtype = MasterDtype::kBf16;
+  const MemoryPlan b = plan_offload_memory(s, c, 2048, 4);
+  EXPECT_EQ(row_bytes(b, kTierPinned, "bf16 master (stochastic rounding)"), 2 * n_cpu);
+  EXPECT_EQ(row_bytes(b, kTierPinned, "fp32 master"), -1);
+  EXPECT_EQ(row_bytes(b, kTierGpu, "fp32 master"), 4 * n_gpu);
+  EXPECT_EQ(row_bytes(b, kTierPinned, "undo log"), (2 + 8) * n_cpu);
+  EXPECT_EQ(f.pinned_bytes() - b.pinned_bytes(), (2 + 2) * n_cpu);
+  c.optim.master_rounding = MasterRounding::kKahan;
+  const MemoryPlan k = plan_offload_memory(s, c, 2048, 4);
+  EXPECT_EQ(row_bytes(k, kTierPinned, "bf16 master with its bf16 Kahan compensation"), 4 * n_cpu);
+  EXPECT_EQ(k.pinned_bytes(), f.pinned_bytes());
+}
+
 TEST(MemoryPlan, UndoRowsFollowSpeculationAndAccumulationAddsNoHostRow) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
@@ -227,6 +247,7 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
   EXPECT_NE(msg.find("optim.state_dtype=bf16"), std::string::npos) << msg;
   EXPECT_NE(msg.find("offload.host_ring=4"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("optim.master_dtype=bf16"), std::string::npos) << msg;
   f.offload.speculate = Speculation::kAlways;  // a ring cannot speculate: not suggested then
   const std::string msg2 =
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });

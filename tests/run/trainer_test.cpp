@@ -253,6 +253,43 @@ TEST(TrainerOffload, EightBitStatesResumeBitwiseAndFromOtherStateDtypes) {
   EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
 }
 
+// optim.master_dtype=bf16 through the trainer (Note [bf16 master]): a resume from its checkpoint is
+// bitwise the uninterrupted run for both roundings (the bf16 master is the checkpoint's weights, a
+// Kahan master's compensation is in its optimizer state, stochastic rounding hashes the step), and
+// checkpoints of an fp32 master resume into a bf16 one and back.
+TEST(TrainerOffload, Bf16MastersResumeBitwiseAndFromAnFp32Master) {
+  for (const auto rounding : {MasterRounding::kStochastic, MasterRounding::kKahan}) {
+    SCOPED_TRACE(to_string(rounding));
+    test::TempDir full_dir, split_dir, fp32_dir;
+    Config o = test::tiny_cpu_config(full_dir.path(), 10);
+    o.train.micro_batch = 4;
+    o.train.seq_len = 32;
+    o.train.grad_clip = 0.5;
+    o.offload.optimizer = OffloadTarget::kCpu;
+    o.offload.update_split = "0";
+    o.optim.master_dtype = MasterDtype::kBf16;
+    o.optim.master_rounding = rounding;
+    o.optim.state_dtype = StateDtype::kInt8;
+    const auto full = train(o, {});
+    EXPECT_LT(full.losses.back(), full.losses.front());
+    const auto a = train_in(o, split_dir.path(), 5);
+    const auto b = train_in(o, split_dir.path(), 10, a.last_checkpoint);
+    ASSERT_EQ(b.losses.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], full.losses[5 + i]) << "step " << 6 + i;
+
+    Config f32 = o;
+    f32.optim.master_dtype = MasterDtype::kFp32;
+    f32.optim.master_rounding = MasterRounding::kStochastic;
+    const auto c = train_in(f32, fp32_dir.path(), 5);
+    const auto d = train_in(o, fp32_dir.path(), 6, c.last_checkpoint);
+    ASSERT_EQ(d.losses.size(), 1u);
+    EXPECT_NEAR(d.losses[0], full.losses[5], 1e-2 * full.losses[5]);
+    const auto e = train_in(f32, fp32_dir.path(), 6, a.last_checkpoint);
+    ASSERT_EQ(e.losses.size(), 1u);
+    EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
+  }
+}
+
 TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
   test::TempDir dir;
   Config c = test::tiny_cpu_config(dir.path(), 2);
@@ -263,8 +300,17 @@ TEST(TrainerOffload, UnsupportedCombinationsAreRefusedUpFront) {
   c.optim.state_dtype = StateDtype::kInt8;
   c.offload.optimizer = OffloadTarget::kNone;
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("optim.state_dtype=int8 keeps Adam's states"), std::string::npos);
-  c.offload.optimizer = OffloadTarget::kCpu;
+  c.offload.optimizer = OffloadTarget::kNone;
   c.optim.state_dtype = StateDtype::kFp32;
+  c.optim.master_dtype = MasterDtype::kBf16;
+  EXPECT_NE(test::error_of([&] { train(c, {}); }).find("optim.master_dtype=bf16 keeps the master weights in bf16"),
+            std::string::npos);
+  c.optim.master_dtype = MasterDtype::kFp32;
+  c.optim.master_rounding = MasterRounding::kKahan;
+  EXPECT_NE(test::error_of([&] { train(c, {}); }).find("optim.master_rounding=kahan compensates a bf16 master"),
+            std::string::npos);
+  c.optim.master_rounding = MasterRounding::kStochastic;
+  c.offload.optimizer = OffloadTarget::kCpu;
   c.offload.update_split = "1.5";
   EXPECT_NE(test::error_of([&] { train(c, {}); }).find("offload.update_split must be auto or a fraction"),
             std::string::npos);

@@ -65,7 +65,7 @@ Result time_it(const std::string& impl, const std::string& variant, int64_t n, i
 void report(const Result& r, int threads, std::ofstream* json) {
   const double t = r.median();
   const double pps = double(r.params) / t, gbps = double(r.params) * r.bytes_per_param / t / 1e9;
-  std::printf("%-12s %-44s %6s params  %8.2f ms  %6.3f G params/s  %6.1f GB/s\n", r.impl.c_str(), r.variant.c_str(),
+  std::printf("%-12s %-66s %6s params  %8.2f ms  %6.3f G params/s  %6.1f GB/s\n", r.impl.c_str(), r.variant.c_str(),
               format_count(double(r.params)).c_str(), t * 1e3, pps / 1e9, gbps);
   std::fflush(stdout);
   if (json != nullptr) {
@@ -139,6 +139,8 @@ int run_optim_bench(const OptimBenchOptions& o) {
                   v = torch::empty({n}, f32);
     torch::Tensor g16 = torch::empty({n}, torch::kBFloat16), m16 = torch::empty({n}, torch::kBFloat16),
                   v16 = torch::empty({n}, torch::kBFloat16), out = torch::empty({n}, torch::kBFloat16);
+    // A bf16 master and its Kahan compensation (Note [bf16 master]).
+    torch::Tensor p16 = torch::empty({n}, torch::kBFloat16), comp16 = torch::empty({n}, torch::kBFloat16);
     // 8-bit states (Note [8-bit states]): codes and a scale per 2048 elements.
     torch::Tensor mq = torch::empty({n}, torch::kInt8), vq = torch::empty({n}, torch::kUInt8),
                   scales = torch::empty({2 * q8::scale_count(n)}, f32);
@@ -152,6 +154,8 @@ int run_optim_bench(const OptimBenchOptions& o) {
       cpu_to_bf16(m.data_ptr<float>(), reinterpret_cast<uint16_t*>(m16.data_ptr()), n, &pool);
       cpu_to_bf16(v.data_ptr<float>(), reinterpret_cast<uint16_t*>(v16.data_ptr()), n, &pool);
       encode_q8(pool, m, v, mq, vq, scales);
+      cpu_to_bf16(p.data_ptr<float>(), reinterpret_cast<uint16_t*>(p16.data_ptr()), n, &pool);
+      comp16.zero_();
       out.zero_();
     };
     reset();
@@ -172,11 +176,13 @@ int run_optim_bench(const OptimBenchOptions& o) {
       reset();
     }
 
+    enum class Master { kF32, kBf16Stochastic, kBf16Kahan };
     struct Variant {
       const char* name;
       Dtype grad, state;
       bool out;
       bool check_finite = true;  // "unchecked": the caller has already checked the gradients
+      Master master = Master::kF32;
     };
     const Variant variants[] = {
         {"AdamW fp32 grads, fp32 states", Dtype::kF32, Dtype::kF32, false},
@@ -189,6 +195,12 @@ int run_optim_bench(const OptimBenchOptions& o) {
         {"AdamW bf16 grads, bf16 states, unchecked", Dtype::kBF16, Dtype::kBF16, false, false},
         {"AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false},
         {"AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true},
+        {"AdamW bf16 grads, bf16 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kBF16, true, true,
+         Master::kBf16Stochastic},
+        {"AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
+         Master::kBf16Stochastic},
+        {"AdamW bf16 grads, int8 states, bf16 master (kahan), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
+         Master::kBf16Kahan},
     };
     for (const Variant& var : variants) {
       for (CpuIsa isa : isas) {
@@ -196,7 +208,11 @@ int run_optim_bench(const OptimBenchOptions& o) {
             !(var.grad == Dtype::kF32 && var.state == Dtype::kF32 && !var.out && var.check_finite))
           continue;
         UpdateSpan s;
-        s.master = p.data_ptr<float>();
+        if (var.master == Master::kF32)
+          s.master = p.data_ptr<float>();
+        else
+          s.master_bf16 = reinterpret_cast<uint16_t*>(p16.data_ptr());
+        if (var.master == Master::kBf16Kahan) s.master_comp = reinterpret_cast<uint16_t*>(comp16.data_ptr());
         s.grad = var.grad == Dtype::kF32 ? g.data_ptr() : g16.data_ptr();
         s.m = var.state == Dtype::kF32 ? m.data_ptr() : var.state == Dtype::kBF16 ? m16.data_ptr() : mq.data_ptr();
         s.v = var.state == Dtype::kF32 ? v.data_ptr() : var.state == Dtype::kBF16 ? v16.data_ptr() : vq.data_ptr();
@@ -208,7 +224,9 @@ int run_optim_bench(const OptimBenchOptions& o) {
         h.lr = kLr, h.beta1 = kBeta1, h.beta2 = kBeta2, h.eps = kEps, h.weight_decay = kWd;
         h.check_finite = var.check_finite;
         auto r = time_it("tandem", std::string(var.name) + " [" + to_string(isa) + "]", n,
-                         bytes_per_element(UpdateRule::kAdamW, var.grad, var.state, var.out), o, [&](int step) {
+                         bytes_per_element(UpdateRule::kAdamW, var.grad, var.state, var.out,
+                                           var.master == Master::kBf16Stochastic ? 2 : 4),
+                         o, [&](int step) {
                            h.step = step;
                            const UpdateReport rep = cpu_update({s}, h, nullptr, &pool, isa);
                            TANDEM_ASSERT(rep.ok(), "non-finite values in the benchmark's gradients");
@@ -249,11 +267,11 @@ int run_optim_bench(const OptimBenchOptions& o) {
     }
   }
 
-  std::printf("\n%-12s %-44s %8s %10s %12s %8s %6s\n", "impl", "variant", "params", "ms/step", "G params/s", "GB/s",
+  std::printf("\n%-12s %-66s %8s %10s %12s %8s %6s\n", "impl", "variant", "params", "ms/step", "G params/s", "GB/s",
               "B/par");
   for (const auto& r : all) {
     const double t = r.median();
-    std::printf("%-12s %-44s %8s %10.2f %12.3f %8.1f %6d\n", r.impl.c_str(), r.variant.c_str(),
+    std::printf("%-12s %-66s %8s %10.2f %12.3f %8.1f %6d\n", r.impl.c_str(), r.variant.c_str(),
                 format_count(double(r.params)).c_str(), t * 1e3, double(r.params) / t / 1e9,
                 double(r.params) * r.bytes_per_param / t / 1e9, r.bytes_per_param);
   }

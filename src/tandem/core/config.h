@@ -38,6 +38,13 @@ enum class StateDtype { kFp32, kBf16, kInt8 };
 int64_t state_buffer_bytes(StateDtype d, int64_t n);
 /// optim.state_rounding: how bf16 states are rounded.
 enum class StateRounding { kNearest, kStochastic };
+/// optim.master_dtype: the offload engine's master weights on the host (Note [bf16 master]).
+enum class MasterDtype { kFp32, kBf16 };
+/// optim.master_rounding: how a bf16 master takes its update: stochastic rounding (2 bytes a
+/// parameter) or rounding to nearest with a bf16 Kahan compensation (4 bytes).
+enum class MasterRounding { kStochastic, kKahan };
+/// Host bytes a parameter of the master takes with these settings.
+int64_t master_bytes(MasterDtype d, MasterRounding r);
 /// optim.cpu_isa: the CPU kernels' instruction set (auto: the best CPUID allows).
 enum class CpuIsaChoice { kAuto, kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 /// offload.speculate: CPU updates during backward with an undo log (Note [Speculative clipping]).
@@ -67,6 +74,8 @@ const char* to_string(OptimizerType v);
 const char* to_string(OptimizerImpl v);
 const char* to_string(StateDtype v);
 const char* to_string(StateRounding v);
+const char* to_string(MasterDtype v);
+const char* to_string(MasterRounding v);
 const char* to_string(CpuIsaChoice v);
 const char* to_string(Speculation v);
 const char* to_string(DistBackend v);
@@ -135,6 +144,8 @@ struct OptimConfig {
   OptimizerImpl impl = OptimizerImpl::kAuto;
   StateDtype state_dtype = StateDtype::kFp32;  ///< bf16: CPU kernels
   StateRounding state_rounding = StateRounding::kNearest;
+  MasterDtype master_dtype = MasterDtype::kFp32;  ///< bf16: the offload engine's CPU-updated Blocks
+  MasterRounding master_rounding = MasterRounding::kStochastic;
   double momentum = 0.9;    ///< SGD momentum (0 = plain SGD)
   double dampening = 0.0;   ///< SGD dampening
   bool nesterov = false;    ///< SGD Nesterov momentum

@@ -62,6 +62,12 @@ int64_t state_buffer_bytes(StateDtype d, int64_t n) {
   return 4 * n;
 }
 TANDEM_ENUM_TABLE(StateRounding, {"nearest", StateRounding::kNearest}, {"stochastic", StateRounding::kStochastic})
+TANDEM_ENUM_TABLE(MasterDtype, {"fp32", MasterDtype::kFp32}, {"bf16", MasterDtype::kBf16})
+TANDEM_ENUM_TABLE(MasterRounding, {"stochastic", MasterRounding::kStochastic}, {"kahan", MasterRounding::kKahan})
+
+int64_t master_bytes(MasterDtype d, MasterRounding r) {
+  return d == MasterDtype::kFp32 || r == MasterRounding::kKahan ? 4 : 2;
+}
 TANDEM_ENUM_TABLE(CpuIsaChoice, {"auto", CpuIsaChoice::kAuto}, {"scalar", CpuIsaChoice::kScalar},
                   {"avx2", CpuIsaChoice::kAvx2}, {"avx512", CpuIsaChoice::kAvx512},
                   {"avx512bf16", CpuIsaChoice::kAvx512Bf16})

@@ -37,6 +37,10 @@ const EnumTable<StateDtype>& enum_table<StateDtype>();
 template <>
 const EnumTable<StateRounding>& enum_table<StateRounding>();
 template <>
+const EnumTable<MasterDtype>& enum_table<MasterDtype>();
+template <>
+const EnumTable<MasterRounding>& enum_table<MasterRounding>();
+template <>
 const EnumTable<CpuIsaChoice>& enum_table<CpuIsaChoice>();
 template <>
 const EnumTable<Speculation>& enum_table<Speculation>();

@@ -250,6 +250,14 @@ const std::vector<Field>& fields() {
           F(optim.state_dtype)),
       enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
                                 F(optim.state_rounding)),
+      enum_field<MasterDtype>("optim.master_dtype",
+                              "the offload engine's master weights on the host: fp32 | bf16 (with "
+                              "optim.master_rounding; GPU-updated Blocks keep fp32)",
+                              F(optim.master_dtype)),
+      enum_field<MasterRounding>("optim.master_rounding",
+                                 "how a bf16 master takes its update: stochastic (rounding, 2 bytes a parameter) | "
+                                 "kahan (to nearest, with a bf16 compensation: 4 bytes)",
+                                 F(optim.master_rounding)),
       double_field("optim.momentum", "SGD momentum (0 = plain SGD)", F(optim.momentum)),
       double_field("optim.dampening", "SGD dampening", F(optim.dampening)),
       bool_field("optim.nesterov", "SGD Nesterov momentum", F(optim.nesterov)),

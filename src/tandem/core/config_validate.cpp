@@ -131,6 +131,12 @@ void validate_combinations(const Config& c) {
   TANDEM_CHECK(c.optim.state_dtype != StateDtype::kInt8 || c.offload.optimizer == OffloadTarget::kCpu,
                "optim.state_dtype=int8 keeps Adam's states in 8 bits on the host for the offload engine: set "
                "offload.optimizer=cpu, or use optim.state_dtype=bf16 (optim.impl=cpu) or fp32");
+  TANDEM_CHECK(c.optim.master_dtype != MasterDtype::kBf16 || c.offload.optimizer == OffloadTarget::kCpu,
+               "optim.master_dtype=bf16 keeps the master weights in bf16 on the host for the offload engine: set "
+               "offload.optimizer=cpu, or leave optim.master_dtype=fp32");
+  TANDEM_CHECK(c.optim.master_rounding != MasterRounding::kKahan || c.optim.master_dtype == MasterDtype::kBf16,
+               "optim.master_rounding=kahan compensates a bf16 master: set optim.master_dtype=bf16 too, or leave "
+               "optim.master_rounding unset for the fp32 master");
   const auto& pl = c.placement;
   TANDEM_CHECK(pl.policy == PlacementPolicyKind::kOff || c.offload.optimizer == OffloadTarget::kCpu,
                "placement.policy=", to_string(pl.policy),

@@ -117,7 +117,7 @@ void ParamStore::allocate_masters(BlockStore& b) {
     b.m = torch::zeros({sn}, fdev);
     b.v = torch::zeros({sn}, fdev);
   } else {  // zero-filled and pinned (Note [Pinned host buffers])
-    b.master = host_buffer(sn, torch::kFloat32);
+    allocate_host_master(b, options_.host_master, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     allocate_host_states(b, options_.host_state_dtype,
                          [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
@@ -129,6 +129,8 @@ void ParamStore::allocate_masters(BlockStore& b) {
     const auto src = f.param.detach().reshape(-1).narrow(0, lo - f.offset, hi - lo);
     if (gpu)
       dst.copy_(src);
+    else if (bf16_master(b))
+      set_master(b, lo - b.shard_offset, src);
     else
       host_copy(dst, src);
   }
@@ -211,24 +213,25 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   if (b.side == side) return;
   TANDEM_ASSERT(!(b.host_run && side == UpdateSide::kGpu), "block ", b.name, " runs on the CPU: it stays CPU-updated");
   torch::NoGradGuard no_grad;
-  // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states widen
-  // exactly on the way up and round to nearest on the way down; 8-bit ones decode and encode).
+  // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states and a
+  // bf16 master widen exactly on the way up and round to nearest on the way down; 8-bit states
+  // decode and encode).
   const auto to_device = [&](const torch::Tensor& t) {
     return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
   };
+  const auto alloc = [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); };
   if (side == UpdateSide::kGpu) {
     const auto [m, v] = states_f32(b);
-    b.master = to_device(b.master);
+    b.master = to_device(master_f32(b));
+    b.master_comp = torch::Tensor();
     b.m = to_device(m);
     b.v = to_device(v);
     b.m_scale = b.v_scale = torch::Tensor();
   } else {
-    auto master = host_buffer(b.shard_numel, torch::kFloat32);
-    master.copy_(b.master);
-    const torch::Tensor m = b.m, v = b.v;
-    b.master = master;
-    allocate_host_states(b, options_.host_state_dtype,
-                         [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
+    const torch::Tensor master = b.master, m = b.m, v = b.v;
+    allocate_host_master(b, options_.host_master, alloc);
+    set_master(b, 0, master);
+    allocate_host_states(b, options_.host_state_dtype, alloc);
     set_states(b, m, v);
   }
   b.side = side;
@@ -281,7 +284,7 @@ std::vector<NamedTensor> ParamStore::shard_state() {
   for (auto& b : blocks_) {
     torch::Tensor m = b.m, v = b.v;
     if (q8_states(b)) std::tie(m, v) = states_f32(b);  // fp32 copies, 8 bytes a parameter while written
-    out.emplace_back(b.name + ".master", b.master);
+    out.emplace_back(b.name + ".master", master_f32(b));  // an fp32 copy of a bf16 master
     out.emplace_back(b.name + ".exp_avg", m);
     out.emplace_back(b.name + ".exp_avg_sq", v);
   }
@@ -299,7 +302,7 @@ void ParamStore::load_shard_state(
       if (n > 0) read(b.name, kind, b.shard_offset, n, tmp.narrow(0, 0, n));
       return tmp;
     };
-    b.master.copy_(slice("master"));
+    set_master(b, 0, slice("master"));
     set_states(b, slice("exp_avg"), slice("exp_avg_sq"));
   }
   sync_working_from_master();
@@ -329,6 +332,7 @@ std::vector<NamedTensor> ParamStore::state(const torch::Tensor& step) {
       out.emplace_back(f.name + ".exp_avg", view_of(m, f));
       out.emplace_back(f.name + ".exp_avg_sq", view_of(v, f));
       out.emplace_back(f.name + ".step", step);
+      if (b.master_comp.defined()) out.emplace_back(f.name + ".master_comp", view_of(b.master_comp, f));
     }
   }
   return out;
@@ -349,9 +353,19 @@ void ParamStore::load_state(const std::function<std::optional<torch::Tensor>(con
     return *t;
   };
   for (auto& b : blocks_)
-    for (size_t k = 0; k < b.params.size(); ++k)  // unsharded: params and shard_params coincide
-      set_param_states(b, k, get(b.params[k], "exp_avg", b.params[k].numel),
-                       get(b.params[k], "exp_avg_sq", b.params[k].numel));
+    for (size_t k = 0; k < b.params.size(); ++k) {  // unsharded: params and shard_params coincide
+      const FlatParam& f = b.params[k];
+      set_param_states(b, k, get(f, "exp_avg", f.numel), get(f, "exp_avg_sq", f.numel));
+      if (!b.master_comp.defined()) continue;
+      // A checkpoint of an fp32 or stochastically rounded master has no compensation: it starts at zero.
+      const auto comp = lookup(f.name + ".master_comp");
+      TANDEM_CHECK(!comp || comp->numel() == f.numel, source, ": '", f.name, ".master_comp' has shape ",
+                   comp ? comp->sizes() : torch::IntArrayRef{}, " but the model needs ", f.shape);
+      if (comp)
+        b.master_comp.narrow(0, f.offset, f.numel).copy_(comp->reshape(-1));
+      else
+        b.master_comp.narrow(0, f.offset, f.numel).zero_();
+    }
   TANDEM_CHECK(!blocks_.empty() && !blocks_.front().params.empty(), source, ": the engine holds no parameters");
   step.copy_(get(blocks_.front().params.front(), "step", 1).reshape({}));
 }
@@ -397,7 +411,7 @@ std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
   const auto [b, f] = find(param);
   const auto [m, v] = param_states_f32(*b, static_cast<size_t>(f - b->params.data()));
   const auto shaped = [&](const torch::Tensor& t) { return t.view(f->shape); };
-  return {shaped(b->master.narrow(0, f->offset, f->numel)), shaped(m), shaped(v)};
+  return {shaped(master_f32(*b, f->offset, f->numel)), shaped(m), shaped(v)};
 }
 
 void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
@@ -408,7 +422,7 @@ void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tenso
   for (const auto& [src, what] : {std::pair{master, "master"}, std::pair{m, "exp_avg"}, std::pair{v, "exp_avg_sq"}})
     TANDEM_CHECK(src.numel() == f->numel, "the state's ", what, " of ", f->name, " has ", src.numel(),
                  " elements, the parameter ", f->numel);
-  b.master.narrow(0, f->offset, f->numel).copy_(master.reshape(-1));
+  set_master(b, f->offset, master);
   set_param_states(b, static_cast<size_t>(f - b.params.data()), m, v);
   const torch::Tensor new_weights = b.master.narrow(0, f->offset, f->numel);
   view_of(b.working, *f).copy_(new_weights.view(f->shape));

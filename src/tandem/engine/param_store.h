@@ -9,8 +9,9 @@
 //           grad    (numel) compute dtype   the parameters' .grad are views of it, so autograd
 //                                           accumulates straight into one flat buffer per Block
 //   master  (numel) fp32, m and v (numel): pinned host memory for CPU-updated Blocks (m and v in
-//           fp32, or bf16 with optim.state_dtype=bf16), device memory in fp32 for GPU-updated
-//           ones (the update split, Note [Update split])
+//           fp32, bf16 or 8 bits, optim.state_dtype; the master in fp32, or in bf16 with
+//           optim.master_dtype=bf16 and, rounded by Kahan's compensation, a bf16 master_comp: Note
+//           [bf16 master]), device memory in fp32 for GPU-updated ones (Note [Update split])
 //   host    landing (numel) bf16 or fp32    gradients coming down (CPU-updated Blocks)
 //           staging (numel) compute dtype   new weights going up (CPU-updated Blocks)
 //           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
@@ -36,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/engine/host_masters.h"
 #include "tandem/memory/update_side.h"
 #include "tandem/models/block_sequence.h"
 #include "tandem/optim/cpu_update.h"
@@ -68,10 +70,12 @@ struct BlockStore {
   torch::Tensor working, grad;  // (padded_numel) compute dtype, device
   torch::Tensor grad_shard;     // (shard_numel) compute dtype, device; sharded stores only (NCCL: a view of grad)
   torch::Tensor master, m,
-      v;  // (shard_numel) master fp32; pinned host (kCpu, m and v in the host state dtype) or device (kGpu, fp32)
+      v;  // (shard_numel) pinned host (kCpu: the host master and state dtypes) or device (kGpu, fp32)
+  torch::Tensor master_comp;  // (shard_numel) bf16, host: a bf16 master's Kahan compensation (engine/host_masters.h)
   torch::Tensor m_scale, v_scale;  // 8-bit host states (engine/host_states.h): a scale per 2048 of each slice
   torch::Tensor landing, staging;  // (shard_numel) bf16/fp32 and compute dtype, pinned host; once CPU-updated (no ring)
-  torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) fp32 host; kCpu with speculation only
+  torch::Tensor undo_master, undo_m, undo_v;  // (shard_numel) host, as master, m, v; kCpu with speculation only
+  torch::Tensor undo_master_comp;             // and the compensation
   torch::Tensor undo_m_scale, undo_v_scale;   // and the scales of 8-bit states
   /// Note [Block placement]: the module's parameters are views of staging (weights) and landing
   /// (gradients) on the host, so the Block runs on the CPU; false: views of working and grad.
@@ -90,6 +94,8 @@ struct ParamStoreOptions {
   /// round them as optim.state_rounding says) or kInt8 (8-bit codes, Note [8-bit states]).
   /// GPU-updated Blocks keep fp32 states.
   torch::ScalarType host_state_dtype = torch::kFloat32;
+  /// The master of CPU-updated Blocks (Note [bf16 master]); GPU-updated Blocks keep fp32.
+  HostMaster host_master = HostMaster::kFp32;
   /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots
   /// (Note [Host ring]); needs updates that start after the norm is known (no undo log).
   int64_t ring_slots = 0;
@@ -140,9 +146,9 @@ class ParamStore {
   void load_param_state(const torch::Tensor& param, const torch::Tensor& master, const torch::Tensor& m,
                         const torch::Tensor& v);
 
-  /// Moves Block i's master and states to the other side: bit for bit with fp32 host states; with
-  /// bf16 or 8-bit host states the move to the GPU widens (decodes) exactly and the move back
-  /// rounds (encodes) m and v (the master stays exact).
+  /// Moves Block i's master and states to the other side: bit for bit with an fp32 master and
+  /// states; bf16 or 8-bit host states, and a bf16 master, widen (decode) exactly on the way to the
+  /// GPU and round (encode) on the way back.
   void move_block(size_t i, UpdateSide side);
   /// Sets the first `gpu_blocks` Blocks GPU-updated (in forward order, skipping those kept on the
   /// CPU by keep_cpu_updated) and the rest CPU-updated, moving what changes.
@@ -167,7 +173,7 @@ class ParamStore {
   /// stream, over the device group of `lane` (Note [Process groups]).
   void gather_working(size_t i, int lane);
   /// Sharded stores: this rank's slices under "<block>.master", "<block>.exp_avg", "<block>.exp_avg_sq"
-  /// (views; fp32 copies of 8-bit states), for checkpoints (Note [Sharded checkpoints]).
+  /// (views; fp32 copies of 8-bit states and of bf16 masters), for checkpoints (Note [Sharded checkpoints]).
   std::vector<NamedTensor> shard_state();
   /// Sharded stores: fills this rank's slices from `read(name, kind, offset, n, out)`, which copies
   /// elements [offset, offset + n) of Block `name`'s whole range of master, "exp_avg" or
@@ -175,9 +181,10 @@ class ParamStore {
   void load_shard_state(
       const std::function<void(const std::string&, const std::string&, int64_t, int64_t, torch::Tensor)>& read);
 
-  /// Runs `fn` with the module's parameters bound to fp32 masters on the host (CPU-updated) or the
-  /// device (GPU-updated), so checkpoint code reads and writes full-precision weights; then binds
-  /// them back to the working copies and refreshes those from the masters.
+  /// Runs `fn` with the module's parameters bound to the masters on the host (CPU-updated: fp32, or
+  /// a bf16 master as it is, its compensation in state()) or the device (GPU-updated, fp32), so
+  /// checkpoint code reads and writes the weights the optimizer keeps; then binds them back to the
+  /// working copies and refreshes those from the masters.
   void with_masters_bound(const std::function<void()>& fn);
 
   /// Wall seconds the constructor spent allocating and pinning the host masters and states (Note
@@ -186,10 +193,11 @@ class ParamStore {
 
   /// Optimizer state under FusedAdamW's names ("<param>.exp_avg", "<param>.exp_avg_sq",
   /// "<param>.step"): views of m and v (fp32 copies decoded from 8-bit states), and `step` for
-  /// every parameter.
+  /// every parameter; a Kahan-compensated bf16 master's compensation as "<param>.master_comp".
   std::vector<NamedTensor> state(const torch::Tensor& step);
   /// Sets m and v of every parameter from `lookup` (the names of state(), any float dtype: fp32,
-  /// bf16 and 8-bit states resume from each other), and `step` from the first parameter's.
+  /// bf16 and 8-bit states resume from each other), a master's compensation where the store keeps
+  /// one (zero where the checkpoint has none), and `step` from the first parameter's.
   void load_state(const std::function<std::optional<torch::Tensor>(const std::string&)>& lookup,
                   const std::string& source, torch::Tensor& step);
 

@@ -19,7 +19,12 @@ std::vector<UpdateSpan> block_update_spans(BlockStore& b, const torch::Tensor& g
   std::vector<UpdateSpan> spans;
   for (const auto& f : b.shard_params) {
     UpdateSpan s;
-    s.master = b.master.data_ptr<float>() + f.offset;
+    if (bf16_master(b)) {  // Note [bf16 master]
+      s.master_bf16 = reinterpret_cast<uint16_t*>(b.master.data_ptr()) + f.offset;
+      if (b.master_comp.defined()) s.master_comp = reinterpret_cast<uint16_t*>(b.master_comp.data_ptr()) + f.offset;
+    } else {
+      s.master = b.master.data_ptr<float>() + f.offset;
+    }
     s.grad = static_cast<const char*>(grad.data_ptr()) + f.offset * gsize;
     s.grad_dtype = grad_bf16 ? Dtype::kBF16 : Dtype::kF32;
     s.m = static_cast<char*>(b.m.data_ptr()) + f.offset * ssize;
@@ -47,12 +52,17 @@ std::vector<UndoLog> block_undo_logs(BlockStore& b) {
   const int64_t ssize = b.undo_m.element_size();
   std::vector<UndoLog> logs;
   const bool q8 = q8_states(b);
+  const bool bf16 = bf16_master(b), comp = b.undo_master_comp.defined();
+  const auto u16 = [](const torch::Tensor& t, int64_t offset) {
+    return reinterpret_cast<uint16_t*>(t.data_ptr()) + offset;
+  };
   for (const auto& f : b.shard_params)
-    logs.push_back({b.undo_master.data_ptr<float>() + f.offset,
+    logs.push_back({bf16 ? nullptr : b.undo_master.data_ptr<float>() + f.offset,
                     static_cast<char*>(b.undo_m.data_ptr()) + f.offset * ssize,
                     static_cast<char*>(b.undo_v.data_ptr()) + f.offset * ssize,
                     q8 ? b.undo_m_scale.data_ptr<float>() + f.scale_offset : nullptr,
-                    q8 ? b.undo_v_scale.data_ptr<float>() + f.scale_offset : nullptr});
+                    q8 ? b.undo_v_scale.data_ptr<float>() + f.scale_offset : nullptr,
+                    bf16 ? u16(b.undo_master, f.offset) : nullptr, comp ? u16(b.undo_master_comp, f.offset) : nullptr});
   return logs;
 }
 

@@ -66,6 +66,7 @@ void check_host_fits(const HostDemand& demand, int64_t available, const ModelSpe
   if (!cfg.model.checkpointing && cpu_device) fixes.push_back("set model.checkpointing=true");
   if (offload && cfg.optim.state_dtype == StateDtype::kFp32) fixes.push_back("set optim.state_dtype=bf16 or int8");
   if (offload && cfg.optim.state_dtype == StateDtype::kBf16) fixes.push_back("set optim.state_dtype=int8");
+  if (offload && cfg.optim.master_dtype == MasterDtype::kFp32) fixes.push_back("set optim.master_dtype=bf16");
   if (cpu_device) fixes.push_back("train on a GPU with offload.optimizer=cpu");
   fixes.push_back("choose a smaller model (tandem inspect shows the estimate)");
   const std::string last = fixes.back();

@@ -141,6 +141,12 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   const std::string wt = to_string(cfg.train.precision);
   const std::string st = to_string(cfg.optim.state_dtype);
   const std::string host = plan.pinned ? kTierPinned : kTierPageable;
+  const int64_t mb = master_bytes(cfg.optim.master_dtype, cfg.optim.master_rounding);
+  plan.fp32_master = cfg.optim.master_dtype == MasterDtype::kFp32;
+  const std::string master = plan.fp32_master ? "fp32 master"
+                             : cfg.optim.master_rounding == MasterRounding::kKahan
+                                 ? "bf16 master with its bf16 Kahan compensation"
+                                 : "bf16 master (stochastic rounding)";
   const std::string whose = layout.stages > 1 ? "the stage's blocks" : "all blocks";
   const std::string slices = shards > 1 ? strprintf(" (1/%lld slices)", (long long)shards) : "";
   auto add = [&](const std::string& tier, std::string purpose, int64_t bytes) {
@@ -178,7 +184,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
 
   // Host: the CPU-updated Blocks' optimizer side (the head's when the stage holds it).
   if (n_cpu > 0) {
-    add(host, "fp32 master, CPU-updated blocks" + slices, 4 * shard(n_cpu));
+    add(host, master + ", CPU-updated blocks" + slices, mb * shard(n_cpu));
     add(host, "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), CPU-updated blocks" + slices,
         2 * state_buffer_bytes(sd, shard(n_cpu)));
   }
@@ -200,7 +206,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
   if (n_cpu > 0 && ring == 0 && keeps_undo_log(cfg.offload))
-    add(host, "undo log (speculative updates)" + slices, 4 * shard(n_cpu) + 2 * state_buffer_bytes(sd, shard(n_cpu)));
+    add(host, "undo log (speculative updates)" + slices, mb * shard(n_cpu) + 2 * state_buffer_bytes(sd, shard(n_cpu)));
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
   return plan;
@@ -268,12 +274,13 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
   if (host_over)
     msg += strprintf(
         "%s the pinned host tier needs %s, offload.host_memory_fraction=%.2f of %s available host memory allows "
-        "%s; set %s%soffload.pin_memory=false, or run with more available host memory",
+        "%s; set %s%s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
         gib(host_budget).c_str(),
         plan.state_bytes == 4   ? "optim.state_dtype=bf16 (half the optimizer states) or int8 (a quarter), "
         : plan.state_bytes == 2 ? "optim.state_dtype=int8 (half the bf16 states), "
                                 : "",
+        plan.fp32_master ? "optim.master_dtype=bf16 (half the master), " : "",
         plan.host_ring == 0 && offload.speculate != Speculation::kAlways
             ? "offload.host_ring=4 (a ring instead of per-block buffers), "
             : "");

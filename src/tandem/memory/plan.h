@@ -86,6 +86,7 @@ struct MemoryPlan {
   bool pinned = true;           ///< offload.pin_memory: the host buffers are pinned, else pageable
   int64_t gpu_floor_bytes = 0;  ///< GPU weights + gradients + reserve: no batch or split setting lowers it
   int64_t state_bytes = 4;      ///< bytes per host optimizer-state element (optim.state_dtype; int8: 1, scales aside)
+  bool fp32_master = true;      ///< optim.master_dtype=fp32: the refusal can name bf16
   int64_t host_ring = 0;        ///< slots of the host ring, 0 = per-block buffers
   PlanLayout layout;
 

@@ -88,7 +88,10 @@ std::vector<Chunk> cut(const std::vector<UpdateSpan>& spans) {
 void check_span(const UpdateSpan& s, const UpdateHyper& h, size_t i) {
   TANDEM_ASSERT(s.n >= 0, "span ", i, " has negative length");
   if (s.n == 0) return;
-  TANDEM_ASSERT(s.master && s.grad, "span ", i, " lacks master or grad");
+  TANDEM_ASSERT((s.master != nullptr) != (s.master_bf16 != nullptr) && s.grad, "span ", i,
+                " needs a grad and one master, fp32 or bf16");
+  TANDEM_ASSERT(s.master_comp == nullptr || s.master_bf16 != nullptr, "span ", i,
+                " has a compensation without a bf16 master");
   const bool adam = h.rule == UpdateRule::kAdamW || h.rule == UpdateRule::kAdam;
   const bool needs_m = adam || h.rule == UpdateRule::kLion || (h.rule == UpdateRule::kSgd && h.beta1 != 0.0);
   TANDEM_ASSERT(!needs_m || s.m, "span ", i, " lacks the first state buffer");
@@ -103,10 +106,10 @@ size_t state_size(Dtype d) { return d == Dtype::kF32 ? 4 : (d == Dtype::kBF16 ? 
 
 }  // namespace
 
-int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out) {
+int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out, int master_bytes) {
   const int g = grad == Dtype::kF32 ? 4 : 2, s = static_cast<int>(state_size(state));
   const int states = rule == UpdateRule::kAdamW || rule == UpdateRule::kAdam ? 2 : 1;  // SGD: with momentum
-  return 8 + g + 2 * states * s + (bf16_out ? 2 : 0);
+  return 2 * master_bytes + g + 2 * states * s + (bf16_out ? 2 : 0);
 }
 
 const char* to_string(CpuIsa isa) {
@@ -263,7 +266,13 @@ void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLo
     const UndoLog& u = undo[ch.span];
     const int64_t len = ch.end - ch.begin;
     const size_t state_bytes = state_size(s.state_dtype);
-    std::memcpy(s.master + ch.begin, u.master + ch.begin, len * sizeof(float));
+    if (s.master != nullptr) {
+      std::memcpy(s.master + ch.begin, u.master + ch.begin, len * sizeof(float));
+    } else {
+      std::memcpy(s.master_bf16 + ch.begin, u.master_bf16 + ch.begin, len * sizeof(uint16_t));
+      if (s.master_comp != nullptr)
+        std::memcpy(s.master_comp + ch.begin, u.master_comp + ch.begin, len * sizeof(uint16_t));
+    }
     if (s.state_dtype == Dtype::kQ8 && u.m_scale && u.v_scale) {  // chunks start on a block (kChunk % kBlock == 0)
       const int64_t b0 = ch.begin / q8::kBlock, nb = q8::scale_count(len);
       std::memcpy(s.m_scale + b0, u.m_scale + b0, nb * sizeof(float));
@@ -275,7 +284,9 @@ void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLo
     if (s.v && u.v)
       std::memcpy(static_cast<char*>(s.v) + ch.begin * state_bytes,
                   static_cast<const char*>(u.v) + ch.begin * state_bytes, len * state_bytes);
-    if (s.bf16_out) k.to_bf16(s.master + ch.begin, s.bf16_out + ch.begin, len);
+    if (s.bf16_out && s.master != nullptr) k.to_bf16(s.master + ch.begin, s.bf16_out + ch.begin, len);
+    if (s.bf16_out && s.master == nullptr)
+      std::memcpy(s.bf16_out + ch.begin, s.master_bf16 + ch.begin, len * sizeof(uint16_t));
   };
   CpuThreadPool& p = pool ? *pool : CpuThreadPool::global();
   p.run(static_cast<int64_t>(chunks.size()), task);

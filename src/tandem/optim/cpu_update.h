@@ -1,7 +1,7 @@
 #pragma once
 // Optimizer updates over flat buffers on the CPU: AdamW / Adam, SGD with momentum and Lion.
-// fp32 master weights updated in place; gradients in fp32 or bf16, states in fp32, bf16 or 8 bits
-// (Adam's, Note [8-bit states]); an optional bf16
+// Master weights updated in place, in fp32 or bf16 (Note [bf16 master]); gradients in fp32 or bf16,
+// states in fp32, bf16 or 8 bits (Adam's, Note [8-bit states]); an optional bf16
 // copy of the updated weights written in the same pass; non-finite gradients detected in the same
 // pass; an optional undo log for bit-exact rollback. No LibTorch here: the engine calls these on
 // raw (pinned) buffers, one Block or one shard at a time. See Note [CPU update kernels].
@@ -72,10 +72,27 @@ struct GroupHyper {
   int64_t steps_before = 0;
 };
 
+// Note [bf16 master]
+// A master in bf16 halves the host's largest buffer (optim.master_dtype=bf16). Plain rounding to
+// nearest would lose every update smaller than half a bf16 step (2^-9 of the weight), which late
+// in training is most of them, so a bf16 master takes its update in one of two ways:
+//   stochastic  the fp32 result is rounded up with probability equal to the discarded fraction
+//               (random bits from a hash of seed, step and element index, as the bf16 states'), so
+//               the rounding is unbiased and small updates land on average; 2 bytes a parameter.
+//   kahan       the fp32 result rounded to nearest is the master, and what the rounding lost is
+//               kept in a second bf16 buffer and added back before the next update (a compensated
+//               sum, as Kahan's): the pair holds about 16 significant bits; 4 bytes a parameter,
+//               the fp32 master's, with its precision nearly kept.
+// Either way the update itself runs in fp32 (the master widened, plus the compensation), and the
+// bf16 weights sent to the GPU are the master's own bits. GPU-updated Blocks keep an fp32 master.
+//
 /// One contiguous range of parameters and the buffers its update reads and writes. All pointers
 /// cover `n` elements; none needs any alignment.
 struct UpdateSpan {
-  float* master = nullptr;       ///< (n) fp32, updated in place
+  float* master = nullptr;        ///< (n) fp32, updated in place; null for a bf16 master
+  uint16_t* master_bf16 = nullptr;  ///< (n) a bf16 master instead (Note [bf16 master]): rounded stochastically,
+                                    ///< or to nearest with master_comp
+  uint16_t* master_comp = nullptr;  ///< (n) with master_bf16: its Kahan compensation in bf16
   const void* grad = nullptr;    ///< (n) grad_dtype
   void* m = nullptr;             ///< (n) state_dtype: Adam's first moment, Lion's and SGD's momentum
   void* v = nullptr;             ///< (n) state_dtype: Adam's second moment (unused otherwise)
@@ -98,6 +115,8 @@ struct UndoLog {
   void* v = nullptr;
   float* m_scale = nullptr;  ///< kQ8 states: their scales
   float* v_scale = nullptr;
+  uint16_t* master_bf16 = nullptr;  ///< a bf16 master and its compensation
+  uint16_t* master_comp = nullptr;
 };
 
 /// What an update found. Non-finite gradients are detected per tile of 2048 elements before the
@@ -112,8 +131,9 @@ struct UpdateReport {
 };
 
 /// Bytes one element of `rule`'s update moves through memory for these dtypes (reads + writes),
-/// the figure the kernels are measured against (kQ8: the codes; the scales add 16 bytes per 2048).
-int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out);
+/// the figure the kernels are measured against (kQ8: the codes; the scales add 16 bytes per 2048),
+/// with a master of `master_bytes` a parameter (4: fp32 or bf16 with its compensation; 2: bf16).
+int bytes_per_element(UpdateRule rule, Dtype grad, Dtype state, bool bf16_out, int master_bytes = 4);
 
 /// The best level this CPU and OS support.
 CpuIsa best_cpu_isa();
@@ -136,8 +156,8 @@ UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper&
 UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
                         const std::vector<UndoLog>* undo, CpuThreadPool* pool, CpuIsa isa);
 
-/// Restores master, m and v of every span from its undo log, bit for bit, and rewrites the span's
-/// bf16 copy (when it has one) from the restored master.
+/// Restores master (and its compensation), m and v of every span from its undo log, bit for bit,
+/// and rewrites the span's bf16 copy (when it has one) from the restored master.
 void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLog>& undo,
                   CpuThreadPool* pool = nullptr);
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "tandem/optim/cpu_update.h"
 #include "tandem/optim/q8_codes.h"

@@ -54,7 +54,7 @@ int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room) {
 
 // Host bytes per parameter (Note [Module plan]).
 struct HostBytesPerParam {
-  double states = 0;          // fp32 master, m, v of a CPU-updated Block
+  double states = 0;          // master (fp32 or bf16), m, v of a CPU-updated Block
   double buffers = 0;         // its gradient landing and weight staging (per Block, or per ring slot)
   double undo = 0;            // its undo log (speculative updates, per-Block buffers only)
   double device_states = 0;   // the CPU as the device: a GPU-updated Block's master, m, v
@@ -67,7 +67,7 @@ HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
   const double landing = cfg.train.precision == Precision::kBf16 ? 2 : 4;  // fp16 gradients land widened
   const bool undo = keeps_undo_log(cfg.offload);
   HostBytesPerParam b;
-  b.states = 4 + 2 * state;
+  b.states = double(master_bytes(cfg.optim.master_dtype, cfg.optim.master_rounding)) + 2 * state;
   b.buffers = landing + compute;
   b.undo = undo ? b.states : 0;
   b.device_states = device_is_host ? kGpuStateBytes : 0;
@@ -98,10 +98,10 @@ int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShar
   floor_per.buffers = floor_per.undo = 0;
   const double room = double(host.available) + double(host.reclaimable);
   const double floor = host_bytes(blocks, gpu_blocks, 0, floor_per, host.shards);
-  TANDEM_CHECK(floor <= room, "the host cannot hold the fp32 masters and Adam states: ", format_bytes(floor),
+  TANDEM_CHECK(floor <= room, "the host cannot hold the masters and Adam states: ", format_bytes(floor),
                " needed, ", format_bytes(room),
-               " available; set optim.state_dtype=bf16 or int8, run on more ranks with dist.zero_stage=2, or use a host "
-               "with more memory");
+               " available; set optim.state_dtype=bf16 or int8, optim.master_dtype=bf16, run on more ranks with "
+               "dist.zero_stage=2, or use a host with more memory");
   const double budget = cfg.offload.host_memory_fraction * room;
   const auto fits = [&](int64_t g, int64_t ring) { return host_bytes(blocks, g, ring, per, host.shards) <= budget; };
   if (cfg.offload.host_ring < 0) {
