@@ -68,6 +68,12 @@ PARTS=${PARTS:-tests optim train bk offload}
 OFF_STEPS=${OFF_STEPS:-300}
 BK_STEPS=${BK_STEPS:-300}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
+# The real-text corpus of the training runs: the Python standard library's sources as bytes (60 MB), in $corpus.
+make_corpus() {
+  corpus="$OUT/corpus.txt"
+  [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null \
+    | head -c 60000000 >"$corpus"
+}
 export PYTHONUNBUFFERED=1
 # DeepSpeed and its missing dependencies, from the wheels carried in .whl. Fails only when there are
 # none; a failed install shows in pip's output and in the DeepSpeed run's import error.
@@ -190,8 +196,7 @@ fi
 if has offload; then
 # A real text corpus with no download: the Python standard library's sources on the machine
 # (byte-level tokens). Its loss settles near 1.5 nats instead of memorising toward 0.
-corpus="$OUT/corpus.txt"
-[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+make_corpus
 echo "corpus: $(du -h "$corpus" | cut -f1) of Python sources"
 off=(--set train.precision=bf16 --set train.eval_every=0 --set train.save_final=false --set train.progress=lines)
 a125=(-p 125M "${off[@]}" --set train.micro_batch=8 --set train.seq_len=1024 --steps "$OFF_STEPS" --set train.log_every=100
@@ -268,8 +273,7 @@ if has curve; then
 # bf16sr / bf16kahan: exact with a bf16 master (Note [bf16 master]), int8sr: both 8-bit states and a
 # stochastically rounded bf16 master (4 bytes a parameter on the host).
 # bench/train_curves.py tabulates them.
-corpus="$OUT/corpus.txt"
-[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+make_corpus
 cur=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 --steps "${CURVE_STEPS:-320}"
      --set train.eval_every=0 --set train.save_final=false --set train.progress=lines --set train.log_every=40
      --set data.path="$corpus")
@@ -298,8 +302,7 @@ if has capacity; then
 # CPU-updated, B=1 x CAP_M (default 4) micro-batches of 2048 tokens, CAP_STEPS (default 50) steps on
 # the Python sources as bytes. Each size's plan is kept, so the first refused one shows why; CAP_SET
 # adds settings (e.g. optim.master_dtype=fp32 for the fp32 master's largest).
-corpus="$OUT/corpus.txt"
-[[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+make_corpus
 cap=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
      --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch=1
      --set train.grad_accum="${CAP_M:-4}" --set train.seq_len=2048 --set model.checkpointing=true
@@ -598,8 +601,7 @@ if dist_has largest && (( G >= 2 )); then
   # sources as bytes, LARGEST_STEPS (default 50) steps; each size's plan (tandem inspect --plan --ranks 2)
   # is kept, so the first refused one shows why. LARGEST_SET adds settings (e.g. offload.gpu_memory_fraction
   # to plan an 80 GB GPU on a larger one).
-  corpus="$OUT/corpus.txt"
-  [[ -s "$corpus" ]] || find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -4000 | xargs cat 2>/dev/null | head -c 60000000 >"$corpus"
+  make_corpus
   big=(-p 13B --set model.d_model=6656 --set model.n_head=52 --set model.n_kv_head=52 --set model.d_ff=17920
        --set model.tie_embeddings=false --set train.precision=bf16 --set train.micro_batch=1
        --set train.grad_accum="${LARGEST_M:-4}" --set train.seq_len=2048 --set model.checkpointing=true

@@ -85,14 +85,14 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       << out;
 
   const auto lines = json_lines(o.json_path);
-  ASSERT_EQ(lines.size(), 1u + 2 * 13) << "appended after what the file held";
+  ASSERT_EQ(lines.size(), 1u + 2 * 16) << "appended after what the file held";
   EXPECT_EQ(lines[0], json({{"earlier", true}}));
   struct Want {
     std::string impl, variant;
     int bytes;
   };
-  const auto tandem_variant = [&](const std::string& name, Dtype g, Dtype s, bool out_copy) {
-    return Want{"tandem", name + " [" + best + "]", bytes_per_element(UpdateRule::kAdamW, g, s, out_copy)};
+  const auto tandem_variant = [&](const std::string& name, Dtype g, Dtype s, bool out_copy, int master_bytes = 4) {
+    return Want{"tandem", name + " [" + best + "]", bytes_per_element(UpdateRule::kAdamW, g, s, out_copy, master_bytes)};
   };
   const std::vector<Want> per_size = {
       {"memcpy", "fp32 copy (read + write)", 8},
@@ -106,14 +106,20 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       tandem_variant("AdamW bf16 grads, bf16 states, unchecked", Dtype::kBF16, Dtype::kBF16, false),
       tandem_variant("AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false),
       tandem_variant("AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true),
+      tandem_variant("AdamW bf16 grads, bf16 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kBF16,
+                     true, 2),
+      tandem_variant("AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8,
+                     true, 2),
+      tandem_variant("AdamW bf16 grads, int8 states, bf16 master (kahan), bf16 out", Dtype::kBF16, Dtype::kQ8, true),
       {"torch", "fused AdamW (at::_fused_adamw_)", 28},
       {"torch", "foreach AdamW (at::_foreach_* ops)", 28}};
   EXPECT_EQ(per_size[1].bytes, 28) << "fp32 master, grad, m, v read and master, m, v written";
   EXPECT_EQ(per_size[9].bytes, 16) << "8-bit states: one byte each way per state";
+  EXPECT_EQ(per_size[12].bytes, 12) << "and a bf16 master: two bytes each way";
   for (size_t i = 1; i < lines.size(); ++i) {
     const json& j = lines[i];
-    const Want& w = per_size[(i - 1) % 13];
-    const int64_t n = i <= 13 ? 17 : 1;
+    const Want& w = per_size[(i - 1) % 16];
+    const int64_t n = i <= 16 ? 17 : 1;
     SCOPED_TRACE(::testing::Message() << "line " << i << ": " << j.dump());
     EXPECT_EQ(j["impl"], w.impl);
     EXPECT_EQ(j["variant"], w.variant);
@@ -131,7 +137,7 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   }
   // The closing table: a header and one row per measurement.
   const std::string table = out.substr(out.find("\nimpl "));
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 26) << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 32) << table;
   EXPECT_NE(table.find("B/par"), std::string::npos);
 }
 
@@ -155,7 +161,7 @@ TEST(OptimBench, ExtraKernelLevelsTimeThePlainFp32VariantOnly) {
     const std::string v = j["variant"];
     if (v.find("[scalar]") != std::string::npos) scalar.push_back(v);
   }
-  EXPECT_EQ(lines.size(), 14u);
+  EXPECT_EQ(lines.size(), 17u);
   EXPECT_EQ(scalar, std::vector<std::string>{"AdamW fp32 grads, fp32 states [scalar]"});
   EXPECT_EQ(active_cpu_isa(), best_cpu_isa()) << "the bench leaves the best level active";
 }

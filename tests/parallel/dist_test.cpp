@@ -136,27 +136,35 @@ TEST(Dist, CheckpointOfWorldTwoResumesAtWorldOne) {
   EXPECT_NE(plain.out.find("dist.zero_stage=2"), std::string::npos) << plain.out;
 }
 
-// ZeRO-2 with 8-bit host states (Note [8-bit states]): each rank quantises its own slices; the
-// sharded checkpoint (written decoded to fp32) resumes at world 2 as the uninterrupted run, and at
-// world 1 (the slices' blocks fall elsewhere, so the states are quantised afresh) within 1 %. The
-// split is fixed at 0: an adaptive one may update a Block on the device at resume, in fp32.
+// ZeRO-2 with 8-bit host states (Note [8-bit states]), and with a bf16 master beside them (Note
+// [bf16 master]: its stochastic rounding hashes each element's index in the whole parameter space,
+// so a slice rounds as the whole would): each rank quantises its own slices; the sharded checkpoint
+// (written decoded to fp32) resumes at world 2 as the uninterrupted run, and at world 1 (the
+// slices' blocks fall elsewhere, so the states are quantised afresh) within 1 %. The split is fixed
+// at 0: an adaptive one may update a Block on the device at resume, in fp32.
 TEST(Dist, EightBitStatesShardAndResumeAtAnyWorldSize) {
-  TempDir tmp;
-  const std::string q8 = " --set optim.state_dtype=int8 --set offload.update_split=0 " + std::string(kZero);
-  const Result r2 = launch(2, port(0), tmp.file("two"), 10, "--set train.micro_batch=4 --set train.checkpoint_every=5" + q8);
-  ASSERT_EQ(r2.code, 0) << r2.out;
-  auto want = losses(tmp.file("two"));
-  for (int64_t s = 1; s <= 5; ++s) want.erase(s);
-  const Result again = launch(2, port(1), tmp.file("again"), 10,
-                              "--set train.micro_batch=4" + q8 + " --resume " + tmp.file("two/checkpoints/step_00000005"));
-  ASSERT_EQ(again.code, 0) << again.out;
-  expect_same_losses(want, losses(tmp.file("again")), 1e-6);
-  const Result r1 = sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
-                           train_args(tmp.file("one"), 10, "--set train.micro_batch=8" + q8) + " --resume " +
-                           tmp.file("two/checkpoints/step_00000005"),
-                       tmp.file("one.log"));
-  ASSERT_EQ(r1.code, 0) << r1.out;
-  expect_same_losses(want, losses(tmp.file("one")), 1e-2);
+  int p = 0;
+  for (const std::string master : {"fp32", "bf16"}) {
+    SCOPED_TRACE(master + " master");
+    TempDir tmp;
+    const std::string q8 = " --set optim.state_dtype=int8 --set optim.master_dtype=" + master +
+                           " --set offload.update_split=0 " + std::string(kZero);
+    const Result r2 =
+        launch(2, port(p++), tmp.file("two"), 10, "--set train.micro_batch=4 --set train.checkpoint_every=5" + q8);
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    auto want = losses(tmp.file("two"));
+    for (int64_t s = 1; s <= 5; ++s) want.erase(s);
+    const Result again = launch(2, port(p++), tmp.file("again"), 10,
+                                "--set train.micro_batch=4" + q8 + " --resume " + tmp.file("two/checkpoints/step_00000005"));
+    ASSERT_EQ(again.code, 0) << again.out;
+    expect_same_losses(want, losses(tmp.file("again")), 1e-6);
+    const Result r1 = sh("OMP_NUM_THREADS=1 " + cli_path() + " train " +
+                             train_args(tmp.file("one"), 10, "--set train.micro_batch=8" + q8) + " --resume " +
+                             tmp.file("two/checkpoints/step_00000005"),
+                         tmp.file("one.log"));
+    ASSERT_EQ(r1.code, 0) << r1.out;
+    expect_same_losses(want, losses(tmp.file("one")), 1e-2);
+  }
 }
 
 // kill -9 of one worker mid-run: the launcher stops the other, restarts both from the newest

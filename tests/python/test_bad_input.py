@@ -103,9 +103,10 @@ def test_bad_loss_and_step_order():
 
 
 def test_host_too_small_for_the_masters():
-    with pytest.raises(ValueError, match="cannot hold the fp32 masters") as e:
+    with pytest.raises(ValueError, match="cannot hold the masters and Adam states") as e:
         tandem.Engine(tiny_llama(), engine_config(True, **{"offload.host_memory_gib": 0.0005}))
     assert "optim.state_dtype=bf16" in one_line(e)
+    assert "optim.master_dtype=bf16" in one_line(e)
 
 
 def test_missing_checkpoint(tmp_path):

@@ -260,6 +260,35 @@ def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
     opt.engine.close()
 
 
+def test_a_bf16_master_tracks_fp32_and_round_trips_its_state_dict():
+    # optim.master_dtype=bf16 (Note [bf16 master]), rounded stochastically or with Kahan's
+    # compensation: close to the fp32 master but not the same; the state_dict holds the master in
+    # fp32 (the bf16 value plus its compensation), and resumes into the same run exactly.
+    torch.manual_seed(0)
+    start = Net().state_dict()
+    fixed = dict(CPU, **{"offload.update_split": "0"})
+    model, opt = net_with(start, fixed)
+    want = run(model, opt, 8)
+    opt.engine.close()
+    for rounding in ("stochastic", "kahan"):
+        config = dict(fixed, **{"optim.master_dtype": "bf16", "optim.master_rounding": rounding})
+        model, opt = net_with(start, config)
+        losses = run(model, opt, 8)
+        opt.engine.close()
+        assert losses != want, rounding
+        assert losses == pytest.approx(want, rel=2e-2), rounding
+
+        first, opt = net_with(start, config)
+        run(first, opt, 4)
+        saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
+        opt.engine.close()
+        assert saved["state"][0]["master"].dtype == torch.float32
+        second, opt = net_with(weights, config)
+        opt.load_state_dict(saved)
+        assert run(second, opt, 4, first=4) == losses[4:], rounding
+        opt.engine.close()
+
+
 def test_a_second_backward_before_the_step_is_refused():
     _, model = net_pair()
     opt = tandem.optim.OffloadAdamW(model.parameters(), lr=3e-3, config=CPU)

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "../test_util.h"
@@ -224,69 +225,62 @@ TEST(TrainerOffload, MatchesTheDefaultOptimizerAndResumesBitwise) {
   EXPECT_NEAR(p.losses[0], off.losses[5], 1e-5 * off.losses[5]);
 }
 
-// optim.state_dtype=int8 through the trainer: a resume from its checkpoint is bitwise the
-// uninterrupted run (the states are written decoded to fp32 and encode to the same codes), and a
-// checkpoint of fp32 states resumes into 8-bit states and back.
-TEST(TrainerOffload, EightBitStatesResumeBitwiseAndFromOtherStateDtypes) {
-  test::TempDir full_dir, split_dir, fp32_dir;
+// Ten offloaded steps with clipping at a fixed split, set as `tweak` says, and the same in two runs
+// of 5 with a resume: bitwise the uninterrupted run. Then across settings: a checkpoint of
+// `plain`'s run resumes into `tweak`'s (close), and `tweak`'s checkpoint into `plain` (step 6's loss
+// exact: the weights are those of step 5).
+void expect_offload_resumes(const std::function<void(Config&)>& tweak, const std::function<void(Config&)>& plain) {
+  test::TempDir full_dir, split_dir, plain_dir;
   Config o = test::tiny_cpu_config(full_dir.path(), 10);
   o.train.micro_batch = 4;
   o.train.seq_len = 32;
   o.train.grad_clip = 0.5;
   o.offload.optimizer = OffloadTarget::kCpu;
   o.offload.update_split = "0";
-  o.optim.state_dtype = StateDtype::kInt8;
+  tweak(o);
   const auto full = train(o, {});
+  EXPECT_LT(full.losses.back(), full.losses.front());
   const auto a = train_in(o, split_dir.path(), 5);
   const auto b = train_in(o, split_dir.path(), 10, a.last_checkpoint);
   ASSERT_EQ(b.losses.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], full.losses[5 + i]) << "step " << 6 + i;
 
-  Config f32 = o;
-  f32.optim.state_dtype = StateDtype::kFp32;
-  const auto c = train_in(f32, fp32_dir.path(), 5);
-  const auto d = train_in(o, fp32_dir.path(), 6, c.last_checkpoint);
+  Config other = o;
+  plain(other);
+  const auto c = train_in(other, plain_dir.path(), 5);
+  const auto d = train_in(o, plain_dir.path(), 6, c.last_checkpoint);
   ASSERT_EQ(d.losses.size(), 1u);
   EXPECT_NEAR(d.losses[0], full.losses[5], 1e-2 * full.losses[5]);
-  const auto e = train_in(f32, fp32_dir.path(), 6, a.last_checkpoint);
+  const auto e = train_in(other, plain_dir.path(), 6, a.last_checkpoint);
   ASSERT_EQ(e.losses.size(), 1u);
-  EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
+  EXPECT_EQ(e.losses[0], full.losses[5]);
 }
 
-// optim.master_dtype=bf16 through the trainer (Note [bf16 master]): a resume from its checkpoint is
-// bitwise the uninterrupted run for both roundings (the bf16 master is the checkpoint's weights, a
-// Kahan master's compensation is in its optimizer state, stochastic rounding hashes the step), and
-// checkpoints of an fp32 master resume into a bf16 one and back.
+// optim.state_dtype=int8 through the trainer: a resume from its checkpoint is bitwise the
+// uninterrupted run (the states are written decoded to fp32 and encode to the same codes), and a
+// checkpoint of fp32 states resumes into 8-bit states and back.
+TEST(TrainerOffload, EightBitStatesResumeBitwiseAndFromOtherStateDtypes) {
+  expect_offload_resumes([](Config& c) { c.optim.state_dtype = StateDtype::kInt8; },
+                         [](Config& c) { c.optim.state_dtype = StateDtype::kFp32; });
+}
+
+// optim.master_dtype=bf16 through the trainer (Note [bf16 master]), with 8-bit states: a resume
+// from its checkpoint is bitwise the uninterrupted run for both roundings (the bf16 master is the
+// checkpoint's weights, a Kahan master's compensation is in its optimizer state, stochastic rounding
+// hashes the step), and checkpoints of an fp32 master resume into a bf16 one and back.
 TEST(TrainerOffload, Bf16MastersResumeBitwiseAndFromAnFp32Master) {
   for (const auto rounding : {MasterRounding::kStochastic, MasterRounding::kKahan}) {
     SCOPED_TRACE(to_string(rounding));
-    test::TempDir full_dir, split_dir, fp32_dir;
-    Config o = test::tiny_cpu_config(full_dir.path(), 10);
-    o.train.micro_batch = 4;
-    o.train.seq_len = 32;
-    o.train.grad_clip = 0.5;
-    o.offload.optimizer = OffloadTarget::kCpu;
-    o.offload.update_split = "0";
-    o.optim.master_dtype = MasterDtype::kBf16;
-    o.optim.master_rounding = rounding;
-    o.optim.state_dtype = StateDtype::kInt8;
-    const auto full = train(o, {});
-    EXPECT_LT(full.losses.back(), full.losses.front());
-    const auto a = train_in(o, split_dir.path(), 5);
-    const auto b = train_in(o, split_dir.path(), 10, a.last_checkpoint);
-    ASSERT_EQ(b.losses.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(b.losses[i], full.losses[5 + i]) << "step " << 6 + i;
-
-    Config f32 = o;
-    f32.optim.master_dtype = MasterDtype::kFp32;
-    f32.optim.master_rounding = MasterRounding::kStochastic;
-    const auto c = train_in(f32, fp32_dir.path(), 5);
-    const auto d = train_in(o, fp32_dir.path(), 6, c.last_checkpoint);
-    ASSERT_EQ(d.losses.size(), 1u);
-    EXPECT_NEAR(d.losses[0], full.losses[5], 1e-2 * full.losses[5]);
-    const auto e = train_in(f32, fp32_dir.path(), 6, a.last_checkpoint);
-    ASSERT_EQ(e.losses.size(), 1u);
-    EXPECT_EQ(e.losses[0], full.losses[5]);  // step 6's loss: the weights are those of step 5
+    expect_offload_resumes(
+        [&](Config& c) {
+          c.optim.master_dtype = MasterDtype::kBf16;
+          c.optim.master_rounding = rounding;
+          c.optim.state_dtype = StateDtype::kInt8;
+        },
+        [](Config& c) {
+          c.optim.master_dtype = MasterDtype::kFp32;
+          c.optim.master_rounding = MasterRounding::kStochastic;
+        });
   }
 }
 

@@ -1,10 +1,8 @@
 #include "tandem/engine/host_masters.h"
 
-#include <algorithm>
-
 #include "tandem/core/error.h"
-#include "tandem/core/thread_pool.h"
 #include "tandem/engine/param_store.h"
+#include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 
@@ -36,16 +34,13 @@ void set_master(BlockStore& b, int64_t offset, const torch::Tensor& x) {
     b.master.narrow(0, offset, n).copy_(src);
     return;
   }
-  // In chunks on tandem's pool: a 20 B-parameter model's masters pass through here at start-up.
+  // Rounded as the CPU kernels round (subnormals to zero), and split into the pair an update stores.
   const torch::Tensor host = src.to(torch::kCPU, torch::kFloat32).contiguous();
-  constexpr int64_t kChunk = int64_t(1) << 22;
-  CpuThreadPool::global().run((n + kChunk - 1) / kChunk, [&](int64_t c) {
-    const int64_t lo = c * kChunk, len = std::min(kChunk, n - lo);
-    const torch::Tensor part = host.narrow(0, lo, len);
-    torch::Tensor hi = b.master.narrow(0, offset + lo, len);
-    hi.copy_(part);  // rounded to nearest even
-    if (b.master_comp.defined()) b.master_comp.narrow(0, offset + lo, len).copy_(part - hi.to(torch::kFloat32));
-  });
+  const auto u16 = [&](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()) + offset; };
+  if (b.master_comp.defined())
+    cpu_split_bf16(host.data_ptr<float>(), u16(b.master), u16(b.master_comp), n);
+  else
+    cpu_to_bf16(host.data_ptr<float>(), u16(b.master), n);
 }
 
 }  // namespace tandem

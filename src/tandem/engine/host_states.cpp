@@ -39,7 +39,8 @@ void allocate_host_states(BlockStore& b, torch::ScalarType dtype,
 }
 
 void allocate_undo_states(BlockStore& b) {
-  b.undo_master = torch::empty({b.shard_numel}, b.master.scalar_type());  // fp32 or a bf16 master (Note [bf16 master])
+  // As the master: fp32, or bf16 (Note [bf16 master]).
+  b.undo_master = torch::empty({b.shard_numel}, b.master.defined() ? b.master.scalar_type() : torch::kFloat32);
   if (b.master_comp.defined()) b.undo_master_comp = torch::empty({b.shard_numel}, torch::kBFloat16);
   b.undo_m = torch::empty({b.shard_numel}, b.m.scalar_type());
   b.undo_v = torch::empty({b.shard_numel}, b.v.scalar_type());

@@ -302,4 +302,14 @@ void cpu_to_bf16(const float* src, uint16_t* dst, int64_t n, CpuThreadPool* pool
   });
 }
 
+void cpu_split_bf16(const float* src, uint16_t* hi, uint16_t* lo, int64_t n, CpuThreadPool* pool) {
+  const detail::KernelTable k = kernels_for(active_cpu_isa());
+  const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+  CpuThreadPool& p = pool ? *pool : CpuThreadPool::global();
+  p.run(n_chunks, [&](int64_t t) {
+    const int64_t b = t * kChunk;
+    k.split_bf16(src + b, hi + b, lo + b, std::min(n, b + kChunk) - b);
+  });
+}
+
 }  // namespace tandem

@@ -62,6 +62,9 @@ struct Avx2Lanes {
     const __m256i bias = _mm256_and_si256(random(idx, seed), _mm256_set1_epi32(0xFFFF));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, bias)));
   }
+  static void store_bf16_rz(uint16_t* p, F x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, _mm256_setzero_si256())));
+  }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
@@ -96,14 +99,16 @@ struct Avx2Lanes {
 
 }  // namespace
 
-KernelTable avx2_kernels() { return {&update_entry<Avx2Lanes>, &to_bf16_entry<Avx2Lanes>}; }
+KernelTable avx2_kernels() {
+  return {&update_entry<Avx2Lanes>, &to_bf16_entry<Avx2Lanes>, &split_bf16_entry<Avx2Lanes>};
+}
 
 }  // namespace tandem::detail
 
 #else
 
 namespace tandem::detail {
-KernelTable avx2_kernels() { return {nullptr, nullptr}; }
+KernelTable avx2_kernels() { return {nullptr, nullptr, nullptr}; }
 }  // namespace tandem::detail
 
 #endif

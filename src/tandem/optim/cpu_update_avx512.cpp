@@ -63,6 +63,9 @@ struct Avx512Lanes {
     const __m512i bias = _mm512_and_si512(random(idx, seed), _mm512_set1_epi32(0xFFFF));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_lanes(x, bias));
   }
+  static void store_bf16_rz(uint16_t* p, F x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_lanes(x, _mm512_setzero_si512()));
+  }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
@@ -96,8 +99,10 @@ struct Avx512Lanes {
 }  // namespace
 
 KernelTable avx512_kernels(bool bf16_instructions) {
-  if (bf16_instructions) return {&update_entry<Avx512Lanes<true>>, &to_bf16_entry<Avx512Lanes<true>>};
-  return {&update_entry<Avx512Lanes<false>>, &to_bf16_entry<Avx512Lanes<false>>};
+  if (bf16_instructions)
+    return {&update_entry<Avx512Lanes<true>>, &to_bf16_entry<Avx512Lanes<true>>, &split_bf16_entry<Avx512Lanes<true>>};
+  return {&update_entry<Avx512Lanes<false>>, &to_bf16_entry<Avx512Lanes<false>>,
+          &split_bf16_entry<Avx512Lanes<false>>};
 }
 
 }  // namespace tandem::detail
@@ -105,7 +110,7 @@ KernelTable avx512_kernels(bool bf16_instructions) {
 #else
 
 namespace tandem::detail {
-KernelTable avx512_kernels(bool) { return {nullptr, nullptr}; }
+KernelTable avx512_kernels(bool) { return {nullptr, nullptr, nullptr}; }
 }  // namespace tandem::detail
 
 #endif

@@ -25,6 +25,7 @@ struct ScalarLanes {
   static void store_bf16_sr(uint16_t* p, F x, uint32_t idx, uint32_t seed) {
     *p = f32_to_bf16_bits(x, random_bits(idx, seed), false);
   }
+  static void store_bf16_rz(uint16_t* p, F x) { *p = f32_to_bf16_bits(x, 0, false); }
   static F set1(float x) { return x; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }
@@ -44,6 +45,8 @@ struct ScalarLanes {
 
 }  // namespace
 
-KernelTable scalar_kernels() { return {&update_entry<ScalarLanes>, &to_bf16_entry<ScalarLanes>}; }
+KernelTable scalar_kernels() {
+  return {&update_entry<ScalarLanes>, &to_bf16_entry<ScalarLanes>, &split_bf16_entry<ScalarLanes>};
+}
 
 }  // namespace tandem::detail
