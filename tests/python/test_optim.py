@@ -233,6 +233,20 @@ def test_the_state_dict_holds_the_live_fp32_state_as_torchs_does():
     assert torch.isfinite(first["master"]).all()  # the buffers outlive the engine while referenced
 
 
+def resumes_from_its_state_dict(start, config, losses):
+    """Four steps from `start`, then a new model and optimizer from the weights and the state_dict:
+    steps 5-8 give `losses`' last four exactly. Returns the state_dict."""
+    first, opt = net_with(start, config)
+    run(first, opt, 4)
+    saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
+    opt.engine.close()
+    second, opt = net_with(weights, config)
+    opt.load_state_dict(saved)
+    assert run(second, opt, 4, first=4) == losses[4:]
+    opt.engine.close()
+    return saved
+
+
 def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
     # optim.state_dtype=int8 (Note [8-bit states]): close to fp32 states but not the same, and a
     # state_dict (decoded to fp32, as torch's) resumes into the same run exactly. Every Block is
@@ -248,16 +262,8 @@ def test_eight_bit_states_track_fp32_and_round_trip_their_state_dict():
         opt.engine.close()
     assert losses["int8"] != losses["fp32"]
     assert losses["int8"] == pytest.approx(losses["fp32"], rel=1e-2)
-
-    first, opt = net_with(start, q8)
-    run(first, opt, 4)
-    saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
-    opt.engine.close()
+    saved = resumes_from_its_state_dict(start, q8, losses["int8"])
     assert saved["state"][0]["exp_avg"].dtype == torch.float32
-    second, opt = net_with(weights, q8)
-    opt.load_state_dict(saved)
-    assert run(second, opt, 4, first=4) == losses["int8"][4:]
-    opt.engine.close()
 
 
 def test_a_bf16_master_tracks_fp32_and_round_trips_its_state_dict():
@@ -277,16 +283,8 @@ def test_a_bf16_master_tracks_fp32_and_round_trips_its_state_dict():
         opt.engine.close()
         assert losses != want, rounding
         assert losses == pytest.approx(want, rel=2e-2), rounding
-
-        first, opt = net_with(start, config)
-        run(first, opt, 4)
-        saved, weights = opt.state_dict(), {k: v.clone() for k, v in first.state_dict().items()}
-        opt.engine.close()
+        saved = resumes_from_its_state_dict(start, config, losses)
         assert saved["state"][0]["master"].dtype == torch.float32
-        second, opt = net_with(weights, config)
-        opt.load_state_dict(saved)
-        assert run(second, opt, 4, first=4) == losses[4:], rounding
-        opt.engine.close()
 
 
 def test_a_second_backward_before_the_step_is_refused():
