@@ -22,11 +22,11 @@ BlockStore block() {
   return b;
 }
 
-TEST(HostMasters, OneBufferInItsDtypeOrTwoBf16ForKahan) {
-  const std::pair<HostMaster, std::vector<torch::ScalarType>> cases[] = {
-      {HostMaster::kFp32, {torch::kFloat32}},
-      {HostMaster::kBf16Stochastic, {torch::kBFloat16}},
-      {HostMaster::kBf16Kahan, {torch::kBFloat16, torch::kBFloat16}},
+TEST(MasterKinds, OneBufferInItsDtypeOrTwoBf16ForKahan) {
+  const std::pair<MasterKind, std::vector<torch::ScalarType>> cases[] = {
+      {MasterKind::kFp32, {torch::kFloat32}},
+      {MasterKind::kBf16Stochastic, {torch::kBFloat16}},
+      {MasterKind::kBf16Kahan, {torch::kBFloat16, torch::kBFloat16}},
   };
   for (const auto& [kind, want] : cases) {
     std::vector<torch::ScalarType> got;
@@ -37,24 +37,24 @@ TEST(HostMasters, OneBufferInItsDtypeOrTwoBf16ForKahan) {
       return torch::zeros({n}, t);
     });
     EXPECT_EQ(got, want);
-    EXPECT_EQ(bf16_master(b), kind != HostMaster::kFp32);
-    EXPECT_EQ(b.master_comp.defined(), kind == HostMaster::kBf16Kahan);
+    EXPECT_EQ(bf16_master(b), kind != MasterKind::kFp32);
+    EXPECT_EQ(b.master_comp.defined(), kind == MasterKind::kBf16Kahan);
   }
 }
 
-TEST(HostMasters, ValuesComeBackExactFromFp32ToBf16sBitsOrAboutSixteenWithTheCompensation) {
+TEST(MasterKinds, ValuesComeBackExactFromFp32ToBf16sBitsOrAboutSixteenWithTheCompensation) {
   torch::manual_seed(3);
   const auto x = torch::randn({kSlice}) * torch::pow(10.0, torch::randint(-3, 2, {kSlice}).to(torch::kFloat32));
   const auto alloc = [](int64_t n, torch::ScalarType t) { return torch::zeros({n}, t); };
-  const std::pair<HostMaster, double> cases[] = {
-      {HostMaster::kFp32, 0.0}, {HostMaster::kBf16Stochastic, 1.0 / 256}, {HostMaster::kBf16Kahan, 1.0 / 32768}};
+  const std::pair<MasterKind, double> cases[] = {
+      {MasterKind::kFp32, 0.0}, {MasterKind::kBf16Stochastic, 1.0 / 256}, {MasterKind::kBf16Kahan, 1.0 / 32768}};
   for (const auto& [kind, rel] : cases) {
     BlockStore b = block();
     allocate_host_master(b, kind, alloc);
     set_master(b, 0, x);
     const auto back = master_f32(b);
     EXPECT_LE(((back - x).abs() / x.abs()).max().item<double>(), rel) << static_cast<int>(kind);
-    if (kind == HostMaster::kBf16Kahan)  // and not merely bf16's precision
+    if (kind == MasterKind::kBf16Kahan)  // and not merely bf16's precision
       EXPECT_GT(((b.master.to(torch::kFloat32) - x).abs() / x.abs()).max().item<double>(), 1.0 / 1024);
     // A part of the slice, read and written alone.
     set_master(b, 100, torch::full({7}, 0.5));
@@ -66,7 +66,7 @@ TEST(HostMasters, ValuesComeBackExactFromFp32ToBf16sBitsOrAboutSixteenWithTheCom
     allocate_host_master(again, kind, alloc);
     set_master(again, 0, master_f32(b));
     EXPECT_TRUE(torch::equal(again.master, b.master));
-    if (kind == HostMaster::kBf16Kahan) EXPECT_TRUE(torch::equal(again.master_comp, b.master_comp));
+    if (kind == MasterKind::kBf16Kahan) EXPECT_TRUE(torch::equal(again.master_comp, b.master_comp));
   }
 }
 

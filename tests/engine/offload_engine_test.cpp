@@ -372,8 +372,8 @@ TEST(OffloadEngine, ABf16MasterTracksTheFp32Master) {
     return most;
   };
   std::vector<double> most;
-  for (const auto kind : {HostMaster::kBf16Stochastic, HostMaster::kBf16Kahan}) {
-    SCOPED_TRACE(kind == HostMaster::kBf16Kahan ? "kahan" : "stochastic");
+  for (const auto kind : {MasterKind::kBf16Stochastic, MasterKind::kBf16Kahan}) {
+    SCOPED_TRACE(kind == MasterKind::kBf16Kahan ? "kahan" : "stochastic");
     const auto run = engine_losses(40, 1, 1.0, 0, bf16, EngineOptions::Speculate::kAlways, nullptr,
                                    [&](ParamStoreOptions& o) { o.host_master = kind; });
     most.push_back(apart(run.losses));
@@ -385,7 +385,7 @@ TEST(OffloadEngine, ABf16MasterTracksTheFp32Master) {
   EXPECT_LT(most[1], most[0]) << "Kahan's compensation should keep closer to fp32 than stochastic rounding";
   const auto split = engine_losses(40, 1, 1.0, 2, bf16, EngineOptions::Speculate::kAlways, nullptr,
                                    [](ParamStoreOptions& o) {
-                                     o.host_master = HostMaster::kBf16Stochastic;
+                                     o.host_master = MasterKind::kBf16Stochastic;
                                      o.host_state_dtype = torch::kInt8;
                                    });
   EXPECT_LT(apart(split.losses), 2e-2);

@@ -218,8 +218,8 @@ TEST(ParamStore, EightBitStatesDecodeOnTheWayUpAndEncodeToTheSameCodesOnTheWayBa
 // load_param_state writes it; checkpoint code sees the bf16 master, and a Kahan master's
 // compensation is among the state's names.
 TEST(ParamStore, ABf16MasterWidensOnTheWayUpAndComesBackWithTheSameValue) {
-  for (const auto kind : {HostMaster::kBf16Stochastic, HostMaster::kBf16Kahan}) {
-    const bool kahan = kind == HostMaster::kBf16Kahan;
+  for (const auto kind : {MasterKind::kBf16Stochastic, MasterKind::kBf16Kahan}) {
+    const bool kahan = kind == MasterKind::kBf16Kahan;
     SCOPED_TRACE(kahan ? "kahan" : "stochastic");
     auto model = small_model();
     ParamStoreOptions so;
@@ -369,7 +369,7 @@ torch::Tensor whole_range(size_t block, const std::string& kind, int64_t offset,
 
 // One rank of two sharing the store (Note [Sharded store]): loads the whole ranges, checks its slices.
 // A bf16 master (Note [bf16 master]) holds the masters rounded to bf16, and writes them out in fp32.
-void sharded_rank(int rank, int port, HostMaster master) {
+void sharded_rank(int rank, int port, MasterKind master) {
   RankInfo info;
   info.rank = rank;
   info.world_size = 2;
@@ -388,7 +388,7 @@ void sharded_rank(int rank, int port, HostMaster master) {
   ParamStore store(*model, so, 0);
   const auto expected = [&](size_t block, const std::string& kind, int64_t offset, int64_t n) {
     const auto t = whole_range(block, kind, offset, n);
-    return kind == "master" && master != HostMaster::kFp32 ? t.to(torch::kBFloat16).to(torch::kFloat32) : t;
+    return kind == "master" && master != MasterKind::kFp32 ? t.to(torch::kBFloat16).to(torch::kFloat32) : t;
   };
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < store.blocks().size(); ++i) index[store.blocks()[i].name] = i;
@@ -415,8 +415,8 @@ void sharded_rank(int rank, int port, HostMaster master) {
 }
 
 TEST(ParamStore, AShardedStoresStateRoundTripsThroughTheWholeRange) {
-  for (const auto master : {HostMaster::kFp32, HostMaster::kBf16Stochastic}) {
-    SCOPED_TRACE(master == HostMaster::kFp32 ? "fp32 master" : "bf16 master");
+  for (const auto master : {MasterKind::kFp32, MasterKind::kBf16Stochastic}) {
+    SCOPED_TRACE(master == MasterKind::kFp32 ? "fp32 master" : "bf16 master");
     const int port = free_port();
     std::string errors[2];
     std::vector<std::thread> ranks;

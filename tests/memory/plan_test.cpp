@@ -107,7 +107,7 @@ TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
 
 // Note [bf16 master]: a stochastically rounded bf16 master halves the host master and its undo
 // copy; Kahan's keeps 4 bytes (the bf16 pair); GPU-updated Blocks keep fp32 masters either way.
-TEST(MemoryPlan, ABf16MasterHalvesTheHostMasterRowsOrKeepsThemWithKahan) {
+TEST(MemoryPlan, ABf16MasterHalvesTheMasterKindRowsOrKeepsThemWithKahan) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();
   const int64_t n_gpu = k7bEmbedding + 4 * k7bLayer, n_cpu = 28 * k7bLayer + k7bHead;

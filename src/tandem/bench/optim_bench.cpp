@@ -176,13 +176,12 @@ int run_optim_bench(const OptimBenchOptions& o) {
       reset();
     }
 
-    enum class Master { kF32, kBf16Stochastic, kBf16Kahan };
     struct Variant {
       const char* name;
       Dtype grad, state;
       bool out;
       bool check_finite = true;  // "unchecked": the caller has already checked the gradients
-      Master master = Master::kF32;
+      MasterKind master = MasterKind::kFp32;
     };
     const Variant variants[] = {
         {"AdamW fp32 grads, fp32 states", Dtype::kF32, Dtype::kF32, false},
@@ -196,11 +195,11 @@ int run_optim_bench(const OptimBenchOptions& o) {
         {"AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false},
         {"AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true},
         {"AdamW bf16 grads, bf16 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kBF16, true, true,
-         Master::kBf16Stochastic},
+         MasterKind::kBf16Stochastic},
         {"AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
-         Master::kBf16Stochastic},
+         MasterKind::kBf16Stochastic},
         {"AdamW bf16 grads, int8 states, bf16 master (kahan), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
-         Master::kBf16Kahan},
+         MasterKind::kBf16Kahan},
     };
     for (const Variant& var : variants) {
       for (CpuIsa isa : isas) {
@@ -208,11 +207,11 @@ int run_optim_bench(const OptimBenchOptions& o) {
             !(var.grad == Dtype::kF32 && var.state == Dtype::kF32 && !var.out && var.check_finite))
           continue;
         UpdateSpan s;
-        if (var.master == Master::kF32)
+        if (var.master == MasterKind::kFp32)
           s.master = p.data_ptr<float>();
         else
           s.master_bf16 = reinterpret_cast<uint16_t*>(p16.data_ptr());
-        if (var.master == Master::kBf16Kahan) s.master_comp = reinterpret_cast<uint16_t*>(comp16.data_ptr());
+        if (var.master == MasterKind::kBf16Kahan) s.master_comp = reinterpret_cast<uint16_t*>(comp16.data_ptr());
         s.grad = var.grad == Dtype::kF32 ? g.data_ptr() : g16.data_ptr();
         s.m = var.state == Dtype::kF32 ? m.data_ptr() : var.state == Dtype::kBF16 ? m16.data_ptr() : mq.data_ptr();
         s.v = var.state == Dtype::kF32 ? v.data_ptr() : var.state == Dtype::kBF16 ? v16.data_ptr() : vq.data_ptr();
@@ -225,7 +224,7 @@ int run_optim_bench(const OptimBenchOptions& o) {
         h.check_finite = var.check_finite;
         auto r = time_it("tandem", std::string(var.name) + " [" + to_string(isa) + "]", n,
                          bytes_per_element(UpdateRule::kAdamW, var.grad, var.state, var.out,
-                                           var.master == Master::kBf16Stochastic ? 2 : 4),
+                                           var.master == MasterKind::kBf16Stochastic ? 2 : 4),
                          o, [&](int step) {
                            h.step = step;
                            const UpdateReport rep = cpu_update({s}, h, nullptr, &pool, isa);

@@ -8,10 +8,10 @@ namespace tandem {
 
 bool bf16_master(const BlockStore& b) { return b.master.defined() && b.master.scalar_type() == torch::kBFloat16; }
 
-void allocate_host_master(BlockStore& b, HostMaster kind,
+void allocate_host_master(BlockStore& b, MasterKind kind,
                           const std::function<torch::Tensor(int64_t, torch::ScalarType)>& alloc) {
-  b.master = alloc(b.shard_numel, kind == HostMaster::kFp32 ? torch::kFloat32 : torch::kBFloat16);
-  b.master_comp = kind == HostMaster::kBf16Kahan ? alloc(b.shard_numel, torch::kBFloat16) : torch::Tensor();
+  b.master = alloc(b.shard_numel, kind == MasterKind::kFp32 ? torch::kFloat32 : torch::kBFloat16);
+  b.master_comp = kind == MasterKind::kBf16Kahan ? alloc(b.shard_numel, torch::kBFloat16) : torch::Tensor();
 }
 
 torch::Tensor master_f32(const BlockStore& b, int64_t offset, int64_t n) {

@@ -5,26 +5,23 @@
 
 #include <torch/torch.h>
 
-#include <cstdint>
 #include <functional>
+
+#include "tandem/optim/cpu_update.h"
 
 namespace tandem {
 
 struct BlockStore;
 
-/// The host master of CPU-updated Blocks (optim.master_dtype, optim.master_rounding).
-enum class HostMaster : uint8_t {
-  kFp32,
-  kBf16Stochastic,  ///< bf16, each update rounded stochastically: 2 bytes a parameter
-  kBf16Kahan,       ///< bf16 rounded to nearest, and a bf16 compensation of what it lost: 4 bytes
-};
+// The host master of CPU-updated Blocks (optim.master_dtype, optim.master_rounding) is a MasterKind
+// (optim/cpu_update.h).
 
 /// Whether the Block's master is bf16 (CPU-updated, optim.master_dtype=bf16).
 bool bf16_master(const BlockStore& b);
 
 /// Allocates the Block's host master (and its compensation) in `kind`, zero, through
 /// `alloc(n, dtype)` (pinned or not).
-void allocate_host_master(BlockStore& b, HostMaster kind,
+void allocate_host_master(BlockStore& b, MasterKind kind,
                           const std::function<torch::Tensor(int64_t, torch::ScalarType)>& alloc);
 
 /// Elements [offset, offset + n) of the Block's master slice in fp32, on the master's device: a

@@ -95,7 +95,7 @@ struct ParamStoreOptions {
   /// GPU-updated Blocks keep fp32 states.
   torch::ScalarType host_state_dtype = torch::kFloat32;
   /// The master of CPU-updated Blocks (Note [bf16 master]); GPU-updated Blocks keep fp32.
-  HostMaster host_master = HostMaster::kFp32;
+  MasterKind host_master = MasterKind::kFp32;
   /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots
   /// (Note [Host ring]); needs updates that start after the norm is known (no undo log).
   int64_t ring_slots = 0;

@@ -30,15 +30,15 @@ double seconds_per_param(const std::function<void()>& fn, const std::function<vo
 
 // The fused CPU kernel with the engine's pool: bf16 gradients and weights out, states in the
 // store's host dtype (fp32, bf16, or 8 bits with their scales), the master as the store keeps it.
-double time_cpu_kernel(const UpdateHyper& base, CpuThreadPool* pool, torch::ScalarType state, HostMaster kind) {
+double time_cpu_kernel(const UpdateHyper& base, CpuThreadPool* pool, torch::ScalarType state, MasterKind kind) {
   const bool q8 = state == torch::kInt8;
-  auto master = torch::zeros({kScratch}, kind == HostMaster::kFp32 ? torch::kFloat32 : torch::kBFloat16);
-  auto comp = kind == HostMaster::kBf16Kahan ? torch::zeros({kScratch}, torch::kBFloat16) : torch::Tensor();
+  auto master = torch::zeros({kScratch}, kind == MasterKind::kFp32 ? torch::kFloat32 : torch::kBFloat16);
+  auto comp = kind == MasterKind::kBf16Kahan ? torch::zeros({kScratch}, torch::kBFloat16) : torch::Tensor();
   auto m = torch::zeros({kScratch}, state), v = torch::zeros({kScratch}, q8 ? torch::kUInt8 : state);
   auto scales = torch::zeros({2 * q8::scale_count(kScratch)});
   auto grad = torch::full({kScratch}, 1e-3, torch::kBFloat16), out = torch::empty({kScratch}, torch::kBFloat16);
   UpdateSpan sp;
-  if (kind == HostMaster::kFp32)
+  if (kind == MasterKind::kFp32)
     sp.master = master.data_ptr<float>();
   else
     sp.master_bf16 = reinterpret_cast<uint16_t*>(master.data_ptr());
@@ -157,7 +157,7 @@ void SplitTuner::calibrate(int64_t cpu_params, int64_t gpu_params) {
   };
   if (cal_.cpu == 0 && cpu_params == 0) cal_.cpu = time_cpu_kernel(options_.hyper, options_.pool, so.host_state_dtype, so.host_master);
   if (cal_.gpu == 0 && gpu_params == 0 && !cuda)  // the CPU as the device: fp32 states there
-    cal_.gpu = time_cpu_kernel(options_.hyper, options_.pool, torch::kFloat32, HostMaster::kFp32);
+    cal_.gpu = time_cpu_kernel(options_.hyper, options_.pool, torch::kFloat32, MasterKind::kFp32);
   if (cal_.gpu == 0 && gpu_params == 0) cal_.gpu = time_fused_adamw(so.device, so.compute_dtype, sync);
   if ((cal_.d2h == 0 || cal_.h2d == 0) && cpu_params == 0)
     std::tie(cal_.d2h, cal_.h2d) = time_copies(so.device, so.compute_dtype, cuda, cuda && so.pin_memory, sync);

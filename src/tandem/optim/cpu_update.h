@@ -27,6 +27,10 @@ enum class Rounding : uint8_t {
                  ///< threads or on how a buffer is cut into calls
 };
 
+/// A span's master weights (Note [bf16 master]): fp32; bf16 rounded stochastically (2 bytes a
+/// parameter); or bf16 rounded to nearest with a bf16 Kahan compensation (4 bytes).
+enum class MasterKind : uint8_t { kFp32, kBf16Stochastic, kBf16Kahan };
+
 /// Instruction-set level of the update kernels.
 enum class CpuIsa : uint8_t {
   kScalar,      ///< portable C++; the reference every other kernel is tested against

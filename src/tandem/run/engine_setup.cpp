@@ -167,9 +167,9 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
   so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16   ? torch::kBFloat16
                         : cfg.optim.state_dtype == StateDtype::kInt8 ? torch::kInt8
                                                                       : torch::kFloat32;
-  so.host_master = cfg.optim.master_dtype == MasterDtype::kFp32             ? HostMaster::kFp32
-                   : cfg.optim.master_rounding == MasterRounding::kKahan ? HostMaster::kBf16Kahan
-                                                                         : HostMaster::kBf16Stochastic;
+  so.host_master = cfg.optim.master_dtype == MasterDtype::kFp32             ? MasterKind::kFp32
+                   : cfg.optim.master_rounding == MasterRounding::kKahan ? MasterKind::kBf16Kahan
+                                                                         : MasterKind::kBf16Stochastic;
   so.ring_slots = cfg.offload.host_ring;
   so.undo = keeps_undo_log(cfg.offload);  // the ring, resolved above, set speculate=never
   so.decay_1d = cfg.optim.decay_1d;
