@@ -18,6 +18,7 @@
 #include "comm_threads.h"
 #include "stage_fixture.h"
 #include "tandem/core/config.h"
+#include "tandem/sched/pipeline_schedule.h"
 
 namespace tandem::test {
 namespace {
@@ -90,6 +91,7 @@ TEST(PipelineReport, EveryRowHoldsEachStagesFirstReplicaAndTheBubble) {
       EXPECT_DOUBLE_EQ(wait[1], times[2].wait_s);
       EXPECT_DOUBLE_EQ(row.at("pipeline_bubble").get<double>(), bubble);
       EXPECT_DOUBLE_EQ(row.at("pipeline_bubble_ideal").get<double>(), 0.25);  // (p-1)/(m+p-1) = 1/4
+      EXPECT_DOUBLE_EQ(row.at("pipeline_bubble_schedule").get<double>(), pipeline_bubble(busy, m));
       EXPECT_EQ(row.at("step").get<int64_t>(), step) << "the row's own keys stay";
     }
   }

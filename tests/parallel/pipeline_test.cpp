@@ -127,14 +127,26 @@ TEST(Pipeline, ACheckpointOfTwoStagesResumesInAnyLayout) {
   expect_same_losses(want, losses(tmp.file("four")), 1e-6);
 }
 
-// The median measured bubble of equal stages against 1F1B's (p - 1) / (m + p - 1), at m = 2 and 8.
-double median_bubble(const std::string& dir) {
-  std::vector<double> v;
+// Per step after the second: the measured bubble, and what it adds to the schedule's own for the
+// step's measured stage times (pipeline_bubble_schedule: the stages' imbalance counted, the time
+// spent in sends, receives and stalls not). The medians of both.
+struct Bubble {
+  double measured = -1, excess = -1;
+};
+Bubble median_bubble(const std::string& dir) {
+  std::vector<double> v, excess;
+  const auto schedule = metric(dir, "pipeline_bubble_schedule");
   for (const auto& [step, bubble] : metric(dir, "pipeline_bubble"))
-    if (step > 2) v.push_back(bubble);
-  if (v.empty()) return -1;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
+    if (step > 2 && schedule.count(step)) {
+      v.push_back(bubble);
+      excess.push_back(bubble - schedule.at(step));
+    }
+  if (v.empty()) return {};
+  const auto median = [](std::vector<double>& x) {
+    std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
+    return x[x.size() / 2];
+  };
+  return {median(v), median(excess)};
 }
 
 // Note [Pipeline trace]: step 4 drawn with one named track per stage and its 2m passes, each
@@ -159,24 +171,28 @@ void expect_stage_tracks(const std::string& path, int stages, int64_t m) {
 
 TEST(Pipeline, TheMeasuredBubbleIsOneFOneBs) {
   TempDir tmp;
-  // The mlp preset: equal MLP layers; 6 Blocks cut 3 | 3 (embedding + 2 layers, 2 layers + head).
+  // The mlp preset: MLP layers; 6 Blocks cut 3 | 3 (embedding + 2 layers, 2 layers + head: the
+  // second stage is about a tenth slower, which pipeline_bubble_schedule counts).
   const std::string args =
-      "--set model.preset=mlp --set model.tie_embeddings=false --set train.seq_len=128 --set train.micro_batch=4 "
+      "--set model.preset=mlp --set model.tie_embeddings=false --set train.seq_len=128 --set train.micro_batch=8 "
       "--set dist.pipeline_stages=2 --set dist.pipeline_cut=even --set dist.pipeline_schedule=1f1b";
-  double measured[2];
+  Bubble measured[2];
   int k = 0;
   for (const int64_t m : {2, 8}) {
     const std::string dir = tmp.file("m" + std::to_string(m));
     const Result r = launch(2, port(k), dir, 12, args + " --set train.grad_accum=" + std::to_string(m));
     ASSERT_EQ(r.code, 0) << r.out;
     measured[k] = median_bubble(dir);
-    // Within 0.1: the suite runs two tests at once on CI's two cores, and a stage's process that
-    // loses its core idles its neighbour too. Serial stages (no overlap) would measure 0.5 at any m.
-    EXPECT_NEAR(measured[k], pipeline_bubble(2, m), 0.1) << "m = " << m;
+    // The schedule's bubble for the measured stage times, plus at most 0.1 for the 2m sends and
+    // receives of a step and for the neighbour that loses its core (CI's two cores run the stages
+    // and the launcher). Serial stages (no overlap) would measure 0.5 at any m: 0.35 above it at m = 8.
+    EXPECT_GT(measured[k].excess, -0.08) << "m = " << m;
+    EXPECT_LT(measured[k].excess, 0.1) << "m = " << m;
+    EXPECT_NEAR(measured[k].measured, pipeline_bubble(2, m), 0.15) << "m = " << m;
     expect_stage_tracks(dir + "/pipeline_trace.json", 2, m);
     ++k;
   }
-  EXPECT_GT(measured[0], measured[1] + 0.1);
+  EXPECT_GT(measured[0].measured, measured[1].measured + 0.1);
 }
 
 // A stage killed mid-run: the launcher restarts every rank from the newest checkpoint and the run

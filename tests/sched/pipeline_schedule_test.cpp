@@ -87,5 +87,15 @@ TEST(PipelineSchedule, TheBubbleIsPMinusOneOverMPlusPMinusOne) {
   EXPECT_DOUBLE_EQ(pipeline_bubble(4, 8), 3.0 / 11.0);
 }
 
+// Equal busy times give (p - 1) / (m + p - 1); a slower stage adds its surplus on every micro-batch.
+TEST(PipelineSchedule, TheBubbleOfUnequalStagesCountsTheSlowestOnEveryMicroBatch) {
+  EXPECT_DOUBLE_EQ(pipeline_bubble(std::vector<double>{0.8, 0.8}, 8), 1.0 / 9.0);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(std::vector<double>{0.4, 0.4, 0.4, 0.4}, 8), 3.0 / 11.0);
+  // Stage times 1 and 2 per micro-batch, m = 4: span 3 + 3 * 2 = 9, mean busy (4 + 8) / 2 = 6.
+  EXPECT_DOUBLE_EQ(pipeline_bubble(std::vector<double>{4.0, 8.0}, 4), 1.0 - 6.0 / 9.0);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(std::vector<double>{0.5}, 8), 0.0);
+  EXPECT_DOUBLE_EQ(pipeline_bubble(std::vector<double>{}, 8), 0.0);
+}
+
 }  // namespace
 }  // namespace tandem

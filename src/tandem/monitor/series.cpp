@@ -25,14 +25,17 @@ const std::vector<ChartSpec>& chart_specs() {
         {"time_transfer_s", "transfers D2H+H2D (overlapped)", true},
         {"time_cpu_update_s", "CPU update (overlapped)", true}}},
       {"split_k", "Update split k (GPU-updated share)", "", A::kSteps, 1.0, false, {{"offload_k", "k"}}},
-      // Note [Pipeline parallel]: the stages' idle share of a step against 1F1B's (p-1)/(m+p-1).
+      // Note [Pipeline parallel]: the stages' idle share of a step against 1F1B's for the measured stage
+      // times and for equal stages, (p-1)/(m+p-1).
       {"pipeline_bubble",
        "Pipeline bubble (stages idle)",
        "",
        A::kSteps,
        1.0,
        false,
-       {{"pipeline_bubble", "measured"}, {"pipeline_bubble_ideal", "(p-1)/(m+p-1)", true}}},
+       {{"pipeline_bubble", "measured"},
+        {"pipeline_bubble_schedule", "the schedule's, for the measured stage times", true},
+        {"pipeline_bubble_ideal", "(p-1)/(m+p-1)", true}}},
       // Note [Block placement]: the policy's decisions and what they predicted against the step.
       {"placement", "Blocks on the CPU", "blocks", A::kSteps, 1.0, false, {{"placement_cpu_blocks", "on the CPU"}}},
       {"placement_power",

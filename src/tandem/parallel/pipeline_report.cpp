@@ -57,6 +57,7 @@ void PipelineReport::add_step(Comm& comm, int64_t step, int64_t steps_run, doubl
   row["pipeline_stage_wait_s"] = wait;
   row["pipeline_bubble"] = bubble;
   row["pipeline_bubble_ideal"] = pipeline_bubble(parts_.grid.stages(), micro_batches_);
+  row["pipeline_bubble_schedule"] = pipeline_bubble(busy, micro_batches_);
   if (said_ || steps_run < kCompareAfter || comm.rank() != 0) return;
   said_ = true;
   std::string busy_list;

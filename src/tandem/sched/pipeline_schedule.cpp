@@ -23,6 +23,19 @@ double pipeline_bubble(int64_t stages, int64_t micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }
 
+double pipeline_bubble(const std::vector<double>& stage_busy_s, int64_t micro_batches) {
+  if (stage_busy_s.empty() || micro_batches < 1) return 0.0;
+  const double m = double(micro_batches);
+  double sum = 0, slowest = 0;
+  for (const double b : stage_busy_s) {
+    sum += b / m;
+    slowest = std::max(slowest, b / m);
+  }
+  const double span = sum + (m - 1) * slowest;
+  const double mean_busy = sum * m / double(stage_busy_s.size());
+  return span > 0 ? 1.0 - mean_busy / span : 0.0;
+}
+
 std::string describe_passes(const std::vector<PipelinePass>& passes) {
   std::string s;
   for (const auto& p : passes) {

@@ -38,6 +38,12 @@ std::vector<PipelinePass> pipeline_passes(PipelineSchedule schedule, int64_t sta
 /// The idle share of a step of equal stages: (p - 1) / (m + p - 1).
 double pipeline_bubble(int64_t stages, int64_t micro_batches);
 
+/// The idle share of a step whose stages are busy `stage_busy_s` each, every micro-batch's passes
+/// on stage s taking stage_busy_s[s] / m: the span is the sum of one micro-batch's times plus
+/// (m - 1) of the slowest stage's. Equal stages give (p - 1) / (m + p - 1); unequal ones more,
+/// with no time lost to sends and receives.
+double pipeline_bubble(const std::vector<double>& stage_busy_s, int64_t micro_batches);
+
 /// "F0 F1 B0 F2 B1 B2" (for logs and tests).
 std::string describe_passes(const std::vector<PipelinePass>& passes);
 
