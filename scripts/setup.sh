@@ -28,7 +28,8 @@ BUILD_DIR=${TANDEM_BUILD_DIR:-build}
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-pip python3-dev
               libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
               libgtest-dev libgmock-dev libbenchmark-dev
-              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev libicu-dev libsentencepiece-dev)
+              libcpp-httplib-dev libjs-chart.js libssl-dev libgloo-dev libhwloc-dev libicu-dev libsentencepiece-dev
+              liburing-dev)
 TEST_APT_PACKAGES=(prometheus chromium fonts-liberation clang)  # the tests' promtool, headless browser, libFuzzer
 ((TESTS)) && APT_PACKAGES+=("${TEST_APT_PACKAGES[@]}")
 

@@ -17,6 +17,7 @@
 #include "../test_util.h"
 #include "engine_fixtures.h"
 #include "tandem/core/fs.h"
+#include "tandem/core/strings.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
@@ -279,6 +280,59 @@ TEST(OffloadEngine, AHostRingGivesTheSameBitsAsPerBlockBuffers) {
   eo.speculate = EngineOptions::Speculate::kAuto;
   EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.speculate=never"),
             std::string::npos);
+}
+
+// Note [NVMe tier]: the same kernel on the same states, read from and written to files, so the
+// losses are equal, not close: fp32, bf16 and 8-bit states; some and all CPU-updated Blocks on the
+// tier; with a host ring; and the solver moving tier Blocks to the device side and back (their
+// states come off the files and, moved back, go to them again).
+TEST(OffloadEngine, TheNvmeTierGivesTheSameBitsAsHostStates) {
+  test::TempDir tmp;
+  for (const auto state : {torch::kFloat32, torch::kBFloat16, torch::kInt8}) {
+    struct Case {
+      int64_t nvme_blocks, ring_slots;
+      bool solve;
+    };
+    for (const Case c : {Case{2, 0, false}, Case{5, 0, false}, Case{3, 2, false}, Case{3, 0, true}}) {
+      SCOPED_TRACE(strprintf("%s states, %lld blocks on the tier, ring %lld%s", c10::toString(state),
+                             (long long)c.nvme_blocks, (long long)c.ring_slots, c.solve ? ", solved split" : ""));
+      const auto solve = [&](EngineOptions& o) {
+        if (!c.solve) return;
+        o.solve_split = true;  // 1 device-side Block, then 4 from step 3 (two of them from the tier)
+        o.min_gpu_blocks = o.max_gpu_blocks = 4;
+        o.first_solve_step = 3;
+      };
+      const auto run = [&](bool tier) {
+        return engine_losses(10, 2, 1.0, 1, torch::kFloat32, EngineOptions::Speculate::kNever, solve,
+                             [&](ParamStoreOptions& o) {
+                               o.host_state_dtype = state;
+                               o.ring_slots = c.ring_slots;
+                               if (!tier) return;
+                               o.nvme_path = tmp.file("nvme");
+                               o.nvme_blocks = c.nvme_blocks;
+                             });
+      };
+      // The same run with the states in memory (8-bit states moved to the device side become fp32
+      // there, so a solved split is compared with the same solve).
+      const auto want = run(false), got = run(true);
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1;
+      EXPECT_GT(got.stats.nvme_read_bytes, 0);
+      EXPECT_GT(got.stats.nvme_written_bytes, 0);
+      EXPECT_EQ(want.stats.nvme_read_bytes, 0);
+      if (c.solve) EXPECT_EQ(got.gpu_blocks, 4);
+    }
+  }
+  // Speculation keeps an undo log, which the tier does not: refused.
+  auto model = build_model(small_spec(), false);
+  ParamStoreOptions so;
+  so.undo = false;
+  so.nvme_path = tmp.file("nvme");
+  so.nvme_blocks = 1;
+  ParamStore store(*model, so, 0);
+  EngineOptions eo;
+  eo.speculate = EngineOptions::Speculate::kAuto;
+  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.nvme_path"), std::string::npos);
 }
 
 // A plain loop over the CPU optimizer with bf16 states: the engine's CPU side must do the same.

@@ -58,6 +58,12 @@ MemoryPlan print_rank_plan(Config cfg, const ModelSpec& s, int64_t T, const Memo
   if (ring_auto && cfg.offload.host_ring > 0)
     split += strprintf("; offload.host_ring=auto: a ring of %lld slots (per-block buffers do not fit the host)",
                        (long long)cfg.offload.host_ring);
+  const bool nvme_auto = cfg.offload.nvme_blocks < 0;
+  cfg.offload.nvme_blocks = resolve_nvme_blocks(s, cfg, T, g, cap, layout);
+  if (!cfg.offload.nvme_path.empty())
+    split += strprintf("; offload.nvme_blocks=%s: the states of the last %lld CPU-updated blocks on the NVMe tier",
+                       nvme_auto ? "auto" : std::to_string(cfg.offload.nvme_blocks).c_str(),
+                       (long long)cfg.offload.nvme_blocks);
   const MemoryPlan plan = plan_offload_memory(s, cfg, T, g, layout);
   std::printf("\n%s\n%s", split.c_str(), format_plan(plan).c_str());
   std::printf("budget: GPU %s of %s (offload.gpu_memory_fraction=%.2f)", format_bytes(double(plan.gpu_bytes())).c_str(),

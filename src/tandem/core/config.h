@@ -203,6 +203,10 @@ struct OffloadConfig {
   /// Host landing/staging buffers: -1 auto (per Block when the plan fits the host, else a ring of
   /// 4 slots), 0 per Block, N > 0 a ring of N slots shared by the CPU-updated Blocks.
   int64_t host_ring = -1;
+  /// Note [NVMe tier]: a directory for the states of the Blocks past the host ("" = none), and how
+  /// many of the last CPU-updated Blocks keep their states there (-1 = as the memory plan needs).
+  std::string nvme_path;
+  int64_t nvme_blocks = -1;
 };
 
 /// Several processes (parallel/): how they meet, reduce and share the optimizer state.

@@ -395,6 +395,14 @@ const std::vector<Field>& fields() {
                 "host gradient and weight buffers: -1 = auto (per block when the memory plan fits the host, "
                 "else a ring of 4), 0 = per block, N = a ring of N block-sized slots (updates wait for the norm)",
                 F(offload.host_ring)),
+      string_field("offload.nvme_path",
+                   "a directory on a fast disk for the optimizer states of the blocks the host cannot hold (\"\" = "
+                   "none); their updates wait for the norm",
+                   F(offload.nvme_path)),
+      int_field("offload.nvme_blocks",
+                "with offload.nvme_path: the last N CPU-updated blocks keep their states on disk (-1 = as many as "
+                "the memory plan needs for the host)",
+                F(offload.nvme_blocks)),
       bool_field("offload.delayed_update",
                  "one-step delayed update: the next forward does not wait for the CPU updates (opt-in)",
                  F(offload.delayed_update)),

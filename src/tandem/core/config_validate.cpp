@@ -88,6 +88,13 @@ void validate_offload(const OffloadConfig& o) {
                "or offload.host_ring=0");
   TANDEM_CHECK(o.host_ring <= 0 || o.host_ring >= 3 || !o.delayed_update, "offload.host_ring=", o.host_ring,
                " with offload.delayed_update=true: a delayed ring needs at least 3 slots; set offload.host_ring=4");
+  TANDEM_CHECK(o.nvme_blocks >= -1, "offload.nvme_blocks must be -1 (as the plan needs), 0 or a block count; got ",
+               o.nvme_blocks);
+  TANDEM_CHECK(o.nvme_blocks <= 0 || !o.nvme_path.empty(), "offload.nvme_blocks=", o.nvme_blocks,
+               " needs a directory for the states: set offload.nvme_path");
+  TANDEM_CHECK(o.nvme_path.empty() || o.speculate != Speculation::kAlways,
+               "offload.nvme_path: the NVMe tier updates each block once the norm is known (no undo log on disk); set "
+               "offload.speculate=auto or never");
   TANDEM_CHECK(o.delayed_after >= 0, "offload.delayed_after must be >= 0 (0 = delayed from the start), got ",
                o.delayed_after);
   TANDEM_CHECK(o.delayed_after == 0 || o.delayed_update, "offload.delayed_after=", o.delayed_after,
@@ -131,6 +138,9 @@ void validate_combinations(const Config& c) {
   TANDEM_CHECK(c.optim.state_dtype != StateDtype::kInt8 || c.offload.optimizer == OffloadTarget::kCpu,
                "optim.state_dtype=int8 keeps Adam's states in 8 bits on the host for the offload engine: set "
                "offload.optimizer=cpu, or use optim.state_dtype=bf16 (optim.impl=cpu) or fp32");
+  TANDEM_CHECK(c.offload.nvme_path.empty() || c.offload.optimizer == OffloadTarget::kCpu,
+               "offload.nvme_path holds the CPU-updated blocks' optimizer states of the offload engine: set "
+               "offload.optimizer=cpu, or unset offload.nvme_path");
   TANDEM_CHECK(c.optim.master_dtype != MasterDtype::kBf16 || c.offload.optimizer == OffloadTarget::kCpu,
                "optim.master_dtype=bf16 keeps the master weights in bf16 on the host for the offload engine: set "
                "offload.optimizer=cpu, or leave optim.master_dtype=fp32");

@@ -259,6 +259,7 @@ void CpuUpdater::loop() {
   for (;;) {
     CpuUpdateJob job;
     CpuUpdateJob* next = nullptr;
+    int64_t next_on_disk = -1;  // the next queued Block whose states are on the NVMe tier
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -268,11 +269,17 @@ void CpuUpdater::loop() {
       // Only this thread pops or edits queued jobs; push_back keeps references to the others valid.
       // With one slot the next Block has nowhere to land before this update is uploaded.
       if (ring_ && slot_owner_.size() > 1 && !queue_.empty() && queue_.front().slot < 0) next = &queue_.front();
+      if (store_.disk() != nullptr)
+        for (const auto& q : queue_)
+          if (on_disk(store_.blocks()[q.block])) {
+            next_on_disk = static_cast<int64_t>(q.block);
+            break;
+          }
     }
     // A failure here (a peer rank gone in the all-gather, a CUDA error) must not end the process
     // from this thread: it is kept and rethrown on the step loop's next wait.
     try {
-      run_job(job, next);
+      run_job(job, next, next_on_disk);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_) error_ = std::current_exception();
@@ -287,14 +294,14 @@ void CpuUpdater::loop() {
   }
 }
 
-void CpuUpdater::run_job(CpuUpdateJob& job, CpuUpdateJob* next) {
+void CpuUpdater::run_job(CpuUpdateJob& job, CpuUpdateJob* next, int64_t next_on_disk) {
   if (ring_) {
     if (job.slot < 0) ring_d2h(job, /*wait=*/true);
     if (next != nullptr) ring_d2h(*next, /*wait=*/false);  // its copy down overlaps this update
   }
   wait_for_buffers(job);
   count_transfer(job);
-  run_update(job);
+  run_update(job, next_on_disk);
   if (job.upload) {
     upload(job.block, job.slot);
   } else if (ring_) {  // Note [Delayed host ring]: the weights wait in the slot
@@ -325,9 +332,17 @@ void CpuUpdater::count_transfer(const CpuUpdateJob& job) {
   counters_.transfer_s += xfer;
 }
 
-void CpuUpdater::run_update(const CpuUpdateJob& job) {
+bool CpuUpdater::on_disk(const BlockStore& b) { return b.nvme && b.side == UpdateSide::kCpu; }
+
+// Note [NVMe tier]: a Block's states come from its bounce slot (read while the Block before was
+// updated), the next such Block's read starts, and the states go back to the file behind the update.
+void CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
   const size_t i = job.block;
   auto& b = store_.blocks()[i];
+  DiskStates* const disk = on_disk(b) ? store_.disk() : nullptr;
+  const auto t_io = std::chrono::steady_clock::now();
+  if (disk != nullptr) disk->bind(b);
+  if (next_on_disk >= 0) store_.disk()->prefetch(store_.blocks()[static_cast<size_t>(next_on_disk)]);
   const auto t0 = std::chrono::steady_clock::now();
   const auto sp = block_update_spans(b, store_.landing(i, job.slot), store_.staging(i, job.slot), job.groups.get());
   std::vector<UndoLog> logs;
@@ -339,8 +354,10 @@ void CpuUpdater::run_update(const CpuUpdateJob& job) {
   cpu_update(sp, h, job.undo ? &logs : nullptr, options_.pool);
   if (!sp.empty() && sp[0].bf16_out == nullptr) store_.staging(i, job.slot).copy_(b.master);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (disk != nullptr) disk->release(b);
   std::lock_guard<std::mutex> lock(mu_);
   counters_.cpu_update_s += dt;
+  counters_.nvme_wait_s += std::chrono::duration<double>(t0 - t_io).count();
   counters_.cpu_updated_params += b.shard_numel;
   if (tracing_) {
     const double end = stamps_.host_now();

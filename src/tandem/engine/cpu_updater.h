@@ -49,6 +49,7 @@ struct CpuUpdaterCounters {
   double cpu_update_s = 0.0;  ///< summed kernel time
   double transfer_s = 0.0;    ///< summed D2H and H2D time of the updated Blocks' completed copies
   int64_t cpu_updated_params = 0;
+  double nvme_wait_s = 0.0;  ///< Note [NVMe tier]: waiting for Blocks' states to be read
 };
 
 /// One CPU update, for the trace: seconds since the step stamps' epoch.
@@ -103,12 +104,13 @@ class CpuUpdater {
 
  private:
   void loop();
-  void run_job(CpuUpdateJob& job, CpuUpdateJob* next);
+  void run_job(CpuUpdateJob& job, CpuUpdateJob* next, int64_t next_on_disk);
+  static bool on_disk(const BlockStore& b);
   bool ring_d2h(CpuUpdateJob& job, bool wait);
   int64_t free_slot(bool wait);
   void wait_for_buffers(const CpuUpdateJob& job);
   void count_transfer(const CpuUpdateJob& job);
-  void run_update(const CpuUpdateJob& job);
+  void run_update(const CpuUpdateJob& job, int64_t next_on_disk);
 
   ParamStore& store_;
   CpuUpdaterOptions options_;  // `delayed` changes only while idle (set_delayed)

@@ -149,6 +149,10 @@ void OffloadEngine::check_options() const {
   TANDEM_CHECK(!ring_ || options_.speculate == EngineOptions::Speculate::kNever || options_.delayed,
                "a host ring (offload.host_ring) updates each Block once the norm is known, one slot at a time: set "
                "offload.speculate=never, or offload.host_ring=0");
+  TANDEM_CHECK(store_.disk() == nullptr || options_.speculate == EngineOptions::Speculate::kNever ||
+                   (options_.delayed && options_.delayed_after == 0),
+               "the NVMe tier (offload.nvme_path) updates each Block once the norm is known (no undo log on disk): "
+               "set offload.speculate=never, or unset offload.nvme_path");
   TANDEM_CHECK(!ring_ || !options_.delayed || store_.options().ring_slots >= kDelayedRingSlots,
                "a delayed update through a host ring needs at least ", kDelayedRingSlots,
                " slots (one may wait for a tied embedding; Note [Delayed host ring]); got offload.host_ring=",
@@ -169,6 +173,12 @@ EngineStats OffloadEngine::stats() const {
   s.cpu_update_s = c.cpu_update_s;
   s.transfer_s = c.transfer_s;
   s.cpu_updated_params = c.cpu_updated_params;
+  s.nvme_wait_s = c.nvme_wait_s;
+  if (const DiskStates* disk = store_.disk()) {
+    const NvmeCounters n = disk->tier().counters();
+    s.nvme_read_bytes = n.read_bytes;
+    s.nvme_written_bytes = n.written_bytes;
+  }
   return s;
 }
 

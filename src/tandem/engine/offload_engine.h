@@ -96,6 +96,8 @@ struct EngineStats {
   /// delayed mode's uploads, issued by the step loop, are not counted).
   double transfer_s = 0.0;
   int64_t cpu_updated_params = 0;
+  double nvme_wait_s = 0.0;  ///< Note [NVMe tier]: the updater waiting for states to be read
+  int64_t nvme_read_bytes = 0, nvme_written_bytes = 0;
   int64_t delayed_steps = 0;     ///< steps whose CPU-updated weights lagged one update
   int64_t abandoned = 0;         ///< steps given up part-way (abandon_step)
   int64_t mirror_refreshes = 0;  ///< device copies refreshed when a Block came back from the CPU

@@ -57,6 +57,10 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
                     options_.host_state_dtype == torch::kInt8,
                 "host state dtype ", options_.host_state_dtype);
   TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
+  TANDEM_ASSERT(options_.nvme_blocks == 0 || !options_.undo, "the NVMe tier keeps no undo log");
+  if (options_.nvme_blocks > 0)
+    disk_ = std::make_unique<DiskStates>(options_.nvme_path, options_.host_state_dtype,
+                                         [this](int64_t n) { return host_buffer(n, torch::kUInt8); });
   TANDEM_ASSERT(options_.shard_count >= 1 && options_.shard_rank >= 0 && options_.shard_rank < options_.shard_count,
                 "shard ", options_.shard_rank, " of ", options_.shard_count);
   TANDEM_ASSERT(options_.shard_count == 1 || options_.comm != nullptr, "a sharded store needs the groups");
@@ -67,6 +71,7 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
   for (size_t bi = 0; bi < count; ++bi) {
     const auto side = static_cast<int64_t>(bi) < gpu_blocks ? UpdateSide::kGpu : UpdateSide::kCpu;
     BlockStore b = describe_block(model, bi, base, side);
+    b.nvme = disk_ && static_cast<int64_t>(bi) >= static_cast<int64_t>(count) - options_.nvme_blocks;
     base += b.numel;
     allocate_masters(b);
     bind_to_working(b);
@@ -118,8 +123,11 @@ void ParamStore::allocate_masters(BlockStore& b) {
     b.v = torch::zeros({sn}, fdev);
   } else {  // zero-filled and pinned (Note [Pinned host buffers])
     allocate_host_master(b, options_.host_master, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
-    allocate_host_states(b, options_.host_state_dtype,
-                         [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
+    if (b.nvme)
+      disk_->evict(b);  // a file of zero states, none in memory
+    else
+      allocate_host_states(b, options_.host_state_dtype,
+                           [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     pin_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_pin).count();
   }
   for (const auto& f : b.params) {
@@ -221,7 +229,12 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   };
   const auto alloc = [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); };
   if (side == UpdateSide::kGpu) {
-    const auto [m, v] = states_f32(b);
+    if (b.nvme) disk_->page_in(b);
+    auto [m, v] = states_f32(b);
+    if (b.nvme) {
+      m = m.clone(), v = v.clone();  // fp32 states are views of the paged-in buffer
+      disk_->page_out(b, /*write_back=*/false);
+    }
     b.master = to_device(master_f32(b));
     b.master_comp = torch::Tensor();
     b.m = to_device(m);
@@ -233,6 +246,7 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
     set_master(b, 0, master);
     allocate_host_states(b, options_.host_state_dtype, alloc);
     set_states(b, m, v);
+    if (b.nvme) disk_->evict(b);
   }
   b.side = side;
   if (side == UpdateSide::kCpu) allocate_host_side(b);
@@ -282,6 +296,7 @@ void ParamStore::gather_working(size_t i, int lane) {
 std::vector<NamedTensor> ParamStore::shard_state() {
   std::vector<NamedTensor> out;
   for (auto& b : blocks_) {
+    const ResidentStates resident(disk(), b);  // NVMe tier: the views below keep the states read in
     torch::Tensor m = b.m, v = b.v;
     if (q8_states(b)) std::tie(m, v) = states_f32(b);  // fp32 copies, 8 bytes a parameter while written
     out.emplace_back(b.name + ".master", master_f32(b));  // an fp32 copy of a bf16 master
@@ -303,7 +318,9 @@ void ParamStore::load_shard_state(
       return tmp;
     };
     set_master(b, 0, slice("master"));
+    ResidentStates resident(disk(), b);
     set_states(b, slice("exp_avg"), slice("exp_avg_sq"));
+    resident.commit();
   }
   sync_working_from_master();
 }
@@ -326,6 +343,7 @@ std::vector<NamedTensor> ParamStore::state(const torch::Tensor& step) {
   TANDEM_ASSERT(!sharded(), "a sharded store's state is per rank (shard_state)");
   std::vector<NamedTensor> out;
   for (auto& b : blocks_) {
+    const ResidentStates resident(disk(), b);  // NVMe tier: the views below keep the states read in
     torch::Tensor m = b.m, v = b.v;
     if (q8_states(b)) std::tie(m, v) = states_f32(b);  // fp32 copies, 8 bytes a parameter while written
     for (auto& f : b.params) {
@@ -352,7 +370,8 @@ void ParamStore::load_state(const std::function<std::optional<torch::Tensor>(con
                  "; resume with the checkpoint's model settings");
     return *t;
   };
-  for (auto& b : blocks_)
+  for (auto& b : blocks_) {
+    ResidentStates resident(disk(), b);
     for (size_t k = 0; k < b.params.size(); ++k) {  // unsharded: params and shard_params coincide
       const FlatParam& f = b.params[k];
       set_param_states(b, k, get(f, "exp_avg", f.numel), get(f, "exp_avg_sq", f.numel));
@@ -366,6 +385,8 @@ void ParamStore::load_state(const std::function<std::optional<torch::Tensor>(con
       else
         b.master_comp.narrow(0, f.offset, f.numel).zero_();
     }
+    resident.commit();
+  }
   TANDEM_CHECK(!blocks_.empty() && !blocks_.front().params.empty(), source, ": the engine holds no parameters");
   step.copy_(get(blocks_.front().params.front(), "step", 1).reshape({}));
 }
@@ -409,6 +430,7 @@ std::pair<BlockStore*, const FlatParam*> ParamStore::find(const torch::Tensor& p
 
 std::vector<torch::Tensor> ParamStore::param_state(const torch::Tensor& param) {
   const auto [b, f] = find(param);
+  const ResidentStates resident(disk(), *b);  // NVMe tier: copies, not the live states
   const auto [m, v] = param_states_f32(*b, static_cast<size_t>(f - b->params.data()));
   const auto shaped = [&](const torch::Tensor& t) { return t.view(f->shape); };
   return {shaped(master_f32(*b, f->offset, f->numel)), shaped(m), shaped(v)};
@@ -423,7 +445,9 @@ void ParamStore::load_param_state(const torch::Tensor& param, const torch::Tenso
     TANDEM_CHECK(src.numel() == f->numel, "the state's ", what, " of ", f->name, " has ", src.numel(),
                  " elements, the parameter ", f->numel);
   set_master(b, f->offset, master);
+  ResidentStates resident(disk(), b);
   set_param_states(b, static_cast<size_t>(f - b.params.data()), m, v);
+  resident.commit();
   const torch::Tensor new_weights = b.master.narrow(0, f->offset, f->numel);
   view_of(b.working, *f).copy_(new_weights.view(f->shape));
   if (b.staging.defined()) b.staging.narrow(0, f->offset, f->numel).copy_(new_weights);

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "tandem/engine/disk_states.h"
 #include "tandem/engine/host_masters.h"
 #include "tandem/memory/update_side.h"
 #include "tandem/models/block_sequence.h"
@@ -80,6 +81,10 @@ struct BlockStore {
   /// Note [Block placement]: the module's parameters are views of staging (weights) and landing
   /// (gradients) on the host, so the Block runs on the CPU; false: views of working and grad.
   bool host_run = false;
+  /// Note [NVMe tier]: the Block's file on the tier (-1: none) and whether its states live there
+  /// while it is CPU-updated (then m, v and their scales are undefined between updates).
+  int nvme_file = -1;
+  bool nvme = false;
   /// Updates of the master not yet in the device working copy (a host-run Block's mirror is
   /// refreshed when it next runs on the device; EngineOptions::mirror_every).
   int64_t mirror_lag = 0;
@@ -104,6 +109,10 @@ struct ParamStoreOptions {
   int shard_rank = 0, shard_count = 1;
   Comm* comm = nullptr;
   bool decay_1d = false;  ///< optim.decay_1d: 1-D parameters decay too (else weight_decay_scale 0)
+  /// Note [NVMe tier]: the states of the last `nvme_blocks` Blocks live in files under `nvme_path`
+  /// while CPU-updated (no undo log then).
+  std::string nvme_path;
+  int64_t nvme_blocks = 0;
 };
 
 /// One slot of the host ring: a landing and a staging buffer the size of the largest Block.
@@ -187,6 +196,9 @@ class ParamStore {
   /// working copies and refreshes those from the masters.
   void with_masters_bound(const std::function<void()>& fn);
 
+  /// The NVMe tier's Blocks' states (Note [NVMe tier]); null without it.
+  DiskStates* disk() { return disk_.get(); }
+
   /// Wall seconds the constructor spent allocating and pinning the host masters and states (Note
   /// [Pinned host buffers]).
   double pin_seconds() const { return pin_seconds_; }
@@ -220,6 +232,7 @@ class ParamStore {
   std::vector<bool> keep_cpu_;  // per Block: stays CPU-updated (keep_cpu_updated)
   double pin_seconds_ = 0.0;
   std::shared_ptr<const std::vector<GroupHyper>> groups_;  // Note [Parameter groups]
+  std::unique_ptr<DiskStates> disk_;                       // Note [NVMe tier]
 };
 
 }  // namespace tandem

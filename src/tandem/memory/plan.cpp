@@ -123,11 +123,24 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
 
   plan.blocks = layout_blocks(spec, layout, gpu_blocks);
 
-  int64_t n_all = 0, n_gpu = 0, n_cpu = 0, largest = 0;
+  // Note [NVMe tier]: the last CPU-updated Blocks' states on disk (-1, auto, plans none).
+  int64_t nvme_left = cfg.offload.nvme_path.empty() ? 0 : std::max<int64_t>(cfg.offload.nvme_blocks, 0);
+  plan.nvme_path = !cfg.offload.nvme_path.empty();
+  for (auto b = plan.blocks.rbegin(); b != plan.blocks.rend() && nvme_left > 0; ++b)
+    if (b->update == UpdateSide::kCpu) {
+      b->nvme = true;
+      ++plan.nvme_blocks;
+      --nvme_left;
+    }
+  int64_t n_all = 0, n_gpu = 0, n_cpu = 0, largest = 0, n_nvme = 0, largest_nvme = 0;
   for (const auto& b : plan.blocks) {
     n_all += b.params;
     (b.update == UpdateSide::kGpu ? n_gpu : n_cpu) += b.params;
     largest = std::max(largest, b.params);
+    if (b.nvme) {
+      n_nvme += b.params;
+      largest_nvme = std::max(largest_nvme, b.params);
+    }
   }
   TANDEM_ASSERT(layout.stages > 1 || n_all == spec.num_params(), "blocks hold ", n_all, " parameters, the spec ",
                 spec.num_params());
@@ -185,8 +198,16 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Host: the CPU-updated Blocks' optimizer side (the head's when the stage holds it).
   if (n_cpu > 0) {
     add(host, master + ", CPU-updated blocks" + slices, mb * shard(n_cpu));
-    add(host, "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), CPU-updated blocks" + slices,
-        2 * state_buffer_bytes(sd, shard(n_cpu)));
+    const std::string states = "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), ";
+    if (n_cpu > n_nvme)
+      add(host, states + "CPU-updated blocks" + (n_nvme > 0 ? " off the NVMe tier" : "") + slices,
+          2 * state_buffer_bytes(sd, shard(n_cpu - n_nvme)));
+    if (n_nvme > 0) {
+      add(kTierNvme, states + strprintf("%lld blocks", (long long)plan.nvme_blocks) + slices,
+          2 * state_buffer_bytes(sd, shard(n_nvme)));
+      add(host, strprintf("NVMe bounce slots (%lld, the largest NVMe-tier block's states)", (long long)kNvmeBounceSlots),
+          kNvmeBounceSlots * 2 * state_buffer_bytes(sd, shard(largest_nvme)));
+    }
   }
   // The CPU kernels read bf16 or fp32 gradients: fp16 ones land widened to fp32.
   const bool bf16 = cfg.train.precision == Precision::kBf16;
@@ -205,7 +226,7 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   }
   // Speculative updates keep an undo log for the clipping and non-finite rollbacks (even without
   // clipping: a non-finite gradient rolls back too).
-  if (n_cpu > 0 && ring == 0 && keeps_undo_log(cfg.offload))
+  if (n_cpu > 0 && ring == 0 && keeps_undo_log(cfg.offload) && plan.nvme_blocks == 0)
     add(host, "undo log (speculative updates)" + slices, mb * shard(n_cpu) + 2 * state_buffer_bytes(sd, shard(n_cpu)));
 
   add(kTierPageable, "initial fp32 model during build (transient)", 4 * n_all);
@@ -274,7 +295,7 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
   if (host_over)
     msg += strprintf(
         "%s the pinned host tier needs %s, offload.host_memory_fraction=%.2f of %s available host memory allows "
-        "%s; set %s%s%soffload.pin_memory=false, or run with more available host memory",
+        "%s; set %s%s%s%soffload.pin_memory=false, or run with more available host memory",
         gpu_over ? ";" : ":", gib(pinned).c_str(), offload.host_memory_fraction, gib(cap.host_available).c_str(),
         gib(host_budget).c_str(),
         plan.state_bytes == 4   ? "optim.state_dtype=bf16 (half the optimizer states) or int8 (a quarter), "
@@ -283,7 +304,9 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         plan.fp32_master ? "optim.master_dtype=bf16 (half the master), " : "",
         plan.host_ring == 0 && offload.speculate != Speculation::kAlways
             ? "offload.host_ring=4 (a ring instead of per-block buffers), "
-            : "");
+            : "",
+        !plan.nvme_path ? "offload.nvme_path=DIR (the states of the blocks past the host on disk), "
+                        : "a larger offload.nvme_blocks (more blocks' states on disk), ");
   msg += " (tandem inspect --plan lists every buffer)";
   TANDEM_FAIL(msg);
 }
@@ -295,7 +318,30 @@ bool auto_host_ring_allowed(const Config& cfg) {
 }
 
 bool keeps_undo_log(const OffloadConfig& o) {
+  if (!o.nvme_path.empty() && o.nvme_blocks != 0) return false;  // Note [NVMe tier]: updates after the norm
   return o.speculate != Speculation::kNever && !(o.delayed_update && o.delayed_after == 0);
+}
+
+int64_t resolve_nvme_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                            const MemoryCapacity& cap, const PlanLayout& layout) {
+  const auto& o = cfg.offload;
+  if (o.nvme_path.empty()) return 0;
+  if (o.nvme_blocks >= 0) return o.nvme_blocks;
+  if (cap.host_available <= 0 || cap.gpu_total == 0) return 0;  // as resolve_host_ring: no pinned tier to fit
+  Config c = cfg;
+  // The pinned tier, as plan_fits checks it (the GPU's tier does not change with the disk's).
+  const int64_t host_budget = budget(cap.host_available, o.host_memory_fraction);
+  const auto fits = [&](int64_t n) {
+    c.offload.nvme_blocks = n;
+    c.offload.speculate = n == 0 ? o.speculate : Speculation::kNever;  // the tier keeps no undo log
+    return plan_offload_memory(spec, c, seq_len, gpu_blocks, layout).pinned_bytes() <= host_budget;
+  };
+  if (fits(0)) return 0;
+  int64_t cpu_blocks = 0;
+  for (const auto& b : layout_blocks(spec, layout, gpu_blocks)) cpu_blocks += b.update == UpdateSide::kCpu;
+  for (int64_t n = 1; n <= cpu_blocks; ++n)
+    if (fits(n)) return n;
+  return cpu_blocks;
 }
 
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
@@ -362,9 +408,14 @@ std::string format_plan(const MemoryPlan& plan) {
                               (long long)plan.seq_len, layout.empty() ? "" : ("; " + layout).c_str());
   out += "  GPU-updated: " + blocks_on(plan, UpdateSide::kGpu) + "\n";
   out += "  CPU-updated: " + blocks_on(plan, UpdateSide::kCpu) + "\n";
+  if (plan.nvme_blocks > 0) {
+    MemoryPlan on_disk = plan;
+    for (auto& b : on_disk.blocks) b.update = b.nvme ? UpdateSide::kCpu : UpdateSide::kGpu;
+    out += "  states on NVMe: " + blocks_on(on_disk, UpdateSide::kCpu) + "\n";
+  }
   const char* fmt = "  %-14s %-62s %10s\n";
   out += strprintf(fmt, "tier", "purpose", "GiB");
-  for (const char* tier : {kTierGpu, kTierPinned, kTierPageable}) {
+  for (const char* tier : {kTierGpu, kTierPinned, kTierPageable, kTierNvme}) {
     bool any = false;
     for (const auto& r : plan.rows) {
       if (r.tier != tier) continue;

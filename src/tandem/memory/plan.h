@@ -24,6 +24,10 @@ inline constexpr int64_t kGpuWorkspaceReserveBytes = int64_t{2} << 30;
 inline constexpr const char* kTierGpu = "GPU";
 inline constexpr const char* kTierPinned = "pinned host";
 inline constexpr const char* kTierPageable = "pageable host";
+inline constexpr const char* kTierNvme = "NVMe";  ///< files under offload.nvme_path (Note [NVMe tier])
+
+/// Bounce slots of the NVMe tier, each the largest NVMe-tier Block's states (engine/disk_states.h).
+inline constexpr int64_t kNvmeBounceSlots = 3;
 
 /// One buffer of the plan (a buffer kind summed over the Blocks that have it).
 struct PlanRow {
@@ -73,6 +77,7 @@ struct PlanBlock {
   std::string name;  ///< "embedding", "layer.0" .. "layer.<L-1>", "head"
   int64_t params = 0;
   UpdateSide update = UpdateSide::kCpu;
+  bool nvme = false;  ///< its states on the NVMe tier (Note [NVMe tier])
 };
 
 /// Every buffer of offload training, by tier. Built by plan_offload_memory.
@@ -88,6 +93,8 @@ struct MemoryPlan {
   int64_t state_bytes = 4;      ///< bytes per host optimizer-state element (optim.state_dtype; int8: 1, scales aside)
   bool fp32_master = true;      ///< optim.master_dtype=fp32: the refusal can name bf16
   int64_t host_ring = 0;        ///< slots of the host ring, 0 = per-block buffers
+  int64_t nvme_blocks = 0;      ///< Blocks whose states are on the NVMe tier (the last CPU-updated ones)
+  bool nvme_path = false;       ///< offload.nvme_path is set: the refusal names nvme_blocks, else the path
   PlanLayout layout;
 
   /// Sum of the rows of one tier.
@@ -153,6 +160,14 @@ bool keeps_undo_log(const OffloadConfig& offload);
 /// (an explicit speculate=always or delayed_update keeps per-block buffers). Other values as set.
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                 const MemoryCapacity& capacity, const PlanLayout& layout = {});
+
+/// offload.nvme_blocks resolved for a plan at `gpu_blocks` (Note [NVMe tier]): 0 without
+/// offload.nvme_path; as set when >= 0; auto (-1): the fewest of the last CPU-updated Blocks whose
+/// states on the NVMe tier make the pinned host tier fit (0 when the host is unknown or fits, or
+/// the CPU is the device; every
+/// CPU-updated Block when nothing fits, for check_plan_fits to refuse).
+int64_t resolve_nvme_blocks(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
+                            const MemoryCapacity& capacity, const PlanLayout& layout = {});
 
 /// The largest number of GPU-updated decoder Blocks of the layout's whose plan's GPU tier fits
 /// offload.gpu_memory_fraction x capacity.gpu_total; -1 when not even 0 fits.

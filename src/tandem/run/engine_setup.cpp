@@ -63,6 +63,12 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
         strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
                   "after the norm (offload.host_ring=auto, Note [Host ring])",
                   static_cast<long long>(cfg.offload.host_ring)));
+  const bool nvme_auto = cfg.offload.nvme_blocks < 0;
+  cfg.offload.nvme_blocks = resolve_nvme_blocks(spec, cfg, seq_len, layers, cap, layout);
+  if (nvme_auto && cfg.offload.nvme_blocks > 0)
+    log::info(strprintf("offload: the host holds the states of all but the last %lld CPU-updated blocks; theirs go "
+                        "to the NVMe tier in %s, updates after the norm (offload.nvme_blocks=auto, Note [NVMe tier])",
+                        static_cast<long long>(cfg.offload.nvme_blocks), cfg.offload.nvme_path.c_str()));
   MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, layers, layout);
   if (cap.gpu_total > 0) {
     std::string why;
@@ -115,15 +121,19 @@ EngineOptions engine_options(const RunPlan& plan, const RunContext& ctx,
 void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
                            OffloadConfig& offload, const PlanLayout& layout) {
   if (ctx.comm) {  // the stage's first replica's (stage-major ranks): stages plan their own Blocks
-    constexpr size_t kValues = 4;
-    const auto all = ctx.comm->all_gather(
-        std::vector<double>{double(gpu_blocks), double(offload.host_ring), double(range.first), double(range.second)});
+    constexpr size_t kValues = 5;
+    const auto all = ctx.comm->all_gather(std::vector<double>{double(gpu_blocks), double(offload.host_ring),
+                                                              double(range.first), double(range.second),
+                                                              double(offload.nvme_blocks)});
     const auto plan0 = all.begin() + static_cast<std::ptrdiff_t>(layout.stage * layout.replicas * kValues);
     gpu_blocks = static_cast<int64_t>(plan0[0]);
     offload.host_ring = static_cast<int64_t>(plan0[1]);
     range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
+    offload.nvme_blocks = static_cast<int64_t>(plan0[4]);
   }
   if (offload.host_ring > 0) offload.speculate = Speculation::kNever;
+  if (offload.nvme_path.empty() || offload.nvme_blocks < 0) offload.nvme_blocks = 0;  // unresolved: none
+  if (offload.nvme_blocks > 0) offload.speculate = Speculation::kNever;  // Note [NVMe tier]: no undo log
 }
 
 EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> split_range, const std::string& run_dir,
@@ -171,7 +181,9 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
                    : cfg.optim.master_rounding == MasterRounding::kKahan ? MasterKind::kBf16Kahan
                                                                          : MasterKind::kBf16Stochastic;
   so.ring_slots = cfg.offload.host_ring;
-  so.undo = keeps_undo_log(cfg.offload);  // the ring, resolved above, set speculate=never
+  so.undo = keeps_undo_log(cfg.offload);  // the ring and the NVMe tier, resolved above, set speculate=never
+  so.nvme_path = cfg.offload.nvme_path;
+  so.nvme_blocks = std::max<int64_t>(cfg.offload.nvme_blocks, 0);
   so.decay_1d = cfg.optim.decay_1d;
   if (ctx.comm && cfg.dist.zero_stage == 2) {  // over the stage's replicas (the world without a pipeline)
     so.shard_rank = ctx.comm->replica();
@@ -220,6 +232,15 @@ OffloadParts build_offload(BlockSequence& model, const OffloadSetup& setup, cons
                 "%.1f s of it pinning",
                 build_s + store_s, build_s, so.pin_memory && ctx.device.is_cuda() ? "pinned" : "plain", store_s,
                 parts.store->pin_seconds()));
+  if (DiskStates* disk = parts.store->disk()) {
+    int64_t blocks = 0, bytes = 0;
+    for (auto& b : parts.store->blocks())
+      if (b.nvme && b.side == UpdateSide::kCpu) ++blocks, bytes += disk->file_bytes(b);
+    log::info(strprintf("offload: NVMe tier in %s: the states of %lld blocks, %s on disk, read and written with %s%s",
+                        disk->tier().dir().c_str(), static_cast<long long>(blocks), format_bytes(double(bytes)).c_str(),
+                        disk->tier().async() ? "io_uring" : "pread/pwrite",
+                        disk->tier().direct() ? ", O_DIRECT" : " through the page cache"));
+  }
   parts.engine = std::make_unique<OffloadEngine>(model, *parts.store, eo);
   if (cfg.placement.policy != PlacementPolicyKind::kOff)
     parts.placement = std::make_unique<PlacementDriver>(cfg.placement, model, *parts.engine,

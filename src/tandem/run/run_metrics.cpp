@@ -77,6 +77,11 @@ void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamS
   m["offload_gpu_blocks"] = store.gpu_blocks();
   m["offload_rollbacks"] = es.rollbacks;
   m["offload_cpu_update_s"] = es.cpu_update_s;
+  if (store.options().nvme_blocks > 0) {  // Note [NVMe tier]
+    m["time_nvme_wait_s"] = es.nvme_wait_s - before.nvme_wait_s;
+    m["nvme_read_bytes"] = es.nvme_read_bytes - before.nvme_read_bytes;
+    m["nvme_written_bytes"] = es.nvme_written_bytes - before.nvme_written_bytes;
+  }
   const auto& sp = engine.split();
   if (sp.solved) {
     m["offload_k"] = sp.k;
