@@ -55,7 +55,10 @@
 #          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8, delayedN, bf16sr,
 #          bf16kahan and int8sr (bf16 masters);
 #   capacity the largest of CAP_LAYERS layers of LLaMA-30B's width one GPU trains with a bf16 master and 8-bit
-#          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use.
+#          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use;
+#   nvme   the NVMe tier (Note [NVMe tier]): `tandem bench nvme` on NVME_DIR's disk (the bound), then 7B (B=8,
+#          T=2048, bf16, NVME_STATES states, default int8) for NVME_STEPS steps without the tier and with the states
+#          of NVME_BLOCKS (default 16) of its CPU-updated blocks on it, updates after the norm in both.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -332,6 +335,35 @@ if [[ -n $layers ]]; then
   wait $cap_pid; echo "capacity run rc $?; GPU memory in use at most ${peak} MiB"
   grep -E "offload: .*plan|start-up|pinned|done:|loss" "$OUT/capacity-$layers.log" | tail -16 | cut -c1-240
 fi
+fi
+
+if has nvme; then
+# Note [NVMe tier]: the disk's bound, then the same 7B run with and without half its Blocks' states on
+# the tier. The GPU machine's disk is 64 GiB: 8-bit states of 16 blocks are about 3.3 GB, fp32 ones 13 GB.
+nv_dir=${NVME_DIR:-/tmp/tandem-nvme}
+echo "== nvme: the disk under $nv_dir ($(df -h --output=size,avail "$(dirname "$nv_dir")" | tail -1))"
+"$BUILD/tandem" bench nvme --dir "$nv_dir" --gib "${NVME_GIB:-8}" --json "$OUT/nvme-bench.jsonl" 2>&1 | tail -4
+nv=(-p 7B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=2048 --set model.checkpointing=true
+    --set offload.optimizer=cpu --set offload.speculate=never --set optim.state_dtype="${NVME_STATES:-int8}"
+    --steps "${NVME_STEPS:-12}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines
+    --set train.log_every=1)
+for side in host tier; do
+  extra=()
+  [[ $side == tier ]] && extra=(--set offload.nvme_path="$nv_dir" --set offload.nvme_blocks="${NVME_BLOCKS:-16}")
+  echo "== nvme: 7B, states on the $side"
+  "$BUILD/tandem" train "${nv[@]}" "${extra[@]}" --run-dir "$OUT/nvme-$side" >"$OUT/nvme-$side.log" 2>&1 \
+    || tail -5 "$OUT/nvme-$side.log"
+  grep -E "offload: .*(plan|NVMe)|done" "$OUT/nvme-$side.log" | cut -c1-240
+  python3 - "$OUT/nvme-$side/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][3:]
+if rows:
+    f = lambda k: sum(r.get(k, 0) for r in rows) / len(rows)
+    print("steps 4..: step %.3f s, %.0f tokens/s, CPU update %.3f s, waiting for reads %.3f s, read %.2f GB, written %.2f GB"
+          % (f("step_time_s"), f("tokens_per_s"), f("time_cpu_update_s"), f("time_nvme_wait_s"),
+             f("nvme_read_bytes") / 1e9, f("nvme_written_bytes") / 1e9))
+PY
+done
 fi
 
 if has telemetry; then

@@ -1,6 +1,7 @@
-// `tandem bench` in-process (cli/bench_command.h): one of its three benchmarks must be named, and
+// `tandem bench` in-process (cli/bench_command.h): one of its four benchmarks must be named, and
 // each one's options reach it: optim's parameter counts and levels, step's configuration flags,
-// bk_core's grid and thresholds; bad values are refused by the parser or as a UserError.
+// bk_core's grid and thresholds, nvme's directory and sizes; bad values are refused by the parser
+// or as a UserError.
 
 #include "tandem/cli/bench_command.h"
 
@@ -155,6 +156,25 @@ TEST(BenchCommand, BkCoreTakesItsGridAndThresholds) {
       got.push_back(std::to_string(j["B"].get<int64_t>()) + "x" + std::to_string(j["N"].get<int64_t>()));
   EXPECT_EQ(got, (std::vector<std::string>{"1x2", "1x5", "3x2"}));
   EXPECT_EQ(json_lines(dir.file("bk.jsonl")).size(), 4u * 3 + 3) << "three kernels at each of four points";
+}
+
+// Note [NVMe tier]: a small measurement on the test's directory, both ways of doing the I/O
+// (io_uring where the kernel allows it), each with its three rates.
+TEST(BenchCommand, NvmeMeasuresTheTiersFilesOnTheDirectoryGiven) {
+  expect_parse_error({"bench", "nvme"});
+  expect_parse_error({"bench", "nvme", "--dir", "/tmp", "--gib", "0"});
+  test::TempDir dir;
+  const Ran r = bench({"bench", "nvme", "--dir", dir.file("disk"), "--gib", "0.01", "--block-mib", "1", "--json",
+                       dir.file("nvme.jsonl")});
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("pread/pwrite"), std::string::npos) << r.out;
+  const auto lines = json_lines(dir.file("nvme.jsonl"));
+  ASSERT_GE(lines.size(), 1u);
+  for (const auto& j : lines) {
+    EXPECT_EQ(j["bytes"].get<int64_t>(), 10 << 20);
+    for (const char* k : {"write_gbs", "read_gbs", "read_write_gbs"}) EXPECT_GT(j[k].get<double>(), 0.0) << k;
+  }
 }
 
 }  // namespace

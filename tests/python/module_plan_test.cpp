@@ -56,6 +56,37 @@ TEST(ModulePlan, PerBlockBuffersWhenTheyFitElseARingOfFourSlots) {
   EXPECT_EQ(tight.offload.speculate, Speculation::kNever) << "a ring updates after the norm";
 }
 
+// Note [NVMe tier]: with offload.nvme_path the floor is the masters alone, and auto takes the fewest
+// of the last Blocks whose moments on the tier (with its three bounce slots) make the host fit.
+TEST(ModulePlan, TheNvmeTierTakesTheFewestLastBlocksThatMakeTheHostFit) {
+  const ModuleBlocks blocks = six_blocks(1000);
+  HostShare host;
+  Config c = offload_config();
+  c.offload.host_ring = 0;
+  c.offload.nvme_path = "/tmp/unused";
+  // Masters 4 B x 6000, landing and staging 4 B x 6000 for every Block; moments 8 B of the Blocks
+  // off the tier, and 3 bounce slots of 8000 B: n on the tier needs 48000 + 8000 (6 - n) + 24000.
+  host.available = 48000 + 8000 * 4 + 24000;  // two Blocks on the tier
+  EXPECT_EQ(plan_module_host(c, blocks, host, 0), 0);
+  EXPECT_EQ(c.offload.nvme_blocks, 2);
+  EXPECT_EQ(c.offload.speculate, Speculation::kNever) << "no undo log on disk";
+  Config roomy = offload_config();
+  roomy.offload.nvme_path = "/tmp/unused";
+  host.available = int64_t(1) << 30;
+  plan_module_host(roomy, blocks, host, 0);
+  EXPECT_EQ(roomy.offload.nvme_blocks, 0) << "the host holds everything: nothing on disk";
+  EXPECT_EQ(roomy.offload.speculate, Speculation::kAuto);
+  // Below the masters alone nothing fits, with the tier named only when it is not set.
+  Config none = offload_config();
+  host.available = 6 * 1000 * 4 - 1;
+  EXPECT_NE(test::error_of([&] { plan_module_host(none, blocks, host, 0); }).find("offload.nvme_path"),
+            std::string::npos);
+  Config bare = offload_config();
+  bare.offload.nvme_path = "/tmp/unused";
+  const std::string err = test::error_of([&] { plan_module_host(bare, blocks, host, 0); });
+  EXPECT_NE(err.find("the host cannot hold the masters:"), std::string::npos) << err;
+}
+
 TEST(ModulePlan, TheLowerBoundIsTheFewestGpuBlocksWhoseHostSideFits) {
   const ModuleBlocks blocks = six_blocks(1000);
   Config c = offload_config();

@@ -287,6 +287,28 @@ def test_a_bf16_master_tracks_fp32_and_round_trips_its_state_dict():
         assert saved["state"][0]["master"].dtype == torch.float32
 
 
+def test_the_nvme_tier_gives_the_same_steps_and_state_dict(tmp_path):
+    # offload.nvme_path (Note [NVMe tier]): the last Blocks' Adam states in files, the same updates
+    # bit for bit; its state_dict holds them as without the tier, and the files are gone with it.
+    torch.manual_seed(0)
+    start = Net().state_dict()
+    plain = dict(CPU, **{"offload.update_split": "0", "offload.speculate": "never", "optim.state_dtype": "int8"})
+    model, opt = net_with(start, plain)
+    want = run(model, opt, 6)
+    want_state = opt.state_dict()
+    opt.engine.close()
+    disk = tmp_path / "nvme"
+    tier = dict(plain, **{"offload.nvme_path": str(disk), "offload.nvme_blocks": 2})
+    model, opt = net_with(start, tier)
+    assert run(model, opt, 6) == want
+    got_state = opt.state_dict()
+    for k, v in want_state["state"].items():
+        for name, t in v.items():
+            assert torch.equal(got_state["state"][k][name], t), (k, name)
+    assert list(disk.iterdir()) == []
+    opt.engine.close()
+
+
 def test_a_second_backward_before_the_step_is_refused():
     _, model = net_pair()
     opt = tandem.optim.OffloadAdamW(model.parameters(), lr=3e-3, config=CPU)

@@ -12,6 +12,18 @@ BenchCommand::BenchCommand(CLI::App& app) {
   add_optim(*command_);
   add_step(*command_);
   add_bk_core(*command_);
+  add_nvme(*command_);
+}
+
+void BenchCommand::add_nvme(CLI::App& bench) {
+  auto* c = nvme_ = bench.add_subcommand(
+      "nvme", "the NVMe tier's bound: its files' write, read, and read+write bandwidth on a disk (offload.nvme_path)");
+  auto& o = nvme_options_;
+  c->add_option("--dir", o.dir, "directory on the disk to measure")->required();
+  c->add_option("--gib", o.gib, "GiB written and read per measurement (default 4)")->check(CLI::PositiveNumber);
+  c->add_option("--block-mib", o.block_mib, "MiB per transfer, a Block's states (default 256)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--json", o.json_path, "append one JSON object per measurement to this file");
 }
 
 void BenchCommand::add_optim(CLI::App& bench) {
@@ -61,6 +73,7 @@ bool BenchCommand::chosen() const { return command_->parsed(); }
 
 int BenchCommand::run() {
   if (*bk_core_) return run_bk_core_bench(bk_options_);
+  if (*nvme_) return run_nvme_bench(nvme_options_);
   if (*step_) return run_step_bench(step_args_.resolve(""), step_json_, step_model_json_);
   if (!optim_sizes_.empty()) {
     optim_options_.sizes.clear();

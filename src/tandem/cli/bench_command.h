@@ -1,11 +1,13 @@
 #pragma once
-// `tandem bench optim | step | bk_core`: the CPU optimizer kernels against LibTorch's, a training
-// step's forward+backward alone (the GPU-only bound), the BK-core kernels against their baselines.
+// `tandem bench optim | step | bk_core | nvme`: the CPU optimizer kernels against LibTorch's, a
+// training step's forward+backward alone (the GPU-only bound), the BK-core kernels against their
+// baselines, the NVMe tier's disk bandwidth.
 
 #include <string>
 #include <vector>
 
 #include "tandem/bench/bk_core_bench.h"
+#include "tandem/bench/nvme_bench.h"
 #include "tandem/bench/optim_bench.h"
 #include "tandem/cli/command.h"
 #include "tandem/cli/config_args.h"
@@ -26,13 +28,15 @@ class BenchCommand : public Command {
   void add_optim(CLI::App& bench);
   void add_step(CLI::App& bench);
   void add_bk_core(CLI::App& bench);
+  void add_nvme(CLI::App& bench);
 
-  CLI::App *command_ = nullptr, *optim_ = nullptr, *step_ = nullptr, *bk_core_ = nullptr;
+  CLI::App *command_ = nullptr, *optim_ = nullptr, *step_ = nullptr, *bk_core_ = nullptr, *nvme_ = nullptr;
   OptimBenchOptions optim_options_;
   std::vector<std::string> optim_sizes_;
   ConfigArgs step_args_;
   std::string step_json_, step_model_json_;
   BkCoreBenchOptions bk_options_;
+  NvmeBenchOptions nvme_options_;
 };
 
 }  // namespace tandem

@@ -23,7 +23,9 @@ namespace tandem {
 //     offload.host_memory_fraction of this rank's share, offload.host_ring=auto takes a ring of
 //     4 slots (Note [Host ring]) where the configuration allows one, by the CLI's rule
 //     (auto_host_ring_allowed: pinned buffers, no speculate=always, no delayed update that
-//     accumulates); below the masters and states alone nothing fits. The fewest
+//     accumulates); with offload.nvme_path, offload.nvme_blocks=auto then takes the fewest of the
+//     last Blocks whose moments on the NVMe tier make the host fit (Note [NVMe tier]); below the
+//     masters and states alone (the masters alone, with the tier) nothing fits. The fewest
 //     GPU-updated Blocks whose host side fits is the solver's lower bound, as in the CLI.
 //   Device: the working weights and gradients in the compute dtype, and 12 bytes per parameter
 //     (fp32 master, m, v) of each GPU-updated Block. A third of the GPU is kept for activations and
@@ -54,7 +56,8 @@ int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room) {
 
 // Host bytes per parameter (Note [Module plan]).
 struct HostBytesPerParam {
-  double states = 0;          // master (fp32 or bf16), m, v of a CPU-updated Block
+  double master = 0;          // master (fp32 or bf16) of a CPU-updated Block
+  double moments = 0;         // its m and v (on the NVMe tier instead for the last Blocks: Note [NVMe tier])
   double buffers = 0;         // its gradient landing and weight staging (per Block, or per ring slot)
   double undo = 0;            // its undo log (speculative updates, per-Block buffers only)
   double device_states = 0;   // the CPU as the device: a GPU-updated Block's master, m, v
@@ -67,56 +70,88 @@ HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
   const double landing = cfg.train.precision == Precision::kBf16 ? 2 : 4;  // fp16 gradients land widened
   const bool undo = keeps_undo_log(cfg.offload);
   HostBytesPerParam b;
-  b.states = double(master_bytes(cfg.optim.master_dtype, cfg.optim.master_rounding)) + 2 * state;
+  b.master = double(master_bytes(cfg.optim.master_dtype, cfg.optim.master_rounding));
+  b.moments = 2 * state;
   b.buffers = landing + compute;
-  b.undo = undo ? b.states : 0;
+  b.undo = undo ? b.master + b.moments : 0;
   b.device_states = device_is_host ? kGpuStateBytes : 0;
   b.device_working = device_is_host ? 2 * compute : 0;
   return b;
 }
 
-// The host bytes of the plan with the first `gpu_blocks` Blocks GPU-updated and `ring` slots (0 =
-// per-Block buffers); the masters, states and buffers are shared by `shards` ranks.
-double host_bytes(const ModuleBlocks& blocks, int64_t gpu_blocks, int64_t ring, const HostBytesPerParam& b,
-                  int shards) {
-  double bytes = 0, largest = 0;
-  for (size_t i = 0; i < blocks.block_count(); ++i) {
-    const double numel = double(blocks.block_numel(i)), shard = numel / double(shards);
+// The host bytes of the plan with the first `gpu_blocks` Blocks GPU-updated, `ring` slots (0 =
+// per-Block buffers) and the moments of the last `nvme` CPU-updated Blocks on the NVMe tier (with
+// its bounce slots); the masters, states and buffers are shared by `shards` ranks.
+double host_bytes(const ModuleBlocks& blocks, int64_t gpu_blocks, int64_t ring, int64_t nvme,
+                  const HostBytesPerParam& b, int shards) {
+  double bytes = 0, largest = 0, largest_nvme = 0;
+  const auto count = static_cast<int64_t>(blocks.block_count());
+  for (int64_t i = 0; i < count; ++i) {
+    const double numel = double(blocks.block_numel(static_cast<size_t>(i))), shard = numel / double(shards);
     largest = std::max(largest, shard);
-    const bool gpu = static_cast<int64_t>(i) < gpu_blocks;
-    bytes +=
-        b.device_working * numel + shard * (gpu ? b.device_states : b.states + (ring == 0 ? b.buffers + b.undo : 0));
+    const bool gpu = i < gpu_blocks, on_disk = !gpu && i >= count - nvme;
+    if (on_disk) largest_nvme = std::max(largest_nvme, shard);
+    const double cpu = b.master + (on_disk ? 0 : b.moments) + (ring == 0 ? b.buffers + b.undo : 0);
+    bytes += b.device_working * numel + shard * (gpu ? b.device_states : cpu);
   }
-  return bytes + double(ring) * largest * b.buffers;
+  return bytes + double(ring) * largest * b.buffers + double(kNvmeBounceSlots) * largest_nvme * b.moments;
 }
 
 }  // namespace
 
 int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShare& host, int64_t gpu_blocks) {
-  const HostBytesPerParam per = host_bytes_per_param(cfg, host.device_is_host);
-  HostBytesPerParam floor_per = per;  // masters and states: a ring cannot shrink them
+  auto& o = cfg.offload;
+  const bool tier = !o.nvme_path.empty();  // Note [NVMe tier]
+  const auto count = static_cast<int64_t>(blocks.block_count());
+  if (!tier) o.nvme_blocks = 0;
+  Config without_tier = cfg;
+  without_tier.offload.nvme_blocks = 0;
+  const HostBytesPerParam per = host_bytes_per_param(without_tier, host.device_is_host);
+  HostBytesPerParam floor_per = per;  // masters and states: a ring cannot shrink them, the tier the moments
   floor_per.buffers = floor_per.undo = 0;
   const double room = double(host.available) + double(host.reclaimable);
-  const double floor = host_bytes(blocks, gpu_blocks, 0, floor_per, host.shards);
-  TANDEM_CHECK(floor <= room, "the host cannot hold the masters and Adam states: ", format_bytes(floor),
-               " needed, ", format_bytes(room),
-               " available; set optim.state_dtype=bf16 or int8, optim.master_dtype=bf16, run on more ranks with "
-               "dist.zero_stage=2, or use a host with more memory");
-  const double budget = cfg.offload.host_memory_fraction * room;
-  const auto fits = [&](int64_t g, int64_t ring) { return host_bytes(blocks, g, ring, per, host.shards) <= budget; };
-  if (cfg.offload.host_ring < 0) {
-    cfg.offload.host_ring = fits(gpu_blocks, 0) || !auto_host_ring_allowed(cfg) ? 0 : kAutoRingSlots;
-    if (cfg.offload.host_ring > 0) {
-      cfg.offload.speculate = Speculation::kNever;
+  const double floor = host_bytes(blocks, gpu_blocks, 0, tier ? count : 0, floor_per, host.shards);
+  TANDEM_CHECK(floor <= room, "the host cannot hold the masters", tier ? "" : " and Adam states", ": ",
+               format_bytes(floor), " needed, ", format_bytes(room),
+               " available; set optim.state_dtype=bf16 or int8, optim.master_dtype=bf16, ",
+               tier ? "" : "offload.nvme_path=DIR (Adam states on disk), ",
+               "run on more ranks with dist.zero_stage=2, or use a host with more memory");
+  const double budget = o.host_memory_fraction * room;
+  const auto fits = [&](int64_t g, int64_t ring, int64_t nvme, const HostBytesPerParam& p) {
+    return host_bytes(blocks, g, ring, nvme, p, host.shards) <= budget;
+  };
+  const int64_t nvme0 = std::max<int64_t>(o.nvme_blocks, 0);
+  if (o.host_ring < 0) {
+    o.host_ring = fits(gpu_blocks, 0, nvme0, per) || !auto_host_ring_allowed(cfg) ? 0 : kAutoRingSlots;
+    if (o.host_ring > 0) {
+      o.speculate = Speculation::kNever;
       log::info(strprintf(
           "offload: per-block host buffers (%s) do not fit offload.host_memory_fraction=%.2f of the "
           "host (%s); a ring of %lld slots instead, updates after the norm (offload.host_ring=auto)",
-          format_bytes(host_bytes(blocks, gpu_blocks, 0, per, host.shards)).c_str(), cfg.offload.host_memory_fraction,
+          format_bytes(host_bytes(blocks, gpu_blocks, 0, nvme0, per, host.shards)).c_str(), o.host_memory_fraction,
           format_bytes(room).c_str(), static_cast<long long>(kAutoRingSlots)));
     }
   }
+  HostBytesPerParam no_undo = per;
+  no_undo.undo = 0;
+  if (tier && o.nvme_blocks < 0) {  // auto: the fewest of the last Blocks that make the host fit
+    o.nvme_blocks = 0;
+    if (!fits(gpu_blocks, o.host_ring, 0, per)) {
+      o.nvme_blocks = count;
+      for (int64_t n = 1; n < count; ++n)
+        if (fits(gpu_blocks, o.host_ring, n, no_undo)) {
+          o.nvme_blocks = n;
+          break;
+        }
+      log::info(strprintf("offload: the host holds the states of all but the last %lld blocks; theirs go to the "
+                          "NVMe tier in %s, updates after the norm (offload.nvme_blocks=auto, Note [NVMe tier])",
+                          static_cast<long long>(o.nvme_blocks), o.nvme_path.c_str()));
+    }
+  }
+  if (o.nvme_blocks > 0) o.speculate = Speculation::kNever;  // no undo log on disk
+  const HostBytesPerParam& final_per = o.nvme_blocks > 0 ? no_undo : per;
   int64_t lo = gpu_blocks;
-  while (lo > 0 && fits(lo - 1, cfg.offload.host_ring)) --lo;
+  while (lo > 0 && fits(lo - 1, o.host_ring, o.nvme_blocks, final_per)) --lo;
   return lo;
 }
 
