@@ -1,10 +1,12 @@
 // Note [NVMe tier] as a user meets it: `tandem train` with offload.nvme_path gives the losses of
 // the run without it, bit for bit; a checkpoint resumes across a change of tier (on to off, off to
-// on); `tandem inspect --plan` places the states past the host on the tier; bad settings are one
+// on); a run killed while writing a checkpoint resumes from the one before; `tandem inspect --plan` places the states past the host on the tier; bad settings are one
 // line and exit 2.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -56,7 +58,18 @@ TEST(NvmeTierRuns, TrainAndResumeAcrossAChangeOfTierGiveTheSameLosses) {
     ASSERT_EQ(second.code, 0) << second.err;
     EXPECT_EQ(losses(dir), want);
   }
-  EXPECT_TRUE(std::filesystem::is_empty(tmp.file("disk"))) << "the tier's files go with their run";
+  // Killed while writing step 8's checkpoint (its states read from the tier): the checkpoint of step
+  // 4 is intact, and the run resumed from it ends as the uninterrupted one.
+  const std::string killed = tmp.file("killed");
+  ::setenv("TANDEM_FAULTS", "kill_in_checkpoint=8", 1);
+  const auto cut = run_cli("train --steps 8 --run-dir " + killed + kRun + nvme);
+  ::unsetenv("TANDEM_FAULTS");
+  EXPECT_NE(cut.code, 0) << cut.err;
+  const auto resumed = run_cli("train --steps 8 --resume auto --run-dir " + killed + kRun + nvme);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("at step 4"), std::string::npos) << resumed.err;
+  EXPECT_EQ(losses(killed), want);
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.file("disk"))) << "the tier's files go with their run, killed or not";
 }
 
 TEST(NvmeTierRuns, ThePlanPutsTheStatesPastTheHostOnTheTier) {

@@ -44,6 +44,14 @@ TEST(HostFit, AnOffloadPlanCountsItsHostRowsAndOnTheCpuItsDeviceRows) {
   const HostDemand gpu = host_demand(p, false), cpu = host_demand(p, true);
   EXPECT_EQ(gpu.total(), p.pinned_bytes()) << "pinned rows; the transient build is not counted";
   EXPECT_EQ(cpu.total(), p.pinned_bytes() + p.gpu_bytes() - kGpuWorkspaceReserveBytes);
+  // Note [NVMe tier]: states on disk are not host memory; the bounce slots are.
+  c.offload.nvme_path = "/tmp/unused";
+  c.offload.nvme_blocks = 4;
+  const MemoryPlan n = plan_offload_memory(s, c, 1024, 0);
+  EXPECT_GT(n.tier_bytes(kTierNvme), 0);
+  EXPECT_LT(n.pinned_bytes(), p.pinned_bytes());
+  EXPECT_EQ(host_demand(n, false).total(), n.pinned_bytes());
+  EXPECT_EQ(host_demand(n, true).total(), n.pinned_bytes() + n.gpu_bytes() - kGpuWorkspaceReserveBytes);
 }
 
 TEST(HostFit, HugeSizesGiveHugeEstimatesNotOverflows) {

@@ -254,6 +254,60 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(msg2.find("offload.host_ring"), std::string::npos) << msg2;
 }
 
+// Note [NVMe tier]: the last CPU-updated Blocks' moments move from the host to the NVMe tier, with
+// three bounce slots of the largest of them on the host and no undo log; auto takes the fewest that
+// make the pinned tier fit, after the ring, and none where the host fits, is unknown or no GPU.
+TEST(MemoryPlan, TheNvmeTierHoldsTheLastBlocksStatesAndAutoTakesTheFewestThatFit) {
+  constexpr int64_t k7bLayer = 202383360;  // a 7B decoder layer's parameters
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  c.offload.host_ring = 4;
+  c.offload.speculate = Speculation::kNever;
+  const MemoryPlan host = plan_offload_memory(s, c, 2048, 0);
+  c.offload.nvme_path = "/mnt/nvme";
+  c.offload.nvme_blocks = 3;  // layers 30 and 31 and the head
+  const MemoryPlan tier = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(tier.nvme_blocks, 3);
+  int64_t on_disk = 0;
+  for (const auto& b : tier.blocks) on_disk += b.nvme ? b.params : 0;
+  EXPECT_EQ(on_disk, 2 * k7bLayer + s.vocab_size * s.d_model + s.d_model);
+  EXPECT_TRUE(tier.blocks.back().nvme);
+  EXPECT_FALSE(tier.blocks[tier.blocks.size() - 4].nvme);
+  EXPECT_EQ(tier.tier_bytes(kTierNvme), 8 * on_disk);  // fp32 m and v
+  const int64_t slots = row_bytes(tier, kTierPinned, "NVMe bounce slots");
+  EXPECT_EQ(slots, 3 * 8 * k7bLayer);  // a layer is the largest of the three
+  EXPECT_EQ(tier.pinned_bytes(), host.pinned_bytes() - 8 * on_disk + slots);
+  EXPECT_NE(format_plan(tier).find("states on NVMe: layers 30..31, head"), std::string::npos) << format_plan(tier);
+
+  c.offload.nvme_blocks = -1;
+  c.offload.host_ring = -1;
+  c.offload.speculate = Speculation::kAuto;
+  const MemoryCapacity roomy{80 * kGiB, 400 * kGiB}, h48{80 * kGiB, 48 * kGiB}, unknown{80 * kGiB, 0},
+      no_gpu{0, 48 * kGiB};
+  EXPECT_EQ(resolve_nvme_blocks(s, c, 2048, 0, roomy), 0);
+  EXPECT_EQ(resolve_nvme_blocks(s, c, 2048, 0, unknown), 0);
+  EXPECT_EQ(resolve_nvme_blocks(s, c, 2048, 0, no_gpu), 0);
+  Config r = c;
+  r.offload = resolve_host_ring(s, c, 2048, 0, h48);
+  ASSERT_EQ(r.offload.host_ring, 4);
+  const int64_t n = resolve_nvme_blocks(s, r, 2048, 0, h48);
+  ASSERT_GT(n, 0);
+  r.offload.nvme_blocks = n;
+  EXPECT_TRUE(plan_fits(plan_offload_memory(s, r, 2048, 0), h48, r.offload));
+  r.offload.nvme_blocks = n - 1;
+  EXPECT_FALSE(plan_fits(plan_offload_memory(s, r, 2048, 0), h48, r.offload));
+  // Without the tier the same host is refused, naming it; with it, a count too small names a larger one.
+  Config plain = r;
+  plain.offload.nvme_path.clear();
+  const std::string msg = error_of(
+      [&] { check_plan_fits(plan_offload_memory(s, plain, 2048, 0), h48, plain.offload, plain.train); });
+  EXPECT_NE(msg.find("offload.nvme_path=DIR"), std::string::npos) << msg;
+  const std::string more =
+      error_of([&] { check_plan_fits(plan_offload_memory(s, r, 2048, 0), h48, r.offload, r.train); });
+  EXPECT_NE(more.find("a larger offload.nvme_blocks"), std::string::npos) << more;
+}
+
 TEST(MemoryPlan, FitsAndNamesWhatToChangePerTier) {
   const ModelSpec s = preset_spec("7B");
   Config c = bf16_config();

@@ -43,6 +43,7 @@ HostDemand host_demand(const MemoryPlan& plan, bool cpu_device) {
   HostDemand d;
   for (const auto& r : plan.rows) {
     if (r.tier == kTierGpu && !cpu_device) continue;
+    if (r.tier == kTierNvme) continue;  // on disk (Note [NVMe tier])
     if (r.purpose.find("(transient)") != std::string::npos) continue;
     if (r.purpose.find("reserve") != std::string::npos && cpu_device) continue;  // a GPU allocator's slack
     d.rows.emplace_back(r.purpose, r.bytes);
