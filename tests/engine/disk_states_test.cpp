@@ -19,10 +19,7 @@ namespace {
 
 ModelSpec small_spec() { return test::small_engine_spec(3); }
 
-std::shared_ptr<Model> small_model() {
-  torch::manual_seed(7);
-  return build_model(small_spec(), false);
-}
+std::shared_ptr<Model> small_model() { return test::small_engine_model(3); }
 
 void train_three_steps(Model& model, ParamStore& store) {
   EngineOptions eo;

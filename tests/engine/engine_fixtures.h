@@ -3,7 +3,9 @@
 // attention, a 100-token vocabulary (padded to 128) and sequences of up to 32 tokens.
 
 #include <cstdint>
+#include <memory>
 
+#include "tandem/models/model.h"
 #include "tandem/models/spec.h"
 
 namespace tandem::test {
@@ -20,6 +22,12 @@ inline ModelSpec small_engine_spec(int64_t n_layer) {
   s.vocab_size = 100;
   s.max_seq_len = 32;
   return s;
+}
+
+/// The small model of small_engine_spec(n_layer), built from seed 7.
+inline std::shared_ptr<Model> small_engine_model(int64_t n_layer) {
+  torch::manual_seed(7);
+  return build_model(small_engine_spec(n_layer), false);
 }
 
 }  // namespace tandem::test

@@ -28,10 +28,7 @@ namespace {
 
 ModelSpec small_spec() { return test::small_engine_spec(3); }
 
-std::shared_ptr<Model> small_model() {
-  torch::manual_seed(7);
-  return build_model(small_spec(), false);
-}
+std::shared_ptr<Model> small_model() { return test::small_engine_model(3); }
 
 // A token batch of the small model: (4, 16) inputs and targets.
 std::pair<torch::Tensor, torch::Tensor> batch(int64_t step) {

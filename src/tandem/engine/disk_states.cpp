@@ -40,18 +40,24 @@ int64_t DiskStates::carve(BlockStore& b, const torch::Tensor& buffer) const {
 
 void DiskStates::unbind(BlockStore& b) { b.m = b.v = b.m_scale = b.v_scale = torch::Tensor(); }
 
-int64_t DiskStates::file_bytes(BlockStore& b) const {
-  const auto keep = std::make_tuple(b.m, b.v, b.m_scale, b.v_scale);
-  const int64_t bytes = carve(b, torch::Tensor());
-  std::tie(b.m, b.v, b.m_scale, b.v_scale) = keep;
-  return bytes;
+int64_t DiskStates::file_bytes(const BlockStore& b) const {
+  TANDEM_ASSERT(b.nvme_file >= 0 && b.nvme_file < static_cast<int>(file_bytes_.size()), "block ", b.name,
+                " has no file on the NVMe tier");
+  return file_bytes_[static_cast<size_t>(b.nvme_file)];
 }
 
 void DiskStates::evict(BlockStore& b) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (b.nvme_file < 0) {  // the layout, measured once: carve() without a buffer binds nothing
+    const auto keep = std::make_tuple(b.m, b.v, b.m_scale, b.v_scale);
+    const int64_t bytes = carve(b, torch::Tensor());
+    std::tie(b.m, b.v, b.m_scale, b.v_scale) = keep;
+    slot_bytes_ = std::max(slot_bytes_, bytes);
+    b.nvme_file = tier_.add_file(b.name, bytes);
+    file_bytes_.resize(static_cast<size_t>(b.nvme_file) + 1, 0);
+    file_bytes_[static_cast<size_t>(b.nvme_file)] = bytes;
+  }
   const int64_t bytes = file_bytes(b);
-  slot_bytes_ = std::max(slot_bytes_, bytes);
-  if (b.nvme_file < 0) b.nvme_file = tier_.add_file(b.name, bytes);
   forget(b);
   if (!b.m.defined()) return;  // nothing in memory: the new file's zeros are the states
   const torch::Tensor m = b.m, v = b.v, ms = b.m_scale, vs = b.v_scale;
@@ -69,8 +75,9 @@ void DiskStates::evict(BlockStore& b) {
 }
 
 DiskStates::Slot* DiskStates::slot_of(const BlockStore& b) {
+  if (b.nvme_file < 0) return nullptr;
   for (auto& s : slots_)
-    if (s.owner == &b) return &s;
+    if (s.owner == b.nvme_file) return &s;
   return nullptr;
 }
 
@@ -79,7 +86,7 @@ void DiskStates::forget(const BlockStore& b) {
     TANDEM_ASSERT(!s->bound && s->read_ticket == 0, "block ", b.name, "'s states are in use");
     tier_.wait(s->write_ticket);
     s->write_ticket = 0;
-    s->owner = nullptr;
+    s->owner = -1;
   }
 }
 
@@ -91,7 +98,7 @@ DiskStates::Slot& DiskStates::take_slot(const BlockStore& b) {
   tier_.wait(best->write_ticket);  // its last Block's states are on disk before they are overwritten
   best->write_ticket = 0;
   if (!best->buffer.defined() || best->buffer.numel() < slot_bytes_) best->buffer = alloc_(slot_bytes_);
-  best->owner = &b;
+  best->owner = b.nvme_file;
   return *best;
 }
 
@@ -144,12 +151,12 @@ void DiskStates::page_in(BlockStore& b) {
   auto buffer = host_tensor(NvmeTier::aligned(bytes), torch::kUInt8, HostMemory::kPageable);
   tier_.wait(tier_.read(b.nvme_file, 0, buffer.data_ptr(), bytes));
   carve(b, buffer);
-  paged_[&b] = buffer;
+  paged_[b.nvme_file] = buffer;
 }
 
 void DiskStates::page_out(BlockStore& b, bool write_back) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = paged_.find(&b);
+  const auto it = paged_.find(b.nvme_file);
   TANDEM_ASSERT(it != paged_.end(), "block ", b.name, " was not paged in");
   if (write_back) tier_.wait(tier_.write(b.nvme_file, 0, it->second.data_ptr(), file_bytes(b)));
   paged_.erase(it);

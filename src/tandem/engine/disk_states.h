@@ -47,15 +47,15 @@ class DiskStates {
   void page_in(BlockStore& b);
   void page_out(BlockStore& b, bool write_back);
 
-  /// Bytes of b's file (its states, each buffer aligned).
-  int64_t file_bytes(BlockStore& b) const;
+  /// Bytes of b's file (its states, each buffer aligned); b must have been evicted once.
+  int64_t file_bytes(const BlockStore& b) const;
   const NvmeTier& tier() const { return tier_; }
   torch::ScalarType dtype() const { return dtype_; }
 
  private:
   struct Slot {
     torch::Tensor buffer;  // uint8, the largest file's bytes
-    const BlockStore* owner = nullptr;
+    int owner = -1;  // the file of the Block whose states it holds (BlockStore::nvme_file), -1: none
     int64_t read_ticket = 0, write_ticket = 0;
     bool bound = false;
     int64_t released_at = 0;  // release order: the least recently released free slot goes first
@@ -73,7 +73,8 @@ class DiskStates {
   std::vector<Slot> slots_;
   int64_t slot_bytes_ = 0;
   int64_t releases_ = 0;
-  std::map<const BlockStore*, torch::Tensor> paged_;  // page_in's buffers
+  std::map<int, torch::Tensor> paged_;  // page_in's buffers, by file
+  std::vector<int64_t> file_bytes_;     // by file
   std::mutex mu_;
 };
 
