@@ -16,7 +16,10 @@
 //           staging (numel) compute dtype   new weights going up (CPU-updated Blocks)
 //           undo    master, m, v copies     speculative clipping (Note [Speculative clipping])
 // With a host ring (Note [Host ring]) landing and staging are not per Block: a few slots, each the
-// size of the largest Block, are shared by the CPU-updated Blocks in turn.
+// size of the largest Block, are shared by the CPU-updated Blocks in turn. With the NVMe tier (Note
+// [NVMe tier]) the last Blocks' m and v live in files (engine/disk_states.h) while they are
+// CPU-updated: undefined here between updates, bound to a bounce slot during one, and paged in by
+// whatever else reads or writes them.
 // One flat range per Block is also the seam for sharding (Note [Sharded store]). With the CPU as the
 // device, "device" and "pinned host" are both plain host memory and the copies are memcpy.
 //
