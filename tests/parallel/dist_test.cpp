@@ -167,6 +167,29 @@ TEST(Dist, EightBitStatesShardAndResumeAtAnyWorldSize) {
   }
 }
 
+// ZeRO-2 with each rank's slices of the last Blocks' states on the NVMe tier (Note [NVMe tier]; the
+// ranks share the directory, each its own files): the losses of the run without the tier, bit for
+// bit, and the sharded checkpoint of a run without the tier resumes with it as the uninterrupted run.
+TEST(Dist, ShardedStatesOnTheNvmeTierEqualTheHostsAndResumeAcrossTheTier) {
+  TempDir tmp;
+  const std::string zero = " --set offload.update_split=0 --set offload.speculate=never --set optim.state_dtype=int8 "
+                           "--set train.micro_batch=4 " + std::string(kZero);
+  const std::string tier = " --set offload.nvme_path=" + tmp.file("disk") + " --set offload.nvme_blocks=3";
+  const Result host = launch(2, port(0), tmp.file("host"), 10, "--set train.checkpoint_every=5" + zero);
+  ASSERT_EQ(host.code, 0) << host.out;
+  const Result disk = launch(2, port(1), tmp.file("disk_run"), 10, zero + tier);
+  ASSERT_EQ(disk.code, 0) << disk.out;
+  EXPECT_NE(disk.out.find("NVMe tier in"), std::string::npos) << disk.out;
+  expect_same_losses(losses(tmp.file("host")), losses(tmp.file("disk_run")), 0.0);
+  auto want = losses(tmp.file("host"));
+  for (int64_t s = 1; s <= 5; ++s) want.erase(s);
+  const Result resumed = launch(2, port(2), tmp.file("resumed"), 10,
+                                zero + tier + " --resume " + tmp.file("host/checkpoints/step_00000005"));
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  expect_same_losses(want, losses(tmp.file("resumed")), 0.0);
+  EXPECT_TRUE(fs::is_empty(tmp.file("disk")));
+}
+
 // kill -9 of one worker mid-run: the launcher stops the other, restarts both from the newest
 // intact checkpoint, and the run ends with the uninterrupted run's loss.
 TEST(Dist, KilledWorkerIsRestartedAndTheRunEndsAsUninterrupted) {
