@@ -82,15 +82,18 @@ std::string prometheus_text(const RunFeed& feed, const std::string& run_label) {
     e.sample("tandem_offload_rollbacks_total", row["offload_rollbacks"].get<double>());
   }
   bool phase_family = false;
-  for (const char* p : {"forward", "backward", "update", "idle", "transfer", "cpu_update"}) {
+  for (const char* p : {"forward", "backward", "update", "idle", "transfer", "cpu_update", "nvme_wait"}) {
     const std::string key = std::string("time_") + p + "_s";
     if (!has_number(row, key)) continue;
     if (!phase_family)
       e.family("tandem_step_phase_seconds", "gauge",
-               "The latest step's time split: compute-stream phases, and the overlapped transfers and CPU update.");
+               "The latest step's time split: compute-stream phases, and the overlapped transfers, CPU update "
+               "and its wait for the NVMe tier's reads.");
     phase_family = true;
     e.sample("tandem_step_phase_seconds", row[key].get<double>(), std::string("phase=\"") + p + "\"");
   }
+  gauge(e, row, "nvme_read_bytes", "tandem_nvme_read_bytes", "Bytes the NVMe tier read in the latest step.");
+  gauge(e, row, "nvme_written_bytes", "tandem_nvme_written_bytes", "Bytes the NVMe tier wrote in the latest step.");
   gauge(e, row, "mem_device_bytes", "tandem_device_memory_allocated_bytes", "Bytes held by tensors on the device.");
   gauge(e, row, "mem_device_reserved_bytes", "tandem_device_memory_reserved_bytes",
         "Bytes reserved by the device caching allocator.");

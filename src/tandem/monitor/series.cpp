@@ -23,7 +23,16 @@ const std::vector<ChartSpec>& chart_specs() {
         {"time_update_s", "norm + GPU update"},
         {"time_idle_s", "idle (compute stream)"},
         {"time_transfer_s", "transfers D2H+H2D (overlapped)", true},
-        {"time_cpu_update_s", "CPU update (overlapped)", true}}},
+        {"time_cpu_update_s", "CPU update (overlapped)", true},
+        {"time_nvme_wait_s", "CPU update waiting for NVMe reads (overlapped)", true}}},
+      // Note [NVMe tier]: what the tier's files moved in a step.
+      {"nvme",
+       "NVMe tier per step",
+       "GB",
+       A::kSteps,
+       1e-9,
+       false,
+       {{"nvme_read_bytes", "read"}, {"nvme_written_bytes", "written"}}},
       {"split_k", "Update split k (GPU-updated share)", "", A::kSteps, 1.0, false, {{"offload_k", "k"}}},
       // Note [Pipeline parallel]: the stages' idle share of a step against 1F1B's for the measured stage
       // times and for equal stages, (p-1)/(m+p-1).
