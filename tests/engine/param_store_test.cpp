@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "../test_util.h"
+#include "../parallel/comm_threads.h"
 #include "engine_fixtures.h"
 #include "tandem/engine/offload_engine.h"
 #include "tandem/models/model.h"
@@ -240,7 +241,9 @@ TEST(ParamStore, ABf16MasterWidensOnTheWayUpAndComesBackWithTheSameValue) {
     store.move_block(1, UpdateSide::kCpu);
     ASSERT_EQ(b.master.scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::equal(b.master, hi)) << "the pair the updates left, bit for bit";
-    if (kahan) EXPECT_TRUE(torch::equal(b.master_comp, lo));
+    if (kahan) {
+      EXPECT_TRUE(torch::equal(b.master_comp, lo));
+    }
     // The Python optimizer's view: the fp32 value, and a new one written back.
     const auto& f = b.params[0];
     auto st = store.param_state(f.param);
@@ -366,16 +369,8 @@ torch::Tensor whole_range(size_t block, const std::string& kind, int64_t offset,
 
 // One rank of two sharing the store (Note [Sharded store]): loads the whole ranges, checks its slices.
 // A bf16 master (Note [bf16 master]) holds the masters rounded to bf16, and writes them out in fp32.
-void sharded_rank(int rank, int port, MasterKind master) {
-  RankInfo info;
-  info.rank = rank;
-  info.world_size = 2;
-  info.local_world_size = 2;
-  info.master_port = port;
-  CommOptions co;
-  co.heartbeat_s = 0;
-  co.timeout = std::chrono::seconds(60);
-  Comm comm(info, co);
+void sharded_rank(Comm& comm, MasterKind master) {
+  const int rank = comm.rank();
   auto model = small_model();
   ParamStoreOptions so;
   so.shard_rank = rank;
@@ -414,21 +409,11 @@ void sharded_rank(int rank, int port, MasterKind master) {
 TEST(ParamStore, AShardedStoresStateRoundTripsThroughTheWholeRange) {
   for (const auto master : {MasterKind::kFp32, MasterKind::kBf16Stochastic}) {
     SCOPED_TRACE(master == MasterKind::kFp32 ? "fp32 master" : "bf16 master");
-    const int port = free_port();
-    std::string errors[2];
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r)
-      ranks.emplace_back([&, r] {
-        try {
-          sharded_rank(r, port, master);
-        } catch (const std::exception& e) {
-          errors[r] = e.what();
-        }
-      });
-    for (auto& t : ranks) t.join();
+    // The ranks' Comms outlive both bodies, rank 0's (the store's server) last: a rank that is done
+    // first must not take the store from the other.
+    const auto errors = test::on_ranks(2, 1, free_port(), [&](Comm& comm) { sharded_rank(comm, master); });
     if (errors[0].find("no Gloo headers") != std::string::npos) GTEST_SKIP() << errors[0];
-    EXPECT_EQ(errors[0], "");
-    EXPECT_EQ(errors[1], "");
+    test::expect_no_errors(errors);
   }
 }
 
