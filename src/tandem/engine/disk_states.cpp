@@ -52,7 +52,13 @@ void DiskStates::evict(BlockStore& b) {
     const auto keep = std::make_tuple(b.m, b.v, b.m_scale, b.v_scale);
     const int64_t bytes = carve(b, torch::Tensor());
     std::tie(b.m, b.v, b.m_scale, b.v_scale) = keep;
-    slot_bytes_ = std::max(slot_bytes_, bytes);
+    if (bytes > slot_bytes_) {  // between steps: no slot is in use; grown here, not on the updater's path
+      slot_bytes_ = bytes;
+      for (auto& s : slots_) {
+        tier_.wait(s.write_ticket);
+        s = Slot{alloc_(slot_bytes_)};
+      }
+    }
     b.nvme_file = tier_.add_file(b.name, bytes);
     file_bytes_.resize(static_cast<size_t>(b.nvme_file) + 1, 0);
     file_bytes_[static_cast<size_t>(b.nvme_file)] = bytes;
@@ -97,7 +103,6 @@ DiskStates::Slot& DiskStates::take_slot(const BlockStore& b) {
   TANDEM_ASSERT(best != nullptr, "the NVMe tier's bounce slots are all busy (block ", b.name, ")");
   tier_.wait(best->write_ticket);  // its last Block's states are on disk before they are overwritten
   best->write_ticket = 0;
-  if (!best->buffer.defined() || best->buffer.numel() < slot_bytes_) best->buffer = alloc_(slot_bytes_);
   best->owner = b.nvme_file;
   return *best;
 }

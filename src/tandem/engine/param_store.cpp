@@ -230,11 +230,8 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   const auto alloc = [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); };
   if (side == UpdateSide::kGpu) {
     if (b.nvme) disk_->page_in(b);
-    auto [m, v] = states_f32(b);
-    if (b.nvme) {
-      m = m.clone(), v = v.clone();  // fp32 states are views of the paged-in buffer
-      disk_->page_out(b, /*write_back=*/false);
-    }
+    const auto [m, v] = states_f32(b);  // views of the paged-in buffer keep it alive
+    if (b.nvme) disk_->page_out(b, /*write_back=*/false);
     b.master = to_device(master_f32(b));
     b.master_comp = torch::Tensor();
     b.m = to_device(m);

@@ -1,6 +1,7 @@
 #include "tandem/memory/plan.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
@@ -372,8 +373,8 @@ int64_t largest_fitting_gpu_blocks(const ModelSpec& spec, const Config& cfg, int
 
 namespace {
 
-// The Blocks updated on `side`, consecutive decoder layers as one range: "embedding, layers 0..3".
-std::string blocks_on(const MemoryPlan& plan, UpdateSide side) {
+// The Blocks `pick` takes, consecutive decoder layers as one range: "embedding, layers 0..3".
+std::string blocks_where(const MemoryPlan& plan, const std::function<bool(const PlanBlock&)>& pick) {
   std::vector<std::string> out;
   int64_t run_first = -1, run_last = -1;
   const auto flush = [&] {
@@ -381,7 +382,7 @@ std::string blocks_on(const MemoryPlan& plan, UpdateSide side) {
     run_first = -1;
   };
   for (const auto& b : plan.blocks) {
-    if (b.update != side) continue;
+    if (!pick(b)) continue;
     if (b.name.rfind("layer.", 0) == 0) {
       const int64_t i = std::stoll(b.name.substr(6));
       if (run_first >= 0 && i == run_last + 1) {
@@ -406,13 +407,11 @@ std::string format_plan(const MemoryPlan& plan) {
   std::string out = strprintf("offload plan: %zu blocks (%lld decoder layers), micro-batch %lld x %lld tokens%s\n",
                               plan.blocks.size(), (long long)plan.n_layer, (long long)plan.micro_batch,
                               (long long)plan.seq_len, layout.empty() ? "" : ("; " + layout).c_str());
-  out += "  GPU-updated: " + blocks_on(plan, UpdateSide::kGpu) + "\n";
-  out += "  CPU-updated: " + blocks_on(plan, UpdateSide::kCpu) + "\n";
-  if (plan.nvme_blocks > 0) {
-    MemoryPlan on_disk = plan;
-    for (auto& b : on_disk.blocks) b.update = b.nvme ? UpdateSide::kCpu : UpdateSide::kGpu;
-    out += "  states on NVMe: " + blocks_on(on_disk, UpdateSide::kCpu) + "\n";
-  }
+  const auto on = [&](UpdateSide side) { return [side](const PlanBlock& b) { return b.update == side; }; };
+  out += "  GPU-updated: " + blocks_where(plan, on(UpdateSide::kGpu)) + "\n";
+  out += "  CPU-updated: " + blocks_where(plan, on(UpdateSide::kCpu)) + "\n";
+  if (plan.nvme_blocks > 0)
+    out += "  states on NVMe: " + blocks_where(plan, [](const PlanBlock& b) { return b.nvme; }) + "\n";
   const char* fmt = "  %-14s %-62s %10s\n";
   out += strprintf(fmt, "tier", "purpose", "GiB");
   for (const char* tier : {kTierGpu, kTierPinned, kTierPageable, kTierNvme}) {
