@@ -20,7 +20,9 @@
 #          halving; 1B GPU-resident with a checkpoint at step 20, written in the background and in
 #          place, for the step-time cost;
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
-#          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py);
+#          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py); BIG_PARTS
+#          (default "bound exact delayed deepspeed") may add exactfp32: exact with the GPU-updated Blocks' states in
+#          fp32 (optim.device_state_dtype=fp32), the A/B for Note [Device Adam];
 #   dist   weak scaling over 1, 2 and 4 GPUs (those the machine has; DIST_NS overrides), the micro-batch per GPU
 #          fixed, tandem and its peer alternating at each GPU count: 1B GPU-resident (the train part's settings,
 #          DIST_STEPS, default 30) against PyTorch DDP; DIST_BIG (default 13B; DIST_BIG_BATCH, default BIG_BATCH
@@ -58,7 +60,8 @@
 #          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use;
 #   nvme   the NVMe tier (Note [NVMe tier]): `tandem bench nvme` on NVME_DIR's disk (the bound), then 7B (B=8,
 #          T=2048, bf16, NVME_STATES states, default int8) for NVME_STEPS steps without the tier and with the states
-#          of NVME_BLOCKS (default 16) of its CPU-updated blocks on it, updates after the norm in both.
+#          of NVME_BLOCKS (default 16) of its CPU-updated blocks on it, updates after the norm in both; NVME_SET
+#          adds settings to both runs.
 # OFF_1B=0 leaves out the 1B offload runs. PARTS selects (default "tests optim train bk offload"; add big, dist); CTEST_ARGS (e.g. "-R BkCore") narrows the tests. Prints short tables last. Logs and JSON go to $OUT
 # (or ./gpu-check-out).
 set -uo pipefail
@@ -249,15 +252,27 @@ echo "== $BIG: forward+backward bound"
 rm -f "$OUT/big-bound.jsonl"
 "$BUILD/tandem" bench step "${bigargs[@]}" --steps 6 --json "$OUT/big-bound.jsonl" --model-json "$OUT/big-bound.json" 2>&1 | tail -1
 fi
-for mode in exact delayed; do
+for mode in exact exactfp32 delayed; do
   big_has $mode || continue
   extra=(--set offload.speculate=never "${bigset[@]}")
   [[ $mode == delayed ]] && extra+=(--set offload.delayed_update=true)
+  # exactfp32: the GPU-updated Blocks' states in fp32, as before Note [Device Adam], for the A/B.
+  [[ $mode == exactfp32 ]] && extra+=(--set optim.device_state_dtype=fp32)
   echo "== $BIG: offload engine, $mode, $BIG_STEPS steps"
   "$BUILD/tandem" train "${bigargs[@]}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines \
     --steps "$BIG_STEPS" --set train.log_every=1 --set offload.optimizer=cpu --set offload.trace_steps=$((BIG_STEPS - 1)) \
     "${extra[@]}" --run-dir "$OUT/big-$mode" >"$OUT/big-$mode.log" 2>&1 || tail -8 "$OUT/big-$mode.log"
   grep -E "offload:|update split|done|error" "$OUT/big-$mode.log"
+  python3 - "$OUT/big-$mode/metrics.jsonl" "$mode" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+late = [r for r in rows if r["step"] >= 5]
+if late:
+    print("%s: median step %.3f s over steps %d-%d, %.0f tokens/s, k %.2f, CPU update %.3f s" % (
+        sys.argv[2], statistics.median(r["step_time_s"] for r in late), late[0]["step"], late[-1]["step"],
+        statistics.median(r["tokens_per_s"] for r in late), late[-1].get("offload_k", float("nan")),
+        statistics.median(r.get("time_cpu_update_s", 0) for r in late)))
+PY
 done
 if big_has deepspeed && install_wheels; then
   echo "== $BIG: DeepSpeed ZeRO-2, offload_optimizer=cpu"
@@ -347,6 +362,7 @@ nv=(-p 7B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_l
     --set offload.optimizer=cpu --set offload.speculate=never --set optim.state_dtype="${NVME_STATES:-int8}"
     --steps "${NVME_STEPS:-12}" --set train.eval_every=0 --set train.save_final=false --set train.progress=lines
     --set train.log_every=1)
+for kv in ${NVME_SET:-}; do nv+=(--set "$kv"); done  # e.g. offload.update_split=0: every Block CPU-updated
 for side in host tier; do
   extra=()
   [[ $side == tier ]] && extra=(--set offload.nvme_path="$nv_dir" --set offload.nvme_blocks="${NVME_BLOCKS:-16}")

@@ -1,7 +1,8 @@
 // The device side's update: on the CPU device against AdamW's first step by hand and bit for bit
 // against the CPU updater (Note [One update kernel on the CPU device]); fp16 gradients widened as
-// the landing buffer widens them; nothing and no stamp without device-side Blocks; on a GPU the
-// fused AdamW against the same hand-computed step.
+// the landing buffer widens them; bf16 device states (Note [Device Adam]) as the CPU side's; nothing
+// and no stamp without device-side Blocks; on a GPU the device Adam against the same hand-computed
+// step and bit for bit against the CPU side.
 
 #include "tandem/engine/device_updater.h"
 
@@ -48,17 +49,23 @@ struct Rig {
   std::unique_ptr<StepStamps> stamps;
   std::unique_ptr<TransferStreams> streams;
 
-  Rig(int64_t gpu_blocks, torch::ScalarType compute, torch::Device device = torch::kCPU) {
+  Rig(int64_t gpu_blocks, torch::ScalarType compute, torch::Device device = torch::kCPU,
+      torch::ScalarType states = torch::kFloat32) {
     torch::manual_seed(7);
     model = build_model(small_spec(), false);
     ParamStoreOptions so;
     so.device = device;
     so.compute_dtype = compute;
+    so.host_state_dtype = so.device_state_dtype = states;  // Note [Device Adam]
     store = std::make_unique<ParamStore>(*model, so, gpu_blocks);
     stamps = std::make_unique<StepStamps>(store->blocks().size(), device.is_cuda());
     if (device.is_cuda()) streams = std::make_unique<TransferStreams>(device, store->blocks().size());
   }
-  DeviceUpdater updater() { return DeviceUpdater(*store, adam(), hyper(), nullptr, streams.get(), *stamps); }
+  DeviceUpdater updater(Rounding rounding = Rounding::kNearestEven) {
+    UpdateHyper h = hyper();
+    h.rounding = rounding;
+    return DeviceUpdater(*store, adam(), h, nullptr, streams.get(), *stamps);
+  }
   BlockStore& block(size_t i) { return store->blocks()[i]; }
 };
 
@@ -100,13 +107,13 @@ TEST(DeviceUpdater, OnTheCpuDeviceUpdatesTheDeviceSideAsAdamWDoes) {
   EXPECT_GE(rig.stamps->device_update_s(), 0.0);
 }
 
-TEST(DeviceUpdater, OnTheCpuDeviceEitherSideGivesTheSameBits) {
-  // Note [One update kernel on the CPU device]: Blocks 0 and 1 on the device side here, on the CPU
-  // side there; bf16 weights and gradients, clipped scale, a second update.
-  Rig device(2, torch::kBFloat16), cpu(0, torch::kBFloat16);
+// Blocks 0 and 1 on the device side of `device`, on the CPU side of `cpu`; bf16 weights and
+// gradients, clipped scale, two updates: the same bits on either side.
+void expect_either_side_the_same(Rig& device, Rig& cpu, Rounding rounding) {
   CpuUpdaterOptions o;
   o.hyper = hyper();
-  CpuUpdater updater(*cpu.store, o, nullptr, *cpu.stamps);
+  o.hyper.rounding = rounding;
+  CpuUpdater updater(*cpu.store, o, cpu.streams.get(), *cpu.stamps);
   for (int64_t step = 1; step <= 2; ++step) {
     std::vector<CpuUpdateJob> jobs;
     for (size_t i = 0; i < 2; ++i) {
@@ -120,16 +127,46 @@ TEST(DeviceUpdater, OnTheCpuDeviceEitherSideGivesTheSameBits) {
       j.step = step;
       jobs.push_back(j);
     }
-    device.updater().update(kLr, step, 0.3);
+    device.updater(rounding).update(kLr, step, 0.3);
     updater.enqueue(jobs);
     updater.wait_idle();
   }
+  if (torch::cuda::is_available()) torch::cuda::synchronize();
   for (size_t i = 0; i < 2; ++i) {
-    EXPECT_TRUE(torch::equal(device.block(i).master, cpu.block(i).master)) << device.block(i).name;
-    EXPECT_TRUE(torch::equal(device.block(i).m, cpu.block(i).m)) << device.block(i).name;
-    EXPECT_TRUE(torch::equal(device.block(i).v, cpu.block(i).v)) << device.block(i).name;
-    EXPECT_TRUE(torch::equal(device.block(i).working, cpu.block(i).working)) << device.block(i).name;
+    auto& d = device.block(i);
+    EXPECT_EQ(d.m.scalar_type(), cpu.block(i).m.scalar_type()) << d.name;
+    EXPECT_TRUE(torch::equal(d.master.cpu(), cpu.block(i).master)) << d.name;
+    EXPECT_TRUE(torch::equal(d.m.cpu(), cpu.block(i).m)) << d.name;
+    EXPECT_TRUE(torch::equal(d.v.cpu(), cpu.block(i).v)) << d.name;
+    EXPECT_TRUE(torch::equal(d.working.cpu(), cpu.block(i).working.cpu())) << d.name;
   }
+}
+
+TEST(DeviceUpdater, OnTheCpuDeviceEitherSideGivesTheSameBits) {
+  // Note [One update kernel on the CPU device].
+  Rig device(2, torch::kBFloat16), cpu(0, torch::kBFloat16);
+  expect_either_side_the_same(device, cpu, Rounding::kNearestEven);
+}
+
+TEST(DeviceUpdater, Bf16DeviceStatesOnTheCpuDeviceGiveTheCpuSidesBits) {
+  // Note [Device Adam]: bf16 states on both sides, rounded to nearest and stochastically.
+  for (const auto rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+    Rig device(2, torch::kBFloat16, torch::kCPU, torch::kBFloat16), cpu(0, torch::kBFloat16, torch::kCPU, torch::kBFloat16);
+    ASSERT_EQ(device.block(0).m.scalar_type(), torch::kBFloat16);
+    expect_either_side_the_same(device, cpu, rounding);
+  }
+}
+
+TEST(DeviceUpdaterGpu, TheDeviceKernelGivesTheCpuSidesBits) {
+  // Note [Device Adam]: the device side on a GPU, fp32 and bf16 states, against the CPU side.
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto states : {torch::kFloat32, torch::kBFloat16})
+    for (const auto rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+      if (states == torch::kFloat32 && rounding == Rounding::kStochastic) continue;
+      Rig device(2, torch::kBFloat16, torch::Device(torch::kCUDA, 0), states),
+          cpu(0, torch::kBFloat16, torch::Device(torch::kCUDA, 0), states);
+      expect_either_side_the_same(device, cpu, rounding);
+    }
 }
 
 TEST(DeviceUpdater, Fp16GradientsAreWidenedAsTheLandingBufferWidensThem) {
@@ -154,7 +191,7 @@ TEST(DeviceUpdater, WithoutDeviceSideBlocksNothingHappens) {
   EXPECT_FALSE(rig.stamps->gpu1.set);
 }
 
-TEST(DeviceUpdaterGpu, TheFusedAdamWUpdatesAsAdamWDoes) {
+TEST(DeviceUpdaterGpu, TheDeviceAdamUpdatesAsAdamWDoes) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Rig rig(2, torch::kBFloat16, torch::Device(torch::kCUDA, 0));
   std::vector<torch::Tensor> w0, g;

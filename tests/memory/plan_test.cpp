@@ -97,12 +97,22 @@ TEST(MemoryPlan, Bf16StatesHalveTheStateRows) {
   c.optim.state_dtype = StateDtype::kBf16;
   const MemoryPlan b = plan_offload_memory(s, c, 2048, 4);
   EXPECT_EQ(rows_containing(f, kTierGpu, "states"), 2 * 4 * n_gpu);
-  EXPECT_EQ(rows_containing(b, kTierGpu, "states"), 2 * 4 * n_gpu);  // the device's fused AdamW keeps fp32 states
+  // Note [Device Adam]: GPU-updated Blocks' states follow to bf16 (auto), or stay fp32 when asked.
+  EXPECT_EQ(rows_containing(b, kTierGpu, "states"), 2 * 2 * n_gpu);
+  EXPECT_EQ(row_bytes(b, kTierGpu, "optimizer states m, v (bf16), GPU-updated blocks"), 2 * 2 * n_gpu);
   EXPECT_EQ(rows_containing(f, kTierPinned, "states"), 2 * 4 * n_cpu);
   EXPECT_EQ(rows_containing(b, kTierPinned, "states"), 2 * 2 * n_cpu);
   // The undo log keeps the fp32 master and the states as they are: 4n + 2sn.
   EXPECT_EQ(row_bytes(f, kTierPinned, "undo log"), (4 + 8) * n_cpu);
   EXPECT_EQ(row_bytes(b, kTierPinned, "undo log"), (4 + 4) * n_cpu);
+  c.optim.device_state_dtype = DeviceStateDtype::kFp32;
+  EXPECT_EQ(rows_containing(plan_offload_memory(s, c, 2048, 4), kTierGpu, "states"), 2 * 4 * n_gpu);
+  c.optim.state_dtype = StateDtype::kInt8;  // 8-bit host states: bf16 on the device (auto)
+  c.optim.device_state_dtype = DeviceStateDtype::kAuto;
+  EXPECT_EQ(rows_containing(plan_offload_memory(s, c, 2048, 4), kTierGpu, "states"), 2 * 2 * n_gpu);
+  c.optim.state_dtype = StateDtype::kFp32;  // fp32 host states, bf16 ones asked for on the device
+  c.optim.device_state_dtype = DeviceStateDtype::kBf16;
+  EXPECT_EQ(rows_containing(plan_offload_memory(s, c, 2048, 4), kTierGpu, "states"), 2 * 2 * n_gpu);
 }
 
 // Note [bf16 master]: a stochastically rounded bf16 master halves the host master and its undo
@@ -494,8 +504,13 @@ TEST(MemoryPlan, ThirteenBShardedFitsTwoH100sAndThirtyBNeedsStages) {
   cap.host_available = int64_t{125} << 30;  // a rank's half of the host
   const ModelSpec s13 = preset_spec("13B");
   const PlanLayout zero = plan_layout(c, 0, 2, {}, true);
+  // Note [Device Adam]: bf16 device states (auto with bf16 host states) let the GPU update more
+  // Blocks than the fp32 ones those runs had; the rest of the test plans as they did.
+  const int64_t g_bf16 = largest_fitting_gpu_blocks(s13, c, 2048, cap, zero);
+  c.optim.device_state_dtype = DeviceStateDtype::kFp32;
   const int64_t g = largest_fitting_gpu_blocks(s13, c, 2048, cap, zero);
   ASSERT_GE(g, 0);
+  EXPECT_GT(g_bf16, g);
   c.offload = resolve_host_ring(s13, c, 2048, g, cap, zero);  // per-block buffers do not fit half the host
   EXPECT_EQ(c.offload.host_ring, 4);
   EXPECT_TRUE(plan_fits(plan_offload_memory(s13, c, 2048, g, zero), cap, c.offload))

@@ -38,6 +38,11 @@ enum class StateDtype { kFp32, kBf16, kInt8 };
 int64_t state_buffer_bytes(StateDtype d, int64_t n);
 /// optim.state_rounding: how bf16 states are rounded.
 enum class StateRounding { kNearest, kStochastic };
+/// optim.device_state_dtype: the offload engine's GPU-updated Blocks' m and v (Note [Device Adam]);
+/// auto: bf16 where optim.state_dtype is bf16 or int8, fp32 otherwise.
+enum class DeviceStateDtype { kAuto, kFp32, kBf16 };
+/// The device states' bytes per element that `d` resolves to with host states `host`.
+int64_t device_state_bytes(DeviceStateDtype d, StateDtype host);
 /// optim.master_dtype: the offload engine's master weights on the host (Note [bf16 master]).
 enum class MasterDtype { kFp32, kBf16 };
 /// optim.master_rounding: how a bf16 master takes its update: stochastic rounding (2 bytes a
@@ -74,6 +79,7 @@ const char* to_string(OptimizerType v);
 const char* to_string(OptimizerImpl v);
 const char* to_string(StateDtype v);
 const char* to_string(StateRounding v);
+const char* to_string(DeviceStateDtype v);
 const char* to_string(MasterDtype v);
 const char* to_string(MasterRounding v);
 const char* to_string(CpuIsaChoice v);
@@ -144,6 +150,7 @@ struct OptimConfig {
   OptimizerImpl impl = OptimizerImpl::kAuto;
   StateDtype state_dtype = StateDtype::kFp32;  ///< bf16: CPU kernels
   StateRounding state_rounding = StateRounding::kNearest;
+  DeviceStateDtype device_state_dtype = DeviceStateDtype::kAuto;  ///< GPU-updated Blocks' m and v
   MasterDtype master_dtype = MasterDtype::kFp32;  ///< bf16: the offload engine's CPU-updated Blocks
   MasterRounding master_rounding = MasterRounding::kStochastic;
   double momentum = 0.9;    ///< SGD momentum (0 = plain SGD)

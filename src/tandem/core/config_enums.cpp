@@ -62,6 +62,13 @@ int64_t state_buffer_bytes(StateDtype d, int64_t n) {
   return 4 * n;
 }
 TANDEM_ENUM_TABLE(StateRounding, {"nearest", StateRounding::kNearest}, {"stochastic", StateRounding::kStochastic})
+TANDEM_ENUM_TABLE(DeviceStateDtype, {"auto", DeviceStateDtype::kAuto}, {"fp32", DeviceStateDtype::kFp32},
+                  {"bf16", DeviceStateDtype::kBf16})
+
+int64_t device_state_bytes(DeviceStateDtype d, StateDtype host) {
+  if (d == DeviceStateDtype::kAuto) return host == StateDtype::kFp32 ? 4 : 2;
+  return d == DeviceStateDtype::kFp32 ? 4 : 2;
+}
 TANDEM_ENUM_TABLE(MasterDtype, {"fp32", MasterDtype::kFp32}, {"bf16", MasterDtype::kBf16})
 TANDEM_ENUM_TABLE(MasterRounding, {"stochastic", MasterRounding::kStochastic}, {"kahan", MasterRounding::kKahan})
 

@@ -37,6 +37,8 @@ const EnumTable<StateDtype>& enum_table<StateDtype>();
 template <>
 const EnumTable<StateRounding>& enum_table<StateRounding>();
 template <>
+const EnumTable<DeviceStateDtype>& enum_table<DeviceStateDtype>();
+template <>
 const EnumTable<MasterDtype>& enum_table<MasterDtype>();
 template <>
 const EnumTable<MasterRounding>& enum_table<MasterRounding>();

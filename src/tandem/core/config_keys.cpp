@@ -250,6 +250,11 @@ const std::vector<Field>& fields() {
           F(optim.state_dtype)),
       enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
                                 F(optim.state_rounding)),
+      enum_field<DeviceStateDtype>(
+          "optim.device_state_dtype",
+          "the offload engine's GPU-updated Blocks' m and v: auto (bf16 where optim.state_dtype is bf16 or int8, "
+          "fp32 otherwise) | fp32 | bf16 (8 bytes a parameter on the GPU instead of 12: more Blocks GPU-updated)",
+          F(optim.device_state_dtype)),
       enum_field<MasterDtype>("optim.master_dtype",
                               "the offload engine's master weights on the host: fp32 | bf16 (with "
                               "optim.master_rounding; GPU-updated Blocks keep fp32)",

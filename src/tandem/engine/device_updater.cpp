@@ -1,6 +1,8 @@
 #include "tandem/engine/device_updater.h"
 
 #include "tandem/engine/update_spans.h"
+#include "tandem/kernels/device_adam.h"
+#include "tandem/optim/device_coeffs.h"
 
 #include <map>
 #include <utility>
@@ -30,21 +32,53 @@ void DeviceUpdater::update(double lr, int64_t step, double grad_scale) {
     return;
   }
   mark_on_compute(stamps_.gpu0);
-  // A Block at a time: its gradient's fp32 widening lives only through its own update, so the
-  // scratch is the largest Block's, not every GPU-updated Block's at once (26 GB for 13B's half
-  // in a pipeline stage; Note [Plan layout] counts the largest).
+  // A Block at a time: on ATen's fallback its gradient's fp32 widening lives only through its own
+  // update, so the scratch is the largest Block's, not every GPU-updated Block's at once (26 GB for
+  // 13B's half in a pipeline stage; Note [Plan layout] counts the largest).
   const auto groups = store_.group_hypers();  // Note [Parameter groups]
   for (const size_t i : gpu) {
-    auto buckets = fused_buckets(i, lr, grad_scale, groups.get());
-    run_fused(buckets, step);
-    auto& b = store_.blocks()[i];
-    b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
+    if (!update_with_kernel(i, lr, step, grad_scale, groups.get())) update_fused(i, lr, step, grad_scale, groups.get());
     if (store_.sharded()) store_.gather_working(i, 0);  // on the compute stream
   }
   mark_on_compute(stamps_.gpu1);
 }
 
-std::vector<DeviceUpdater::FusedBucket> DeviceUpdater::fused_buckets(size_t block, double lr, double grad_scale,
+bool DeviceUpdater::update_with_kernel(size_t block, double lr, int64_t step, double grad_scale,
+                                       const std::vector<GroupHyper>* groups) {
+  auto& b = store_.blocks()[block];
+  const torch::Tensor g = (store_.sharded() ? b.grad_shard : b.grad).narrow(0, 0, b.shard_numel);
+  const torch::Tensor out = b.working.narrow(0, b.shard_offset, b.shard_numel);
+  if (hyper_.rule != UpdateRule::kAdamW && hyper_.rule != UpdateRule::kAdam) return false;
+  if (!device_adam_takes(b.master, g, b.m, b.v, out)) return false;
+  const UpdateHyper h = update_hyper(hyper_, lr, step, grad_scale);
+  for (const auto& f : b.shard_params) {
+    const GroupHyper* group = groups != nullptr && f.group >= 0 ? &groups->at(static_cast<size_t>(f.group)) : nullptr;
+    const DeviceAdamCoeffs c = device_adam_coeffs(h, f.weight_decay_scale, group);
+    const auto part = [&](const torch::Tensor& t) { return t.narrow(0, f.offset, f.numel); };
+    device_adam(part(b.master), part(g), part(b.m), part(b.v), part(out), c,
+                static_cast<uint64_t>(b.index_base + b.shard_offset + f.offset));
+  }
+  return true;
+}
+
+void DeviceUpdater::update_fused(size_t block, double lr, int64_t step, double grad_scale,
+                                 const std::vector<GroupHyper>* groups) {
+  auto& b = store_.blocks()[block];
+  // ATen's kernel takes fp32 states: bf16 ones (Note [Device Adam]) widen for the call.
+  const bool widen = b.m.scalar_type() != torch::kFloat32;
+  const torch::Tensor m = widen ? b.m.to(torch::kFloat32) : b.m, v = widen ? b.v.to(torch::kFloat32) : b.v;
+  auto buckets = fused_buckets(block, m, v, lr, grad_scale, groups);
+  run_fused(buckets, step);
+  if (widen) {
+    b.m.copy_(m);
+    b.v.copy_(v);
+  }
+  b.working.narrow(0, b.shard_offset, b.shard_numel).copy_(b.master);
+}
+
+std::vector<DeviceUpdater::FusedBucket> DeviceUpdater::fused_buckets(size_t block, const torch::Tensor& m,
+                                                                     const torch::Tensor& v, double lr,
+                                                                     double grad_scale,
                                                                      const std::vector<GroupHyper>* groups) {
   auto& b = store_.blocks()[block];
   const auto g = (store_.sharded() ? b.grad_shard : b.grad).to(torch::kFloat32) * grad_scale;
@@ -65,8 +99,8 @@ std::vector<DeviceUpdater::FusedBucket> DeviceUpdater::fused_buckets(size_t bloc
     FusedBucket& bucket = out[it->second];
     bucket.params.push_back(b.master.narrow(0, f.offset, f.numel));
     bucket.grads.push_back(g.narrow(0, f.offset, f.numel));
-    bucket.m.push_back(b.m.narrow(0, f.offset, f.numel));
-    bucket.v.push_back(b.v.narrow(0, f.offset, f.numel));
+    bucket.m.push_back(m.narrow(0, f.offset, f.numel));
+    bucket.v.push_back(v.narrow(0, f.offset, f.numel));
   }
   return out;
 }
@@ -96,10 +130,11 @@ void DeviceUpdater::run_fused(std::vector<FusedBucket>& buckets, int64_t step) {
 // coefficients (the gradient's scale, the step, the Block's element indices), on the compute thread,
 // the new weights written straight into the working copy: which side updates a Block changes when
 // the update runs, never a bit of its result, and a resumed run repeats the uninterrupted one
-// exactly whatever either solved. ATen's fused AdamW, which the device side runs on a GPU, rounds
-// differently from the CPU kernel in the last bits (Note [CPU update kernels]), so on a GPU the
-// result still depends on the split (and with offload.delayed_update, where only CPU-updated Blocks
-// lag, on any device).
+// exactly whatever either solved. On a GPU the device Adam kernel repeats the CPU kernel's
+// arithmetic bit for bit (Note [Device Adam]), so there too the split does not change the result
+// (ATen's fused AdamW, the fallback where the kernel is missing, rounds differently in the last
+// bits; with offload.delayed_update, where only CPU-updated Blocks lag, the split matters on any
+// device).
 void DeviceUpdater::update_on_host(const std::vector<size_t>& blocks, double lr, int64_t step, double grad_scale) {
   const auto groups = store_.group_hypers();  // Note [Parameter groups]
   std::vector<UpdateSpan> all;

@@ -1,8 +1,9 @@
 #pragma once
 // The device side of the update split (Note [Update split]): the GPU-updated Blocks' update, run by
-// the step loop once the clip is known, over their device-resident fp32 masters and states: ATen's
-// fused AdamW on a GPU, the CPU kernel of the CPU side with the CPU as the device (Note [One update
-// kernel on the CPU device]); then their working weights rewritten from the masters. Stamps the
+// the step loop once the clip is known, over their device-resident fp32 masters and fp32 or bf16
+// states: the device Adam kernel on a GPU, which writes the working weights in the same pass (Note
+// [Device Adam]; ATen's fused AdamW where it is missing), the CPU kernel of the CPU side with the CPU
+// as the device (Note [One update kernel on the CPU device]). Stamps the
 // update's start and end for the split tuner and the trace. Owns nothing but that update.
 
 #include <torch/torch.h>
@@ -35,8 +36,14 @@ class DeviceUpdater {
     GroupHyper hyper;
     std::vector<torch::Tensor> params, grads, m, v;
   };
-  std::vector<FusedBucket> fused_buckets(size_t block, double lr, double grad_scale,
-                                         const std::vector<GroupHyper>* groups);
+  /// Note [Device Adam]: one Block by the device kernel, the working copy written by it; false
+  /// where the kernel does not take it (no CUDA kernels in the build, an SGD or Lion rule).
+  bool update_with_kernel(size_t block, double lr, int64_t step, double grad_scale,
+                          const std::vector<GroupHyper>* groups);
+  /// One Block by ATen's fused kernel over fp32 states, then the master copied to the working copy.
+  void update_fused(size_t block, double lr, int64_t step, double grad_scale, const std::vector<GroupHyper>* groups);
+  std::vector<FusedBucket> fused_buckets(size_t block, const torch::Tensor& m, const torch::Tensor& v, double lr,
+                                         double grad_scale, const std::vector<GroupHyper>* groups);
   void run_fused(std::vector<FusedBucket>& buckets, int64_t step);
   void update_on_host(const std::vector<size_t>& blocks, double lr, int64_t step, double grad_scale);
   void mark_on_compute(Stamp& st);

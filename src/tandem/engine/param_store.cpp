@@ -56,6 +56,8 @@ ParamStore::ParamStore(BlockSequence& model, ParamStoreOptions options, int64_t 
   TANDEM_ASSERT(options_.host_state_dtype == torch::kFloat32 || options_.host_state_dtype == torch::kBFloat16 ||
                     options_.host_state_dtype == torch::kInt8,
                 "host state dtype ", options_.host_state_dtype);
+  TANDEM_ASSERT(options_.device_state_dtype == torch::kFloat32 || options_.device_state_dtype == torch::kBFloat16,
+                "device state dtype ", options_.device_state_dtype);
   TANDEM_ASSERT(options_.ring_slots == 0 || !options_.undo, "a host ring keeps no undo log");
   TANDEM_ASSERT(options_.nvme_blocks == 0 || !options_.undo, "the NVMe tier keeps no undo log");
   if (options_.nvme_blocks > 0)
@@ -119,8 +121,8 @@ void ParamStore::allocate_masters(BlockStore& b) {
   if (gpu) {
     const auto fdev = torch::TensorOptions().dtype(torch::kFloat32).device(options_.device);
     b.master = torch::zeros({sn}, fdev);
-    b.m = torch::zeros({sn}, fdev);
-    b.v = torch::zeros({sn}, fdev);
+    b.m = torch::zeros({sn}, fdev.dtype(options_.device_state_dtype));
+    b.v = torch::zeros({sn}, fdev.dtype(options_.device_state_dtype));
   } else {  // zero-filled and pinned (Note [Pinned host buffers])
     allocate_host_master(b, options_.host_master, [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); });
     if (b.nvme)
@@ -223,19 +225,19 @@ void ParamStore::move_block(size_t i, UpdateSide side) {
   torch::NoGradGuard no_grad;
   // Copies only: fp32 to fp32, so the move is exact in both directions (bf16 host states and a
   // bf16 master widen exactly on the way up and round to nearest on the way down; 8-bit states
-  // decode and encode).
-  const auto to_device = [&](const torch::Tensor& t) {
-    return t.to(options_.device, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+  // decode and encode; bf16 device states round to nearest on the way up, Note [Device Adam]).
+  const auto to_device = [&](const torch::Tensor& t, torch::ScalarType dtype) {
+    return t.to(options_.device, dtype, /*non_blocking=*/false, /*copy=*/true);
   };
   const auto alloc = [this](int64_t n, torch::ScalarType t) { return host_buffer(n, t); };
   if (side == UpdateSide::kGpu) {
     if (b.nvme) disk_->page_in(b);
     const auto [m, v] = states_f32(b);  // views of the paged-in buffer keep it alive
     if (b.nvme) disk_->page_out(b, /*write_back=*/false);
-    b.master = to_device(master_f32(b));
+    b.master = to_device(master_f32(b), torch::kFloat32);
     b.master_comp = torch::Tensor();
-    b.m = to_device(m);
-    b.v = to_device(v);
+    b.m = to_device(m, options_.device_state_dtype);
+    b.v = to_device(v, options_.device_state_dtype);
     b.m_scale = b.v_scale = torch::Tensor();
   } else {
     const torch::Tensor master = b.master, m = b.m, v = b.v;

@@ -100,8 +100,9 @@ struct ParamStoreOptions {
   bool undo = true;  ///< keep undo buffers for speculative updates of CPU-updated Blocks
   /// m and v of CPU-updated Blocks: kFloat32, kBFloat16 (half the host memory; the CPU kernels
   /// round them as optim.state_rounding says) or kInt8 (8-bit codes, Note [8-bit states]).
-  /// GPU-updated Blocks keep fp32 states.
   torch::ScalarType host_state_dtype = torch::kFloat32;
+  /// m and v of GPU-updated Blocks: kFloat32 or kBFloat16 (Note [Device Adam]).
+  torch::ScalarType device_state_dtype = torch::kFloat32;
   /// The master of CPU-updated Blocks (Note [bf16 master]); GPU-updated Blocks keep fp32.
   MasterKind host_master = MasterKind::kFp32;
   /// 0: landing and staging buffers per CPU-updated Block; N > 0: a ring of N shared slots

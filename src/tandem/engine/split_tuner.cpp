@@ -178,7 +178,8 @@ SplitCosts SplitTuner::costs(const SplitInputs& in, int64_t cpu_params, int64_t 
   c.gpu_update_s_per_param = gpu_params > 0 ? stamps_.device_update_s() / double(gpu_params) : cal_.gpu;
   c.d2h_s_per_param = cpu_params > 0 ? d2h_s / double(cpu_params) : cal_.d2h;
   c.h2d_s_per_param = cpu_params > 0 ? h2d_s / double(cpu_params) : cal_.h2d;
-  c.gpu_bytes_per_param_resident = 12;  // fp32 master, m and v
+  // fp32 master, m and v (Note [Device Adam]): only the budget's ratio to the Blocks' sizes counts.
+  c.gpu_bytes_per_param_resident = 4 + 2 * c10::elementSize(store_.options().device_state_dtype);
   c.cpu_start = in.cpu_start;
   return c;
 }

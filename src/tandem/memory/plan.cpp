@@ -176,7 +176,9 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
     for (const auto& b : plan.blocks)
       if (b.update == UpdateSide::kGpu) largest_gpu = std::max(largest_gpu, b.params);
     add(kTierGpu, "fp32 master, GPU-updated blocks" + slices, 4 * shard(n_gpu));
-    add(kTierGpu, "optimizer states m, v (fp32), GPU-updated blocks" + slices, 2 * 4 * shard(n_gpu));
+    const int64_t dsb = device_state_bytes(cfg.optim.device_state_dtype, sd);  // Note [Device Adam]
+    add(kTierGpu, std::string("optimizer states m, v (") + (dsb == 2 ? "bf16" : "fp32") + "), GPU-updated blocks" + slices,
+        2 * dsb * shard(n_gpu));
     add(kTierGpu, "update scratch (the largest GPU-updated block's gradient in fp32)", 4 * shard(largest_gpu));
   }
   const auto a = activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);

@@ -239,8 +239,8 @@ StepInfo EngineCore::update(const std::optional<torch::Tensor>& loss, int64_t to
 // Note [Module plan]: the split's range from the peak of the first steps.
 void EngineCore::widen_split_range() {
   if (!offload_ || !ctx_->device.is_cuda() || !accelerator() || parse_update_split(cfg_.offload.update_split)) return;
-  offload_->engine->set_max_gpu_blocks(measured_split_limit(*blocks_, offload_->store->gpu_blocks(), ctx_->device_index,
-                                                            cfg_.offload.gpu_memory_fraction));
+  offload_->engine->set_max_gpu_blocks(
+      measured_split_limit(cfg_, *blocks_, offload_->store->gpu_blocks(), ctx_->device_index));
 }
 
 // The step's metrics row, as the CLI's (Note [Telemetry]); with several ranks the global batch's

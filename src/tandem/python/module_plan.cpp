@@ -28,7 +28,8 @@ namespace tandem {
 //     masters and states alone (the masters alone, with the tier) nothing fits. The fewest
 //     GPU-updated Blocks whose host side fits is the solver's lower bound, as in the CLI.
 //   Device: the working weights and gradients in the compute dtype, and 12 bytes per parameter
-//     (fp32 master, m, v) of each GPU-updated Block. A third of the GPU is kept for activations and
+//     (fp32 master, m, v; 8 with bf16 device states, Note [Device Adam]) of each GPU-updated
+//     Block. A third of the GPU is kept for activations and
 //     workspace, a guess; the first split is the largest prefix that fits beside them
 //     (offload.update_split=auto) or the user's k.
 //   Measured: the peak is reset at the engine's first forward (the build's transients do not
@@ -40,14 +41,19 @@ namespace {
 
 constexpr double kActivationShare = 1.0 / 3.0;  // of the GPU, kept for activations at first
 constexpr int64_t kAutoRingSlots = 4;
-constexpr double kGpuStateBytes = 12.0;  // fp32 master, m and v per parameter of a GPU-updated Block
 
-// The most Blocks from `first` on whose GPU states fit `room` bytes.
-int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room) {
+// A GPU-updated Block's bytes per parameter on the device: its fp32 master, m and v (fp32 or bf16,
+// Note [Device Adam]).
+double gpu_state_bytes(const Config& cfg) {
+  return 4.0 + 2.0 * double(device_state_bytes(cfg.optim.device_state_dtype, cfg.optim.state_dtype));
+}
+
+// The most Blocks from `first` on whose GPU states (`per_param` bytes a parameter) fit `room` bytes.
+int64_t blocks_fitting(const ModuleBlocks& blocks, int64_t first, double room, double per_param) {
   const int64_t n = static_cast<int64_t>(blocks.block_count());
   int64_t top = first;
   while (top < n) {
-    room -= kGpuStateBytes * double(blocks.block_numel(static_cast<size_t>(top)));
+    room -= per_param * double(blocks.block_numel(static_cast<size_t>(top)));
     if (room < 0) break;
     ++top;
   }
@@ -74,7 +80,7 @@ HostBytesPerParam host_bytes_per_param(const Config& cfg, bool device_is_host) {
   b.moments = 2 * state;
   b.buffers = landing + compute;
   b.undo = undo ? b.master + b.moments : 0;
-  b.device_states = device_is_host ? kGpuStateBytes : 0;
+  b.device_states = device_is_host ? gpu_state_bytes(cfg) : 0;
   b.device_working = device_is_host ? 2 * compute : 0;
   return b;
 }
@@ -164,7 +170,8 @@ std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlo
     const int64_t compute = cfg.train.precision == Precision::kFp32 ? 4 : 2;
     limit = blocks_fitting(
         blocks, 0,
-        double(mem.free) - double(mem.total) * kActivationShare - 2.0 * double(compute) * double(blocks.numel()));
+        double(mem.free) - double(mem.total) * kActivationShare - 2.0 * double(compute) * double(blocks.numel()),
+        gpu_state_bytes(cfg));
   }
   const auto k = parse_update_split(cfg.offload.update_split);
   if (!k) return {limit, limit};
@@ -180,9 +187,11 @@ std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlo
   return {prefix, limit};
 }
 
-int64_t measured_split_limit(const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index, double gpu_fraction) {
+int64_t measured_split_limit(const Config& cfg, const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index) {
   const auto mem = accelerator()->memory_stats(device_index);
-  const int64_t top = blocks_fitting(blocks, gpu_blocks, double(mem.total) * gpu_fraction - double(mem.peak_allocated));
+  const int64_t top = blocks_fitting(
+      blocks, gpu_blocks, double(mem.total) * cfg.offload.gpu_memory_fraction - double(mem.peak_allocated),
+      gpu_state_bytes(cfg));
   log::info(strprintf("offload: peak GPU memory %s of %s: the split may put up to %lld of %zu Blocks on the GPU",
                       format_bytes(double(mem.peak_allocated)).c_str(), format_bytes(double(mem.total)).c_str(),
                       static_cast<long long>(top), blocks.block_count()));

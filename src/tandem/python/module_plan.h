@@ -32,8 +32,8 @@ int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShar
 std::pair<int64_t, int64_t> plan_module_split(const Config& cfg, const ModuleBlocks& blocks, const c10::Device& device);
 
 /// The most store Blocks the device may update given the peak measured so far: the Blocks after
-/// the first `gpu_blocks` whose states fit what the peak left free of `gpu_fraction` of the device
-/// (offload.gpu_memory_fraction).
-int64_t measured_split_limit(const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index, double gpu_fraction);
+/// the first `gpu_blocks` whose masters and states (Note [Device Adam]) fit what the peak left free
+/// of cfg's offload.gpu_memory_fraction of the device.
+int64_t measured_split_limit(const Config& cfg, const ModuleBlocks& blocks, int64_t gpu_blocks, int device_index);
 
 }  // namespace tandem

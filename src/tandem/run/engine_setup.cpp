@@ -177,6 +177,9 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
   so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16   ? torch::kBFloat16
                         : cfg.optim.state_dtype == StateDtype::kInt8 ? torch::kInt8
                                                                       : torch::kFloat32;
+  so.device_state_dtype = device_state_bytes(cfg.optim.device_state_dtype, cfg.optim.state_dtype) == 2
+                              ? torch::kBFloat16
+                              : torch::kFloat32;
   so.host_master = cfg.optim.master_dtype == MasterDtype::kFp32             ? MasterKind::kFp32
                    : cfg.optim.master_rounding == MasterRounding::kKahan ? MasterKind::kBf16Kahan
                                                                          : MasterKind::kBf16Stochastic;
