@@ -32,7 +32,7 @@ torch::Tensor master_f32(const BlockStore& b);
 
 /// Sets elements [offset, offset + x.numel()) of the master from values of any float dtype and
 /// device: copied into an fp32 master; into a bf16 one rounded to nearest, with what the rounding
-/// lost (rounded toward zero) in the compensation where there is one, as an update stores the pair:
+/// lost (rounded to nearest) in the compensation where there is one, as an update stores the pair:
 /// master_f32 gives x back to about 16 bits, and a pair read out and set again is the same pair.
 void set_master(BlockStore& b, int64_t offset, const torch::Tensor& x);
 

@@ -84,10 +84,10 @@ struct GroupHyper {
 //               (random bits from a hash of seed, step and element index, as the bf16 states'), so
 //               the rounding is unbiased and small updates land on average; 2 bytes a parameter.
 //   kahan       the fp32 result rounded to nearest is the master, and what the rounding lost is
-//               kept, rounded toward zero, in a second bf16 buffer and added back before the next
+//               kept, rounded to nearest, in a second bf16 buffer and added back before the next
 //               update (a compensated sum, as Kahan's): the pair holds about 16 significant bits;
-//               4 bytes a parameter, the fp32 master's, with its precision nearly kept. Rounding
-//               the compensation toward zero keeps the pair canonical (cpu_update_kernels.inc).
+//               4 bytes a parameter, the fp32 master's, with its precision nearly kept. The pair
+//               is canonical (one split per value, cpu_update_kernels.inc).
 // Either way the update itself runs in fp32 (the master widened, plus the compensation), and the
 // bf16 weights sent to the GPU are the master's own bits. GPU-updated Blocks keep an fp32 master.
 //
@@ -169,7 +169,8 @@ void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLo
 /// dst[i] = bf16(src[i]) rounded to nearest even (subnormals to zero), in parallel.
 void cpu_to_bf16(const float* src, uint16_t* dst, int64_t n, CpuThreadPool* pool = nullptr);
 /// The Kahan pair of a bf16 master (Note [bf16 master]), as an update stores it: hi[i] = bf16(src[i])
-/// rounded to nearest even, lo[i] = bf16(src[i] - hi[i]) rounded toward zero; in parallel.
+/// rounded to nearest even, lo[i] = bf16(src[i] - hi[i]) rounded to nearest even (toward zero
+/// where the pair's sum would round away from hi[i]); in parallel.
 void cpu_split_bf16(const float* src, uint16_t* hi, uint16_t* lo, int64_t n, CpuThreadPool* pool = nullptr);
 
 namespace detail {

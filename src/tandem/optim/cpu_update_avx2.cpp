@@ -65,6 +65,7 @@ struct Avx2Lanes {
   static void store_bf16_rz(uint16_t* p, F x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), pack(bf16_lanes(x, _mm256_setzero_si256())));
   }
+  static F select_eq(F a, F b, F x, F y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }

@@ -26,6 +26,7 @@ struct ScalarLanes {
     *p = f32_to_bf16_bits(x, random_bits(idx, seed), false);
   }
   static void store_bf16_rz(uint16_t* p, F x) { *p = f32_to_bf16_bits(x, 0, false); }
+  static F select_eq(F a, F b, F x, F y) { return a == b ? x : y; }
   static F set1(float x) { return x; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }
