@@ -12,11 +12,7 @@
 namespace tandem::detail {
 namespace {
 
-ElementType element(const torch::Tensor& t) {
-  ElementType e = ElementType::kF32;
-  TANDEM_ASSERT(element_type_of(t.scalar_type(), &e), "a fused decode kernel given ", t.scalar_type());
-  return e;
-}
+ElementType element(const torch::Tensor& t) { return checked_element_type(t.scalar_type(), "a fused decode kernel"); }
 
 std::pair<torch::Tensor, torch::Tensor> add_rms_norm_cuda(const torch::Tensor& x_in, const torch::Tensor& a_in,
                                                           const torch::Tensor& w_in, double eps, bool plus_one,

@@ -12,11 +12,7 @@
 namespace tandem::detail {
 namespace {
 
-ElementType type_of(const torch::Tensor& t) {
-  ElementType e = ElementType::kF32;
-  TANDEM_ASSERT(element_type_of(t.scalar_type(), &e), "the device Adam given ", t.scalar_type());
-  return e;
-}
+ElementType type_of(const torch::Tensor& t) { return checked_element_type(t.scalar_type(), "the device Adam"); }
 
 void device_adam_cuda_impl(const torch::Tensor& master, const torch::Tensor& grad, const torch::Tensor& m,
                            const torch::Tensor& v, const torch::Tensor& out, const DeviceAdamCoeffs& c,

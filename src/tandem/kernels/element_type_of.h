@@ -3,6 +3,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "tandem/core/error.h"
 #include "tandem/kernels/element_type.h"
 
 namespace tandem::detail {
@@ -22,6 +23,13 @@ inline bool element_type_of(c10::ScalarType t, ElementType* e) {
     default:
       return false;
   }
+}
+
+/// t's element type; `kernel` names the kernel in the internal error where it takes no such elements.
+inline ElementType checked_element_type(c10::ScalarType t, const char* kernel) {
+  ElementType e = ElementType::kF32;
+  TANDEM_ASSERT(element_type_of(t, &e), kernel, " given ", t);
+  return e;
 }
 
 }  // namespace tandem::detail

@@ -14,8 +14,7 @@ namespace {
 
 torch::Tensor skinny_linear_cuda_impl(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias_in) {
   const c10::cuda::CUDAGuard guard(x.device());
-  ElementType elem = ElementType::kF32;
-  TANDEM_ASSERT(element_type_of(x.scalar_type(), &elem), "the skinny linear given ", x.scalar_type());
+  const ElementType elem = checked_element_type(x.scalar_type(), "the skinny linear");
   torch::Tensor bias;
   if (bias_in.defined()) {
     bias = bias_in.to(x.scalar_type()).contiguous();
