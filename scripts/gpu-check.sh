@@ -43,7 +43,9 @@
 #          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
 #          60); the server's tests with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
-#          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_NCU=1 times one decode step's kernels
+#          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_DEP_AB=1 (default) repeats the batch-1
+#          runs with the decode kernels launched the ordinary way (TANDEM_DEPENDENT_LAUNCH=off, Note [Dependent
+#          launch]); SERVE_NCU=1 times one decode step's kernels
 #          (bench/ncu_kernels.py --last-step). SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
@@ -777,6 +779,17 @@ head -1 "$OUT/gen-prompts.txt" >"$OUT/gen-prompt1.txt"
 [[ ${SERVE_AB:-0} == 1 ]] && TANDEM_DECODE_KERNELS=torch "$BUILD/tandem" generate --checkpoint "$gdir" \
   --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 \
   >"$OUT/gen-batch1-torch.log" 2>&1 && echo "-- TANDEM_DECODE_KERNELS=torch:" && tail -3 "$OUT/gen-batch1-torch.log"
+# The same batch-1 run with the decode kernels launched the ordinary way (Note [Dependent launch]),
+# then once more with them as dependents: the A/B of dependent launches in one invocation.
+if [[ ${SERVE_DEP_AB:-1} == 1 ]]; then
+  for dep in off on; do
+    TANDEM_DEPENDENT_LAUNCH=$dep "$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompt1.txt" \
+      --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 >"$OUT/gen-batch1-dep-$dep.log" 2>&1
+    echo "-- batch 1, TANDEM_DEPENDENT_LAUNCH=$dep:"; grep -aE "^decode:|tokens/s" "$OUT/gen-batch1-dep-$dep.log" | tail -2
+  done
+  TANDEM_DEPENDENT_LAUNCH=off "${gen[@]}" >"$OUT/gen-resident-dep-off.log" 2>&1
+  echo "-- batch ${SERVE_BATCH:-32}, TANDEM_DEPENDENT_LAUNCH=off:"; grep -aE "^decode:|tokens/s" "$OUT/gen-resident-dep-off.log" | tail -2
+fi
 # SERVE_NCU=1: every kernel of a batch-1 generation of 3 tokens (eager) timed by Nsight Compute,
 # the decode steps' kernels summed by name (ncu-decode.txt): what a decode step spends its time on.
 if [[ ${SERVE_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
@@ -830,6 +843,10 @@ g7=("$BUILD/tandem" generate --checkpoint "$s7" --max-tokens 128 --ignore-eos --
 "${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1.log" 2>&1; tail -2 "$OUT/gen7-batch1.log"
 TANDEM_DECODE_KERNELS=torch "${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1-torch.log" 2>&1
 echo "-- TANDEM_DECODE_KERNELS=torch:"; tail -2 "$OUT/gen7-batch1-torch.log"
+if [[ ${SERVE_DEP_AB:-1} == 1 ]]; then
+  TANDEM_DEPENDENT_LAUNCH=off "${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1-dep-off.log" 2>&1
+  echo "-- TANDEM_DEPENDENT_LAUNCH=off:"; tail -2 "$OUT/gen7-batch1-dep-off.log"
+fi
 "${g7[@]}" --prompts "$OUT/gen-prompts.txt" --max-batch "${SERVE_BATCH:-32}" >"$OUT/gen7-batch.log" 2>&1
 tail -2 "$OUT/gen7-batch.log"
 python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1

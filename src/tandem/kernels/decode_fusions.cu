@@ -1,4 +1,4 @@
-// The decode fusions' CUDA kernels (Note [Decode fusions]).
+// The decode fusions' CUDA kernels (Note [Decode fusions]), launched as dependents (Note [Dependent launch]).
 
 #include <cuda_runtime.h>
 
@@ -7,6 +7,7 @@
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/decode_fusions_launch.h"
+#include "tandem/kernels/dependent_launch.cuh"
 
 namespace tandem::detail {
 namespace {
@@ -58,6 +59,8 @@ __device__ __forceinline__ void store4(T* p, const float* v) {
 constexpr int kHeld = 4;
 template <class A, class TO>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const NormArgs p) {
+  release_dependents();
+  wait_for_prior_grids();
   const int64_t row = blockIdx.x;
   const float* x = p.x + row * p.C;
   const A* a = p.a == nullptr ? nullptr : static_cast<const A*>(p.a) + row * p.C;
@@ -101,6 +104,8 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const NormAr
 // to T, as apply_rope's separate ops store them.
 template <class T>
 __global__ void rope_write_kv_kernel(const RopeKvArgs p) {
+  release_dependents();
+  wait_for_prior_grids();
   const int64_t n = blockIdx.x;
   const int head = static_cast<int>(blockIdx.y), hd = static_cast<int>(p.head_dim), i = static_cast<int>(threadIdx.x);
   const int rot = static_cast<int>(p.rotary), half = rot / 2, H = static_cast<int>(p.H), KV = static_cast<int>(p.KV);
@@ -132,6 +137,8 @@ __global__ void rope_write_kv_kernel(const RopeKvArgs p) {
 // silu(g) rounded to T (torch's silu: g / (1 + exp(-g)) in fp32), times u, rounded to T.
 template <class T>
 __global__ void silu_mul_kernel(const T* gu, T* out, int64_t N, int64_t F) {
+  release_dependents();
+  wait_for_prior_grids();
   const int64_t total = N * F;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t n = e / F, f = e % F;
@@ -148,8 +155,8 @@ void launch_add_rms_norm(const NormArgs& p, cudaStream_t stream) {
   with_element_type(p.out_elem, [&](auto out_tag) {
     using TO = decltype(out_tag);
     with_element_type(p.a_elem, [&](auto a_tag) {
-      add_rms_norm_kernel<decltype(a_tag), TO><<<static_cast<unsigned>(p.rows), kNormThreads, 0, stream>>>(p);
-      TANDEM_CUDA_LAUNCH_CHECK();
+      launch_dependent(add_rms_norm_kernel<decltype(a_tag), TO>, dim3(static_cast<unsigned>(p.rows)),
+                       dim3(kNormThreads), 0, stream, p);
     });
   });
 }
@@ -158,8 +165,7 @@ void launch_rope_write_kv(const RopeKvArgs& p, cudaStream_t stream) {
   if (p.N == 0) return;
   with_element_type(p.elem, [&](auto tag) {
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.H + 2 * p.KV));
-    rope_write_kv_kernel<decltype(tag)><<<grid, static_cast<unsigned>(p.head_dim), 0, stream>>>(p);
-    TANDEM_CUDA_LAUNCH_CHECK();
+    launch_dependent(rope_write_kv_kernel<decltype(tag)>, grid, dim3(static_cast<unsigned>(p.head_dim)), 0, stream, p);
   });
 }
 
@@ -168,9 +174,8 @@ void launch_silu_mul(const void* gu, void* out, int64_t N, int64_t F, ElementTyp
   const int64_t blocks = std::min<int64_t>((N * F + 255) / 256, 4096);
   with_element_type(elem, [&](auto tag) {
     using T = decltype(tag);
-    silu_mul_kernel<T>
-        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(static_cast<const T*>(gu), static_cast<T*>(out), N, F);
-    TANDEM_CUDA_LAUNCH_CHECK();
+    launch_dependent(silu_mul_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream,
+                     static_cast<const T*>(gu), static_cast<T*>(out), N, F);
   });
 }
 

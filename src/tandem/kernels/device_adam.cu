@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include "tandem/kernels/bf16_rounding.h"
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/device_adam_launch.h"
@@ -11,28 +12,6 @@ namespace tandem::detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint32_t kSecondStateSeed = 0x5BD1E995u;  // optim/cpu_update_kernels.inc's stream for v
-
-// optim/cpu_update_kernels.inc's f32_to_bf16_bits: zero and subnormals to signed zero, NaN quieted,
-// nearest even or the low 16 bits of `bias` added before truncation.
-__device__ __forceinline__ uint16_t bf16_bits(float f, uint32_t bias_low16, bool nearest_even) {
-  const uint32_t b = __float_as_uint(f);
-  if ((b & 0x7F800000u) == 0) return static_cast<uint16_t>((b >> 16) & 0x8000u);
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((b >> 16) | 0x0040u);
-  const uint32_t bias = nearest_even ? 0x7FFFu + ((b >> 16) & 1u) : (bias_low16 & 0xFFFFu);
-  return static_cast<uint16_t>((b + bias) >> 16);
-}
-
-// optim/cpu_update_kernels.inc's random_bits.
-__device__ __forceinline__ uint32_t random_bits(uint32_t idx, uint32_t seed) {
-  uint32_t x = (idx * 0x9E3779B1u) ^ seed;
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
 
 __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
@@ -46,19 +25,19 @@ __device__ __forceinline__ void store_state(float* p, int64_t i, float x, const 
 __device__ __forceinline__ void store_state(__nv_bfloat16* p, int64_t i, float x, const DeviceAdamCoeffs& c,
                                             uint32_t idx, uint32_t seed) {
   reinterpret_cast<uint16_t*>(p)[i] =
-      c.stochastic ? bf16_bits(x, random_bits(idx, seed), false) : bf16_bits(x, 0, true);
+      c.stochastic ? f32_to_bf16_bits(x, random_bits(idx, seed), false) : f32_to_bf16_bits(x, 0, true);
 }
 
 __device__ __forceinline__ void store_out(float* p, int64_t i, float x) { p[i] = x; }
 __device__ __forceinline__ void store_out(__half* p, int64_t i, float x) { p[i] = __float2half_rn(x); }
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, int64_t i, float x) {
-  reinterpret_cast<uint16_t*>(p)[i] = bf16_bits(x, 0, true);
+  reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(x, 0, true);
 }
 
 template <class GT, class ST, class OT>
 __global__ void __launch_bounds__(kThreads)
-    device_adam_kernel(float* __restrict__ master, const GT* __restrict__ grad, ST* __restrict__ m,
-                       ST* __restrict__ v, OT* __restrict__ out, int64_t n, uint64_t index_base, DeviceAdamCoeffs c) {
+    device_adam_kernel(float* __restrict__ master, const GT* __restrict__ grad, ST* __restrict__ m, ST* __restrict__ v,
+                       OT* __restrict__ out, int64_t n, uint64_t index_base, DeviceAdamCoeffs c) {
   const int64_t stride = int64_t{gridDim.x} * kThreads;
   for (int64_t i = int64_t{blockIdx.x} * kThreads + threadIdx.x; i < n; i += stride) {
     const uint32_t idx = static_cast<uint32_t>(index_base + static_cast<uint64_t>(i));
@@ -86,9 +65,9 @@ void launch(const DeviceAdamSpan& s, const DeviceAdamCoeffs& c, cudaStream_t str
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t want = (s.n + kThreads - 1) / kThreads, most = int64_t{sms} * 8;
   const auto blocks = static_cast<unsigned>(want < most ? want : most);
-  device_adam_kernel<GT, ST, OT><<<blocks, kThreads, 0, stream>>>(
-      s.master, static_cast<const GT*>(s.grad), static_cast<ST*>(s.m), static_cast<ST*>(s.v),
-      static_cast<OT*>(s.out), s.n, s.index_base, c);
+  device_adam_kernel<GT, ST, OT><<<blocks, kThreads, 0, stream>>>(s.master, static_cast<const GT*>(s.grad),
+                                                                  static_cast<ST*>(s.m), static_cast<ST*>(s.v),
+                                                                  static_cast<OT*>(s.out), s.n, s.index_base, c);
   TANDEM_CUDA_LAUNCH_CHECK();
 }
 

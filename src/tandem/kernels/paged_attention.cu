@@ -1,4 +1,5 @@
-// Paged decode-attention CUDA kernels (Note [Paged decode attention]).
+// Paged decode-attention CUDA kernels (Note [Paged decode attention]), launched as dependents (Note
+// [Dependent launch]).
 
 #include <cuda_runtime.h>
 
@@ -7,6 +8,7 @@
 
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
+#include "tandem/kernels/dependent_launch.cuh"
 #include "tandem/kernels/paged_attention_launch.h"
 
 namespace tandem::detail {
@@ -167,6 +169,8 @@ __device__ void write_block(const PagedDecodeArgs& a, const float (&red_m)[kWarp
 // Each warp takes 32 keys at a time, a lane a key.
 template <class T, int HD, int G_MAX>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecodeArgs a) {
+  release_dependents();
+  wait_for_prior_grids();
   constexpr int E = HD / 32;  // value dimensions a lane owns
   __shared__ float q_s[G_MAX][HD];
   __shared__ float red_m[kWarps][G_MAX], red_l[kWarps][G_MAX];
@@ -216,6 +220,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedDecod
 // The splits' partial sums of one (sequence, query head) combined: one block, a thread a dimension.
 template <class T, int HD>
 __global__ void __launch_bounds__(HD) paged_decode_combine(const PagedDecodeArgs a) {
+  release_dependents();
+  wait_for_prior_grids();
   const int64_t b = blockIdx.x, h = blockIdx.y;
   const int d = static_cast<int>(threadIdx.x);
   const float* p = a.partial + (b * a.H + h) * a.splits * (HD + 2);
@@ -234,12 +240,10 @@ __global__ void __launch_bounds__(HD) paged_decode_combine(const PagedDecodeArgs
 template <class T, int HD, int G_MAX>
 void launch_shape(const PagedDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(a.KV), static_cast<unsigned>(a.splits));
-  paged_decode_kernel<T, HD, G_MAX><<<grid, kThreads, 0, stream>>>(a);
-  TANDEM_CUDA_LAUNCH_CHECK();
-  if (a.splits > 1) {
-    paged_decode_combine<T, HD><<<dim3(static_cast<unsigned>(a.B), static_cast<unsigned>(a.H)), HD, 0, stream>>>(a);
-    TANDEM_CUDA_LAUNCH_CHECK();
-  }
+  launch_dependent(paged_decode_kernel<T, HD, G_MAX>, grid, dim3(kThreads), 0, stream, a);
+  if (a.splits > 1)
+    launch_dependent(paged_decode_combine<T, HD>, dim3(static_cast<unsigned>(a.B), static_cast<unsigned>(a.H)),
+                     dim3(HD), 0, stream, a);
 }
 
 template <class T, int HD>

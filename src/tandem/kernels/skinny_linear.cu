@@ -1,9 +1,10 @@
-// The skinny linear's CUDA kernel (Note [Skinny linear]).
+// The skinny linear's CUDA kernel (Note [Skinny linear]), launched as a dependent (Note [Dependent launch]).
 
 #include <cuda_runtime.h>
 
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
+#include "tandem/kernels/dependent_launch.cuh"
 #include "tandem/kernels/skinny_linear_launch.h"
 
 namespace tandem::detail {
@@ -31,6 +32,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t o = int64_t{blockIdx.x} * kWarps + static_cast<int>(threadIdx.x) / 32;
   if (o >= O) return;
+  // The weights are no kernel's output: their rows stream into L2 while the kernel ahead finishes.
+  prefetch_l2(w + o * K, K * static_cast<int64_t>(sizeof(T)), lane);
+  release_dependents();
+  wait_for_prior_grids();
   constexpr int per = 16 / static_cast<int>(sizeof(T));
   const int64_t pieces = K / per;
   const uint4* wr = reinterpret_cast<const uint4*>(w + o * K);
@@ -66,9 +71,8 @@ __global__ void __launch_bounds__(32 * kWarps)
 template <class T, int ROWS>
 void launch_rows(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((O + kWarps - 1) / kWarps);
-  skinny_linear_kernel<T, ROWS><<<blocks, 32 * kWarps, 0, stream>>>(
-      static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y), K, O);
-  TANDEM_CUDA_LAUNCH_CHECK();
+  launch_dependent(skinny_linear_kernel<T, ROWS>, dim3(blocks), dim3(32 * kWarps), 0, stream, static_cast<const T*>(x),
+                   static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y), K, O);
 }
 
 }  // namespace

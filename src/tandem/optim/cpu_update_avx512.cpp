@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "tandem/kernels/bf16_rounding.h"
 #include "tandem/optim/cpu_update.h"
 #include "tandem/optim/q8_codes.h"
 
@@ -102,8 +103,7 @@ struct Avx512Lanes {
 KernelTable avx512_kernels(bool bf16_instructions) {
   if (bf16_instructions)
     return {&update_entry<Avx512Lanes<true>>, &to_bf16_entry<Avx512Lanes<true>>, &split_bf16_entry<Avx512Lanes<true>>};
-  return {&update_entry<Avx512Lanes<false>>, &to_bf16_entry<Avx512Lanes<false>>,
-          &split_bf16_entry<Avx512Lanes<false>>};
+  return {&update_entry<Avx512Lanes<false>>, &to_bf16_entry<Avx512Lanes<false>>, &split_bf16_entry<Avx512Lanes<false>>};
 }
 
 }  // namespace tandem::detail

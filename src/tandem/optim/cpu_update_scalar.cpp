@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "tandem/kernels/bf16_rounding.h"
 #include "tandem/optim/cpu_update.h"
 #include "tandem/optim/q8_codes.h"
 

@@ -1,0 +1,40 @@
+// The process-wide switch for dependent launches (Note [Dependent launch]).
+
+#include "tandem/kernels/dependent_launch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "tandem/core/error.h"
+
+namespace tandem::detail {
+namespace {
+
+bool allowed_by_environment() {
+  const char* env = std::getenv("TANDEM_DEPENDENT_LAUNCH");
+  const std::string choice = env == nullptr ? "" : env;
+  TANDEM_CHECK(choice.empty() || choice == "on" || choice == "off", "TANDEM_DEPENDENT_LAUNCH=", choice,
+               " is not a choice; use on or off (or leave it unset)");
+  return choice != "off";
+}
+
+std::atomic<int>& state() {  // -1: not read yet, 0: off, 1: on
+  static std::atomic<int> s{-1};
+  return s;
+}
+
+}  // namespace
+
+bool dependent_launch_allowed() {
+  int s = state().load(std::memory_order_relaxed);
+  if (s < 0) {
+    s = allowed_by_environment() ? 1 : 0;
+    state().store(s, std::memory_order_relaxed);
+  }
+  return s == 1;
+}
+
+void allow_dependent_launch(bool allowed) { state().store(allowed ? 1 : 0, std::memory_order_relaxed); }
+
+}  // namespace tandem::detail
