@@ -13,6 +13,21 @@ BenchCommand::BenchCommand(CLI::App& app) {
   add_step(*command_);
   add_bk_core(*command_);
   add_nvme(*command_);
+  add_skinny_linear(*command_);
+}
+
+void BenchCommand::add_skinny_linear(CLI::App& bench) {
+  auto* c = skinny_ = bench.add_subcommand(
+      "skinny_linear",
+      "the decode step's matrix-vector products: the skinny linear against cuBLAS, weights read from memory, from a "
+      "CUDA graph");
+  auto& o = skinny_options_;
+  c->add_option("--shapes", o.shapes,
+                "weight shapes OxK (default: a 1B Llama layer's and a Llama-2-7B layer's q/k/v, o, gate/up, down)")
+      ->delimiter(',');
+  c->add_option("--rows", o.rows, "rows of x, the decode batch (1 to 4, default 1)");
+  c->add_option("--repeats", o.repeats, "timed replays per shape (median reported)")->check(CLI::PositiveNumber);
+  c->add_option("--json", o.json_path, "append one JSON object per shape to this file");
 }
 
 void BenchCommand::add_nvme(CLI::App& bench) {
@@ -74,6 +89,7 @@ bool BenchCommand::chosen() const { return command_->parsed(); }
 int BenchCommand::run() {
   if (*bk_core_) return run_bk_core_bench(bk_options_);
   if (*nvme_) return run_nvme_bench(nvme_options_);
+  if (*skinny_) return run_skinny_linear_bench(skinny_options_);
   if (*step_) return run_step_bench(step_args_.resolve(""), step_json_, step_model_json_);
   if (!optim_sizes_.empty()) {
     optim_options_.sizes.clear();

@@ -1,7 +1,7 @@
 #pragma once
-// `tandem bench optim | step | bk_core | nvme`: the CPU optimizer kernels against LibTorch's, a
-// training step's forward+backward alone (the GPU-only bound), the BK-core kernels against their
-// baselines, the NVMe tier's disk bandwidth.
+// `tandem bench optim | step | bk_core | nvme | skinny_linear`: the CPU optimizer kernels against
+// LibTorch's, a training step's forward+backward alone (the GPU-only bound), the BK-core kernels
+// against their baselines, the NVMe tier's disk bandwidth, the decode step's products against cuBLAS.
 
 #include <string>
 #include <vector>
@@ -9,6 +9,7 @@
 #include "tandem/bench/bk_core_bench.h"
 #include "tandem/bench/nvme_bench.h"
 #include "tandem/bench/optim_bench.h"
+#include "tandem/bench/skinny_linear_bench.h"
 #include "tandem/cli/command.h"
 #include "tandem/cli/config_args.h"
 
@@ -29,14 +30,17 @@ class BenchCommand : public Command {
   void add_step(CLI::App& bench);
   void add_bk_core(CLI::App& bench);
   void add_nvme(CLI::App& bench);
+  void add_skinny_linear(CLI::App& bench);
 
-  CLI::App *command_ = nullptr, *optim_ = nullptr, *step_ = nullptr, *bk_core_ = nullptr, *nvme_ = nullptr;
+  CLI::App *command_ = nullptr, *optim_ = nullptr, *step_ = nullptr, *bk_core_ = nullptr, *nvme_ = nullptr,
+           *skinny_ = nullptr;
   OptimBenchOptions optim_options_;
   std::vector<std::string> optim_sizes_;
   ConfigArgs step_args_;
   std::string step_json_, step_model_json_;
   BkCoreBenchOptions bk_options_;
   NvmeBenchOptions nvme_options_;
+  SkinnyLinearBenchOptions skinny_options_;
 };
 
 }  // namespace tandem
