@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include "../test_util.h"
-#include "tandem/kernels/decode_fusions.h"
 
 namespace tandem {
 namespace {
@@ -44,41 +43,6 @@ TEST(SkinnyLinearGpu, EqualsLinearWithinOneRounding) {
   EXPECT_FALSE(skinny_linear_takes(x, w));                                             // five rows: cuBLAS's
   EXPECT_FALSE(skinny_linear_takes(x.narrow(0, 0, 1).narrow(1, 0, 60), w));            // K of 60
   EXPECT_FALSE(skinny_linear_takes(torch::randn({1, 66}, cuda).narrow(1, 2, 64), w));  // misaligned view
-}
-
-TEST(SkinnyLinear, TheSiluInputTakesHalfPrecisionGateUpRowsOnCudaOnly) {
-  EXPECT_FALSE(
-      skinny_linear_silu_takes(torch::zeros({1, 128}, torch::kBFloat16), torch::zeros({8, 64}, torch::kBFloat16)));
-  const auto message = test::error_of([] { skinny_linear_silu(torch::zeros({1, 128}), torch::zeros({8, 64}), {}); });
-  EXPECT_NE(message.find("silu(gate) * up"), std::string::npos) << message;
-  if (!torch::cuda::is_available()) return;
-  const auto gu = torch::zeros({1, 128}, torch::TensorOptions().dtype(torch::kBFloat16).device(c10::kCUDA));
-  EXPECT_TRUE(skinny_linear_silu_takes(gu, torch::zeros({8, 64}, gu.options())));
-  EXPECT_FALSE(skinny_linear_silu_takes(gu, torch::zeros({8, 128}, gu.options())));  // w's K is F
-  EXPECT_FALSE(
-      skinny_linear_silu_takes(gu.to(torch::kFloat32), torch::zeros({8, 64}, gu.options().dtype(torch::kFloat32))));
-}
-
-// The fused activation changes no bit: the same products of the same rounded inputs in the same order.
-TEST(SkinnyLinearGpu, TheSiluInputGivesSiluMulThenTheProductBitForBit) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const c10::Device cuda(c10::kCUDA, 0);
-  torch::manual_seed(7);
-  for (const auto dtype : {torch::kBFloat16, torch::kFloat16})
-    for (const int64_t N : {1, 2, 3, 4})
-      for (const auto& [O, F] : std::vector<std::pair<int64_t, int64_t>>{{1, 64}, {77, 2048}, {2048, 5632}}) {
-        const auto opts = torch::TensorOptions().dtype(dtype).device(cuda);
-        const auto gu = torch::randn({N, 2 * F}, opts) * 3, w = torch::randn({O, F}, opts) * 0.05;
-        const auto b = torch::randn({O}, opts);
-        ASSERT_TRUE(skinny_linear_silu_takes(gu, w));
-        for (const bool with_bias : {false, true}) {
-          const auto bias = with_bias ? b : torch::Tensor();
-          const auto fused = skinny_linear_silu(gu, w, bias), apart = skinny_linear(silu_mul(gu), w, bias);
-          EXPECT_TRUE(torch::equal(fused, apart))
-              << dtype << ", " << N << " rows, O " << O << ", F " << F << ", bias " << with_bias << ": differ by up to "
-              << (fused - apart).abs().max().item<float>();
-        }
-      }
 }
 
 }  // namespace

@@ -27,32 +27,9 @@ __device__ __forceinline__ float dot16(const uint4& xr, const uint4& wr, float a
   return acc;
 }
 
-// 16 bytes of row r of the product's input at piece c (of `pieces` a row): x's own, or with SILU the
-// activation silu(gate) * up of gu's row (2 * pieces wide), each rounded as silu_mul rounds it.
-template <class T, bool SILU>
-__device__ __forceinline__ uint4 input_piece(const uint4* __restrict__ x, int r, int64_t c, int64_t pieces) {
-  if constexpr (!SILU) {
-    return __ldg(x + r * pieces + c);
-  } else {
-    constexpr int per = 16 / static_cast<int>(sizeof(T));
-    const uint4 gr = __ldg(x + r * 2 * pieces + c), ur = __ldg(x + r * 2 * pieces + pieces + c);
-    const T* g = reinterpret_cast<const T*>(&gr);
-    const T* u = reinterpret_cast<const T*>(&ur);
-    uint4 out;
-    T* o = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int i = 0; i < per; ++i) {
-      const float gf = to_float(g[i]);
-      const float act = round_to<T>(gf / (1.0f + expf(-gf)));
-      o[i] = from_float<T>(__fmul_rn(act, to_float(u[i])));
-    }
-    return out;
-  }
-}
-
 // Output feature o's ROWS dot products by one warp, IN_FLIGHT 16-byte pieces of the weight row a lane
 // loads before using any.
-template <class T, int ROWS, int IN_FLIGHT, bool SILU>
+template <class T, int ROWS, int IN_FLIGHT>
 __device__ __forceinline__ void warp_row(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                                          T* __restrict__ y, int64_t K, int64_t O, int64_t o, int lane) {
   constexpr int per = 16 / static_cast<int>(sizeof(T));
@@ -74,7 +51,7 @@ __device__ __forceinline__ void warp_row(const T* __restrict__ x, const T* __res
       const int64_t c = base + 32 * u;
       if (c >= pieces) break;
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) acc[r] = dot16<T>(input_piece<T, SILU>(xr, r, c, pieces), wv[u], acc[r]);
+      for (int r = 0; r < ROWS; ++r) acc[r] = dot16<T>(__ldg(xr + r * pieces + c), wv[u], acc[r]);
     }
   }
 #pragma unroll
@@ -89,7 +66,7 @@ __device__ __forceinline__ void warp_row(const T* __restrict__ x, const T* __res
 
 // One warp per output feature o, for all ROWS rows of x. Before it waits for the kernel ahead, a
 // warp asks L2 for the first `prefetch` bytes of its weight row (Note [Dependent launch]).
-template <class T, int ROWS, int IN_FLIGHT, bool SILU>
+template <class T, int ROWS, int IN_FLIGHT>
 __global__ void __launch_bounds__(32 * kWarps)
     skinny_linear_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                          T* __restrict__ y, int64_t K, int64_t O, int64_t prefetch) {
@@ -99,7 +76,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   prefetch_l2(w + o * K, prefetch, lane);
   release_dependents();
   wait_for_prior_grids();
-  warp_row<T, ROWS, IN_FLIGHT, SILU>(x, w, bias, y, K, O, o, lane);
+  warp_row<T, ROWS, IN_FLIGHT>(x, w, bias, y, K, O, o, lane);
 }
 
 // What the GPU holds of a kernel at once and its L2, per device, asked once.
@@ -125,10 +102,10 @@ Residency residency_of(Kernel* kernel) {
 
 // The warps that start at once prefetch at most a third of L2 between them: more would evict
 // lines before they are read (Llama-2-7B's down product, 90 MB, ran 23 % slower prefetching whole rows).
-template <class T, int ROWS, int IN_FLIGHT, bool SILU>
+template <class T, int ROWS, int IN_FLIGHT>
 void launch_in_flight(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O,
                       cudaStream_t stream) {
-  auto* kernel = skinny_linear_kernel<T, ROWS, IN_FLIGHT, SILU>;
+  auto* kernel = skinny_linear_kernel<T, ROWS, IN_FLIGHT>;
   const Residency r = residency_of(kernel);
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
   const int64_t prefetch = std::min(row_bytes, r.l2_bytes / 3 / std::min(O, r.warps)) / 128 * 128;
@@ -140,40 +117,29 @@ void launch_in_flight(const void* x, const void* w, const void* bias, void* y, i
 // Rows of 8 KB and more keep 8 pieces a lane in flight, shorter ones 4 (`tandem bench
 // skinny_linear` on an H100: with 8, Llama-2-7B's o and down products ran 24 % and 16 % faster and
 // its q/k/v and gate/up within 4 %; with 4, the 1B folder's q/k/v product ran 15 % faster).
-template <class T, int ROWS, bool SILU>
+template <class T, int ROWS>
 void launch_rows(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O, cudaStream_t stream) {
-  if (K * static_cast<int64_t>(sizeof(T)) >= 8192)
-    return launch_in_flight<T, ROWS, 8, SILU>(x, w, bias, y, K, O, stream);
-  launch_in_flight<T, ROWS, 4, SILU>(x, w, bias, y, K, O, stream);
-}
-
-template <class T, bool SILU>
-void launch_input(const void* x, const void* w, const void* bias, void* y, int64_t rows, int64_t K, int64_t O,
-                  cudaStream_t stream) {
-  switch (rows) {
-    case 1:
-      return launch_rows<T, 1, SILU>(x, w, bias, y, K, O, stream);
-    case 2:
-      return launch_rows<T, 2, SILU>(x, w, bias, y, K, O, stream);
-    case 3:
-      return launch_rows<T, 3, SILU>(x, w, bias, y, K, O, stream);
-    default:
-      return launch_rows<T, 4, SILU>(x, w, bias, y, K, O, stream);
-  }
+  if (K * static_cast<int64_t>(sizeof(T)) >= 8192) return launch_in_flight<T, ROWS, 8>(x, w, bias, y, K, O, stream);
+  launch_in_flight<T, ROWS, 4>(x, w, bias, y, K, O, stream);
 }
 
 }  // namespace
 
 void launch_skinny_linear(const void* x, const void* w, const void* bias, void* y, int64_t rows, int64_t K, int64_t O,
-                          ElementType elem, SkinnyInput input, cudaStream_t stream) {
+                          ElementType elem, cudaStream_t stream) {
   if (rows == 0 || O == 0) return;
   with_element_type(elem, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (sizeof(T) == 2) {
-      if (input == SkinnyInput::kSiluOfGateUp) return launch_input<T, true>(x, w, bias, y, rows, K, O, stream);
+    switch (rows) {
+      case 1:
+        return launch_rows<T, 1>(x, w, bias, y, K, O, stream);
+      case 2:
+        return launch_rows<T, 2>(x, w, bias, y, K, O, stream);
+      case 3:
+        return launch_rows<T, 3>(x, w, bias, y, K, O, stream);
+      default:
+        return launch_rows<T, 4>(x, w, bias, y, K, O, stream);
     }
-    TANDEM_ASSERT(input == SkinnyInput::kRows, "the skinny linear's silu input in fp32");
-    launch_input<T, false>(x, w, bias, y, rows, K, O, stream);
   });
 }
 

@@ -27,21 +27,10 @@ bool skinny_linear_takes(const torch::Tensor& x, const torch::Tensor& w);
 /// y (N, O) = x w^T + bias (bias (O) or undefined), in x's dtype, accumulated in fp32.
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
 
-/// Whether skinny_linear_silu() takes gu (N, 2F) and w (O, F): as skinny_linear_takes() for
-/// silu_mul(gu) and w, fp16 or bf16.
-bool skinny_linear_silu_takes(const torch::Tensor& gu, const torch::Tensor& w);
-
-/// skinny_linear(silu_mul(gu), w, bias) in one kernel, bit for bit: each warp computes the activation
-/// silu(gate) * up of the rows of gu (N, 2F) as silu_mul rounds it (Note [Decode fusions]) while it
-/// streams its weight row, so a decode step's feed-forward runs no kernel between its two products.
-torch::Tensor skinny_linear_silu(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& bias);
-
 namespace detail {
 
-/// The CUDA implementation, registered by the CUDA build (kernels/skinny_linear_cuda.cpp); with
-/// `silu_of_gate_up` x is gu (N, 2F) and the kernel's input silu_mul(gu).
-using SkinnyLinearFn = torch::Tensor (*)(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
-                                         bool silu_of_gate_up);
+/// The CUDA implementation, registered by the CUDA build (kernels/skinny_linear_cuda.cpp).
+using SkinnyLinearFn = torch::Tensor (*)(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
 SkinnyLinearFn& skinny_linear_cuda();
 
 }  // namespace detail

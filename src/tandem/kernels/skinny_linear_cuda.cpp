@@ -12,8 +12,7 @@
 namespace tandem::detail {
 namespace {
 
-torch::Tensor skinny_linear_cuda_impl(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias_in,
-                                      bool silu_of_gate_up) {
+torch::Tensor skinny_linear_cuda_impl(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias_in) {
   const c10::cuda::CUDAGuard guard(x.device());
   const ElementType elem = checked_element_type(x.scalar_type(), "the skinny linear");
   torch::Tensor bias;
@@ -23,8 +22,7 @@ torch::Tensor skinny_linear_cuda_impl(const torch::Tensor& x, const torch::Tenso
   }
   auto y = torch::empty({x.size(0), w.size(0)}, x.options());
   launch_skinny_linear(x.data_ptr(), w.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), x.size(0),
-                       w.size(1), w.size(0), elem, silu_of_gate_up ? SkinnyInput::kSiluOfGateUp : SkinnyInput::kRows,
-                       c10::cuda::getCurrentCUDAStream());
+                       x.size(1), w.size(0), elem, c10::cuda::getCurrentCUDAStream());
   return y;
 }
 

@@ -10,13 +10,9 @@
 
 namespace tandem::detail {
 
-/// What x holds: the rows to multiply, or (gate, up) rows of 2K whose silu(gate) * up, rounded as
-/// silu_mul rounds it, are.
-enum class SkinnyInput { kRows, kSiluOfGateUp };
-
 /// y (rows, O) = x (rows, K) w (O, K)^T + bias (O, or null); every pointer contiguous and 16-byte
-/// aligned, K a multiple of 8, rows at most 4; kSiluOfGateUp: fp16 or bf16.
+/// aligned, K a multiple of 8, rows at most 4.
 void launch_skinny_linear(const void* x, const void* w, const void* bias, void* y, int64_t rows, int64_t K, int64_t O,
-                          ElementType elem, SkinnyInput input, cudaStream_t stream);
+                          ElementType elem, cudaStream_t stream);
 
 }  // namespace tandem::detail

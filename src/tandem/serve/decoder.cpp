@@ -395,7 +395,8 @@ std::pair<torch::Tensor, torch::Tensor> Decoder::layer(const torch::Tensor& x, c
   if (w.attn_out_norm.defined()) a = norm_fp32(a, w.attn_out_norm, {}, s.norm_eps, s.parts.norm);
   // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
   const auto [r, h] = add_and_norm(stream, a, w.ff_norm, w.ff_norm_bias);
-  auto f = gated_down(linear(h, w.gate_up, w.gate_up_bias), w.down, w.down_bias);  // (N, C)
+  const auto inner = gated(linear(h, w.gate_up, w.gate_up_bias));  // (N, F)
+  auto f = linear(inner, w.down, w.down_bias);
   if (w.ff_out_norm.defined()) f = norm_fp32(f, w.ff_out_norm, {}, s.norm_eps, s.parts.norm);
   weights_->release(index);
   return {r, f};
@@ -448,13 +449,6 @@ torch::Tensor Decoder::gated(const torch::Tensor& gu) const {
   if (fused_act_) return silu_mul(gu);
   const int64_t F = spec().d_ff;
   return p.gated_ffn ? activate(gu.narrow(1, 0, F), p.act) * gu.narrow(1, F, F) : activate(gu, p.act);
-}
-
-// The down product of the activation of gu: at a few rows with the fused activation, one kernel
-// computes both (Note [Skinny linear]).
-torch::Tensor Decoder::gated_down(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& b) const {
-  if (fused_act_ && skinny_linear_ && skinny_linear_silu_takes(gu, w)) return skinny_linear_silu(gu, w, b);
-  return linear(gated(gu), w, b);
 }
 
 torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache& cache, LogitRows rows) {

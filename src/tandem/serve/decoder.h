@@ -108,7 +108,6 @@ class Decoder {
                                                                               const StepLayout& step,
                                                                               KvCache& cache) const;
   torch::Tensor gated(const torch::Tensor& gu) const;
-  torch::Tensor gated_down(const torch::Tensor& gu, const torch::Tensor& w, const torch::Tensor& b) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
 
