@@ -7,6 +7,7 @@
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/device_adam_launch.h"
+#include "tandem/kernels/device_facts.h"
 
 namespace tandem::detail {
 namespace {
@@ -60,10 +61,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class GT, class ST, class OT>
 void launch(const DeviceAdamSpan& s, const DeviceAdamCoeffs& c, cudaStream_t stream) {
-  int device = 0, sms = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t want = (s.n + kThreads - 1) / kThreads, most = int64_t{sms} * 8;
+  const int64_t want = (s.n + kThreads - 1) / kThreads, most = int64_t{multiprocessor_count()} * 8;
   const auto blocks = static_cast<unsigned>(want < most ? want : most);
   device_adam_kernel<GT, ST, OT><<<blocks, kThreads, 0, stream>>>(s.master, static_cast<const GT*>(s.grad),
                                                                   static_cast<ST*>(s.m), static_cast<ST*>(s.v),

@@ -9,6 +9,7 @@
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/dependent_launch.cuh"
+#include "tandem/kernels/device_facts.h"
 #include "tandem/kernels/skinny_linear_launch.h"
 
 namespace tandem::detail {
@@ -79,25 +80,19 @@ __global__ void __launch_bounds__(32 * kWarps)
   warp_row<T, ROWS, IN_FLIGHT>(x, w, bias, y, K, O, o, lane);
 }
 
-// What the GPU holds of a kernel at once and its L2, per device, asked once.
-struct Residency {
-  int64_t warps = 0, l2_bytes = 0;
-};
+// The warps of `kernel` the current device holds at once, asked once per device.
 template <class Kernel>
-Residency residency_of(Kernel* kernel) {
-  static std::array<std::atomic<int64_t>, 64> warps{}, l2{};  // per device; 0: not asked yet
+int64_t resident_warps(Kernel* kernel) {
+  static std::array<std::atomic<int64_t>, 64> warps{};  // per device; 0: not asked yet
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  const auto d = static_cast<size_t>(std::clamp(device, 0, 63));
-  if (warps[d].load(std::memory_order_relaxed) == 0) {
-    int sms = 0, per_sm = 0, l2_size = 0;
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&l2_size, cudaDevAttrL2CacheSize, device));
+  auto& slot = warps[static_cast<size_t>(std::clamp(device, 0, 63))];
+  if (slot.load(std::memory_order_relaxed) == 0) {
+    int per_sm = 0;
     TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, 0));
-    l2[d].store(l2_size, std::memory_order_relaxed);
-    warps[d].store(std::max<int64_t>(1, int64_t{sms} * per_sm * kWarps), std::memory_order_relaxed);
+    slot.store(std::max<int64_t>(1, int64_t{multiprocessor_count()} * per_sm * kWarps), std::memory_order_relaxed);
   }
-  return {warps[d].load(std::memory_order_relaxed), l2[d].load(std::memory_order_relaxed)};
+  return slot.load(std::memory_order_relaxed);
 }
 
 // The warps that start at once prefetch at most a third of L2 between them: more would evict
@@ -106,9 +101,8 @@ template <class T, int ROWS, int IN_FLIGHT>
 void launch_in_flight(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O,
                       cudaStream_t stream) {
   auto* kernel = skinny_linear_kernel<T, ROWS, IN_FLIGHT>;
-  const Residency r = residency_of(kernel);
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
-  const int64_t prefetch = std::min(row_bytes, r.l2_bytes / 3 / std::min(O, r.warps)) / 128 * 128;
+  const int64_t prefetch = std::min(row_bytes, l2_cache_bytes() / 3 / std::min(O, resident_warps(kernel))) / 128 * 128;
   const auto blocks = static_cast<unsigned>((O + kWarps - 1) / kWarps);
   launch_dependent(kernel, dim3(blocks), dim3(32 * kWarps), 0, stream, static_cast<const T*>(x),
                    static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y), K, O, prefetch);

@@ -1,0 +1,44 @@
+// Per-device facts for kernel launchers, asked once per device (kernels/device_facts.h).
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "tandem/kernels/cuda_check.h"
+#include "tandem/kernels/device_facts.h"
+
+namespace tandem::detail {
+namespace {
+
+constexpr int kDevices = 64;
+
+// The current device's value of `attribute`, asked at its first use on that device.
+int64_t cached(std::array<std::atomic<int64_t>, kDevices>& cache, cudaDeviceAttr attribute) {
+  int device = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+  auto& slot = cache[static_cast<size_t>(std::clamp(device, 0, kDevices - 1))];
+  int64_t value = slot.load(std::memory_order_relaxed);
+  if (value <= 0) {
+    int v = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, attribute, device));
+    value = std::max(1, v);
+    slot.store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+}  // namespace
+
+int multiprocessor_count() {
+  static std::array<std::atomic<int64_t>, kDevices> cache{};
+  return static_cast<int>(cached(cache, cudaDevAttrMultiProcessorCount));
+}
+
+int64_t l2_cache_bytes() {
+  static std::array<std::atomic<int64_t>, kDevices> cache{};
+  return cached(cache, cudaDevAttrL2CacheSize);
+}
+
+}  // namespace tandem::detail
