@@ -3,20 +3,14 @@
 #include "tandem/kernels/dependent_launch.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
-#include "tandem/core/error.h"
+#include "tandem/core/env_choice.h"
 
 namespace tandem::detail {
 namespace {
 
 bool allowed_by_environment() {
-  const char* env = std::getenv("TANDEM_DEPENDENT_LAUNCH");
-  const std::string choice = env == nullptr ? "" : env;
-  TANDEM_CHECK(choice.empty() || choice == "on" || choice == "off", "TANDEM_DEPENDENT_LAUNCH=", choice,
-               " is not a choice; use on or off (or leave it unset)");
-  return choice != "off";
+  return env_choice("TANDEM_DEPENDENT_LAUNCH", "dependent launch settings", {"on", "off"}) != "off";
 }
 
 std::atomic<int>& state() {  // -1: not read yet, 0: off, 1: on

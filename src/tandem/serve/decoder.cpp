@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
 
+#include "tandem/core/env_choice.h"
 #include "tandem/core/error.h"
 #include "tandem/kernels/decode_fusions.h"
 #include "tandem/kernels/paged_attention.h"
@@ -45,11 +45,7 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
 // Note [Paged decode attention] and Note [Decode fusions]: the CUDA kernels, unless
 // TANDEM_DECODE_KERNELS=torch asks for LibTorch's ops only (to compare the two).
 bool use_fused_kernels() {
-  const char* env = std::getenv("TANDEM_DECODE_KERNELS");
-  const std::string choice = env == nullptr ? "" : env;
-  TANDEM_CHECK(choice.empty() || choice == "fused" || choice == "torch", "TANDEM_DECODE_KERNELS=", choice,
-               " is not a choice of decode kernels; use fused or torch (or leave it unset)");
-  return choice != "torch";
+  return env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "torch"}) != "torch";
 }
 
 // Note [No per-shape attention plans]
