@@ -49,6 +49,7 @@ def make(args):
     for key, value in PRESETS.get(args.preset, {}).items():
         setattr(args, key, value)
     t0 = time.perf_counter()
+    os.makedirs(args.dir, exist_ok=True)
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
