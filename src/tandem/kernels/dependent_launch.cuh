@@ -1,10 +1,9 @@
 #pragma once
-// Programmatic dependent launch for the decode kernels: the device side's wait and release, an L2
-// prefetch, and the launcher. See Note [Dependent launch].
+// Programmatic dependent launch for the decode kernels: the device side's wait and release, and the
+// launcher. See Note [Dependent launch].
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
 
 #include "tandem/kernels/cuda_check.h"
@@ -19,9 +18,11 @@
 // RoPE with the cache writes, silu * up, the paged attention and its combine) releases its
 // dependents as it starts (`release_dependents`), and waits for the kernels ahead of it to finish,
 // their writes visible, before it reads or writes anything they touch (`wait_for_prior_grids`).
-// Before that wait a kernel may only read what no kernel of the step writes: the skinny linear
-// prefetches its weight rows into L2 there, so the weights of the next product stream in while the
-// norm or the attention before it runs. The wait makes the order transitive (a kernel's wait ends
+// Nothing runs before that wait. (The skinny linear once asked L2 for its weight rows there, at most
+// a third of L2 between the warps that start at once, so that the next product's weights would
+// stream in while the norm or the attention before it ran: on an H100 the decode steps ran 9-12 %
+// slower with it, 1.45 against 1.30-1.33 ms for a 1B model at batch 1, 5.81-5.83 against 5.59 ms for
+// a 7B one, docs/benchmarks.md.) The wait makes the order transitive (a kernel's wait ends
 // after the one ahead of it ended, which waited for its own), and a kernel launched the ordinary way
 // (LibTorch's, a copy) waits for the whole of the one ahead of it. Recorded decode steps keep the
 // edges (CUDA graphs capture them). Every kernel launched through `launch_dependent` must call
@@ -44,16 +45,6 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-/// Asks L2 for the `bytes` bytes at p, one 128-byte line a lane of a warp at a time (a hint: L2 is
-/// coherent, so a line fetched before a write elsewhere is never read stale).
-__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int lane) {
-  constexpr int64_t kLine = 128;
-  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kLine - 1};
-  const auto end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
-  for (uintptr_t a = first + static_cast<uintptr_t>(lane) * kLine; a < end; a += 32 * kLine)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
 /// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel ahead of

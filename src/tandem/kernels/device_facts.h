@@ -2,14 +2,9 @@
 // Facts of the current CUDA device that kernel launchers size their grids by, asked of the runtime
 // once per device (kernels/device_facts_cuda.cpp; CUDA builds only). No CUDA headers here.
 
-#include <cstdint>
-
 namespace tandem::detail {
 
 /// The current device's streaming multiprocessors.
 int multiprocessor_count();
-
-/// The current device's L2 cache, bytes.
-int64_t l2_cache_bytes();
 
 }  // namespace tandem::detail

@@ -36,9 +36,4 @@ int multiprocessor_count() {
   return static_cast<int>(cached(cache, cudaDevAttrMultiProcessorCount));
 }
 
-int64_t l2_cache_bytes() {
-  static std::array<std::atomic<int64_t>, kDevices> cache{};
-  return cached(cache, cudaDevAttrL2CacheSize);
-}
-
 }  // namespace tandem::detail

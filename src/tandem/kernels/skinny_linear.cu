@@ -2,14 +2,9 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
-
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
 #include "tandem/kernels/dependent_launch.cuh"
-#include "tandem/kernels/device_facts.h"
 #include "tandem/kernels/skinny_linear_launch.h"
 
 namespace tandem::detail {
@@ -65,52 +60,32 @@ __device__ __forceinline__ void warp_row(const T* __restrict__ x, const T* __res
   }
 }
 
-// One warp per output feature o, for all ROWS rows of x. Before it waits for the kernel ahead, a
-// warp asks L2 for the first `prefetch` bytes of its weight row (Note [Dependent launch]).
+// One warp per output feature o, for all ROWS rows of x.
 template <class T, int ROWS, int IN_FLIGHT>
 __global__ void __launch_bounds__(32 * kWarps)
     skinny_linear_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                         T* __restrict__ y, int64_t K, int64_t O, int64_t prefetch) {
+                         T* __restrict__ y, int64_t K, int64_t O) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t o = int64_t{blockIdx.x} * kWarps + static_cast<int>(threadIdx.x) / 32;
   if (o >= O) return;
-  prefetch_l2(w + o * K, prefetch, lane);
   release_dependents();
   wait_for_prior_grids();
   warp_row<T, ROWS, IN_FLIGHT>(x, w, bias, y, K, O, o, lane);
 }
 
-// The warps of `kernel` the current device holds at once, asked once per device.
-template <class Kernel>
-int64_t resident_warps(Kernel* kernel) {
-  static std::array<std::atomic<int64_t>, 64> warps{};  // per device; 0: not asked yet
-  int device = 0;
-  TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  auto& slot = warps[static_cast<size_t>(std::clamp(device, 0, 63))];
-  if (slot.load(std::memory_order_relaxed) == 0) {
-    int per_sm = 0;
-    TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, 0));
-    slot.store(std::max<int64_t>(1, int64_t{multiprocessor_count()} * per_sm * kWarps), std::memory_order_relaxed);
-  }
-  return slot.load(std::memory_order_relaxed);
-}
-
-// The warps that start at once prefetch at most a third of L2 between them: more would evict
-// lines before they are read (Llama-2-7B's down product, 90 MB, ran 23 % slower prefetching whole rows).
 template <class T, int ROWS, int IN_FLIGHT>
 void launch_in_flight(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O,
                       cudaStream_t stream) {
-  auto* kernel = skinny_linear_kernel<T, ROWS, IN_FLIGHT>;
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(T));
-  const int64_t prefetch = std::min(row_bytes, l2_cache_bytes() / 3 / std::min(O, resident_warps(kernel))) / 128 * 128;
   const auto blocks = static_cast<unsigned>((O + kWarps - 1) / kWarps);
-  launch_dependent(kernel, dim3(blocks), dim3(32 * kWarps), 0, stream, static_cast<const T*>(x),
-                   static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y), K, O, prefetch);
+  launch_dependent(skinny_linear_kernel<T, ROWS, IN_FLIGHT>, dim3(blocks), dim3(32 * kWarps), 0, stream,
+                   static_cast<const T*>(x), static_cast<const T*>(w), static_cast<const T*>(bias), static_cast<T*>(y),
+                   K, O);
 }
 
 // Rows of 8 KB and more keep 8 pieces a lane in flight, shorter ones 4 (`tandem bench
-// skinny_linear` on an H100: with 8, Llama-2-7B's o and down products ran 24 % and 16 % faster and
-// its q/k/v and gate/up within 4 %; with 4, the 1B folder's q/k/v product ran 15 % faster).
+// skinny_linear` on an H100, with an L2 prefetch since removed: with 8, Llama-2-7B's o and down
+// products ran 24 % and 16 % faster and its q/k/v and gate/up within 4 %; with 4, the 1B folder's
+// q/k/v product ran 15 % faster).
 template <class T, int ROWS>
 void launch_rows(const void* x, const void* w, const void* bias, void* y, int64_t K, int64_t O, cudaStream_t stream) {
   if (K * static_cast<int64_t>(sizeof(T)) >= 8192) return launch_in_flight<T, ROWS, 8>(x, w, bias, y, K, O, stream);
