@@ -20,9 +20,9 @@
 // their writes visible, before it reads or writes anything they touch (`wait_for_prior_grids`).
 // Nothing runs before that wait. (The skinny linear once asked L2 for its weight rows there, at most
 // a third of L2 between the warps that start at once, so that the next product's weights would
-// stream in while the norm or the attention before it ran: on an H100 the decode steps ran 9-12 %
-// slower with it, 1.45 against 1.30-1.33 ms for a 1B model at batch 1, 5.81-5.83 against 5.59 ms for
-// a 7B one, docs/benchmarks.md.) The wait makes the order transitive (a kernel's wait ends
+// stream in while the norm or the attention before it ran: on an H100 the decode steps ran slower
+// with it, 1.45 against 1.30-1.33 ms for a 1B model at batch 1, 5.81-5.83 against 5.59 ms for a 7B
+// one, docs/benchmarks.md.) The wait makes the order transitive (a kernel's wait ends
 // after the one ahead of it ended, which waited for its own), and a kernel launched the ordinary way
 // (LibTorch's, a copy) waits for the whole of the one ahead of it. Recorded decode steps keep the
 // edges (CUDA graphs capture them). Every kernel launched through `launch_dependent` must call
