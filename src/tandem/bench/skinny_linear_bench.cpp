@@ -11,6 +11,7 @@
 
 #include "tandem/core/device_graph.h"
 #include "tandem/core/error.h"
+#include "tandem/core/stats.h"
 #include "tandem/kernels/skinny_linear.h"
 
 namespace tandem {
@@ -47,8 +48,7 @@ double replay_seconds(DeviceGraph& graph, int repeats) {
     torch::cuda::synchronize();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
-  return t[t.size() / 2];
+  return median(t);
 }
 
 }  // namespace

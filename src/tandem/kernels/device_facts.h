@@ -7,4 +7,7 @@ namespace tandem::detail {
 /// The current device's streaming multiprocessors.
 int multiprocessor_count();
 
+/// The current device's compute capability, its major number (9 for Hopper).
+int compute_capability_major();
+
 }  // namespace tandem::detail

@@ -14,17 +14,18 @@ namespace {
 
 constexpr int kDevices = 64;
 
-// The current device's value of `attribute`, asked at its first use on that device.
+// The current device's value of `attribute`, asked at its first use on that device (every time on
+// a device past the cache's slots).
 int64_t cached(std::array<std::atomic<int64_t>, kDevices>& cache, cudaDeviceAttr attribute) {
   int device = 0;
   TANDEM_CUDA_CHECK(cudaGetDevice(&device));
-  auto& slot = cache[static_cast<size_t>(std::clamp(device, 0, kDevices - 1))];
-  int64_t value = slot.load(std::memory_order_relaxed);
+  const bool slotted = device >= 0 && device < kDevices;
+  int64_t value = slotted ? cache[static_cast<size_t>(device)].load(std::memory_order_relaxed) : 0;
   if (value <= 0) {
     int v = 0;
     TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&v, attribute, device));
     value = std::max(1, v);
-    slot.store(value, std::memory_order_relaxed);
+    if (slotted) cache[static_cast<size_t>(device)].store(value, std::memory_order_relaxed);
   }
   return value;
 }
@@ -34,6 +35,11 @@ int64_t cached(std::array<std::atomic<int64_t>, kDevices>& cache, cudaDeviceAttr
 int multiprocessor_count() {
   static std::array<std::atomic<int64_t>, kDevices> cache{};
   return static_cast<int>(cached(cache, cudaDevAttrMultiProcessorCount));
+}
+
+int compute_capability_major() {
+  static std::array<std::atomic<int64_t>, kDevices> cache{};
+  return static_cast<int>(cached(cache, cudaDevAttrComputeCapabilityMajor));
 }
 
 }  // namespace tandem::detail
