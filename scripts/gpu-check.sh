@@ -22,7 +22,9 @@
 #   big    OFFLOAD_BIG (default 7B; BIG_BATCH, default 8; BIG_LR, default 3e-4; BIG_SET extra settings) with checkpointing: the forward+backward bound (`tandem bench
 #          step`), the engine exact and delayed, DeepSpeed ZeRO-2 offload (bench/deepspeed_offload.py); BIG_PARTS
 #          (default "bound exact delayed deepspeed") may add exactfp32: exact with the GPU-updated Blocks' states in
-#          fp32 (optim.device_state_dtype=fp32), the A/B for Note [Device Adam];
+#          fp32 (optim.device_state_dtype=fp32), the A/B for Note [Device Adam]; spec: every step speculative
+#          (offload.speculate=always; clipped steps taken back, Note [Retraction]); specnoclip: the same with
+#          train.grad_clip=0;
 #   dist   weak scaling over 1, 2 and 4 GPUs (those the machine has; DIST_NS overrides), the micro-batch per GPU
 #          fixed, tandem and its peer alternating at each GPU count: 1B GPU-resident (the train part's settings,
 #          DIST_STEPS, default 30) against PyTorch DDP; DIST_BIG (default 13B; DIST_BIG_BATCH, default BIG_BATCH
@@ -239,7 +241,7 @@ fi
 
 if has big; then
 # OFFLOAD_BIG (default 7B), bf16, checkpointing, B=8, T=2048: the forward+backward bound, the
-# engine exact (no speculation: the undo log does not fit the host) and delayed, and DeepSpeed
+# engine exact (updates after the norm), speculative (spec, specnoclip) and delayed, and DeepSpeed
 # ZeRO-2 with offload_optimizer=cpu on the identical architecture.
 BIG=${OFFLOAD_BIG:-7B}
 BIG_STEPS=${BIG_STEPS:-12}
@@ -254,10 +256,14 @@ echo "== $BIG: forward+backward bound"
 rm -f "$OUT/big-bound.jsonl"
 "$BUILD/tandem" bench step "${bigargs[@]}" --steps 6 --json "$OUT/big-bound.jsonl" --model-json "$OUT/big-bound.json" 2>&1 | tail -1
 fi
-for mode in exact exactfp32 delayed; do
+for mode in exact exactfp32 spec specnoclip delayed; do
   big_has $mode || continue
   extra=(--set offload.speculate=never "${bigset[@]}")
   [[ $mode == delayed ]] && extra+=(--set offload.delayed_update=true)
+  # spec: every step speculative (a clipped one solved back through the ring: Note [Retraction]);
+  # specnoclip: the same without clipping, so no step is taken back (kAuto's steady state).
+  [[ $mode == spec* ]] && extra+=(--set offload.speculate=always)
+  [[ $mode == specnoclip ]] && extra+=(--set train.grad_clip=0)
   # exactfp32: the GPU-updated Blocks' states in fp32, as before Note [Device Adam], for the A/B.
   [[ $mode == exactfp32 ]] && extra+=(--set optim.device_state_dtype=fp32)
   echo "== $BIG: offload engine, $mode, $BIG_STEPS steps"
@@ -270,10 +276,13 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 late = [r for r in rows if r["step"] >= 5]
 if late:
-    print("%s: median step %.3f s over steps %d-%d, %.0f tokens/s, k %.2f, CPU update %.3f s" % (
+    print("%s: median step %.3f s over steps %d-%d, %.0f tokens/s, k %.2f, CPU update %.3f s, rollbacks %s, "
+          "grad norms %s" % (
         sys.argv[2], statistics.median(r["step_time_s"] for r in late), late[0]["step"], late[-1]["step"],
         statistics.median(r["tokens_per_s"] for r in late), late[-1].get("offload_k", float("nan")),
-        statistics.median(r.get("time_cpu_update_s", 0) for r in late)))
+        statistics.median(r.get("time_cpu_update_s", 0) for r in late), late[-1].get("offload_rollbacks", "-"),
+        " ".join("%.2f" % r.get("grad_norm", float("nan")) for r in rows)))
+    print("%s steps: %s" % (sys.argv[2], " ".join("%.3f" % r["step_time_s"] for r in rows)))
 PY
 done
 if big_has deepspeed && install_wheels; then

@@ -217,9 +217,9 @@ TEST(CpuUpdater, KeepsOneSpanPerUpdateForTheTraceWhileAsked) {
   const auto spans = rig.updater->trace(false);
   ASSERT_EQ(spans.size(), 2u);
   EXPECT_EQ(spans[0].block, 1u);  // in the order queued
-  EXPECT_FALSE(spans[0].undo);
+  EXPECT_FALSE(spans[0].speculative);
   EXPECT_EQ(spans[1].block, 3u);
-  EXPECT_TRUE(spans[1].undo);
+  EXPECT_TRUE(spans[1].speculative);
   for (const auto& s : spans) {
     EXPECT_LE(t0, s.t0);
     EXPECT_LE(s.t0, s.t1);

@@ -212,13 +212,14 @@ TEST(OffloadEngine, Bf16WorkingCopyStaysCloseToFp32) {
 
 TEST(OffloadEngine, NonFiniteGradientsSkipTheStepAndRestoreEverything) {
   using S = EngineOptions::Speculate;
-  for (const auto& [mode, ring] : std::vector<std::pair<S, int64_t>>{{S::kAlways, 0}, {S::kNever, 0}, {S::kNever, 2}}) {
+  for (const auto& [mode, ring] :
+       std::vector<std::pair<S, int64_t>>{{S::kAlways, 0}, {S::kNever, 0}, {S::kNever, 2}, {S::kAlways, 2}}) {
     const bool spec = mode == EngineOptions::Speculate::kAlways;
     const auto spec_ = small_spec();
     torch::manual_seed(7);
     auto model = build_model(spec_, false);
     ParamStoreOptions so;
-    so.undo = spec;
+    so.undo = spec && ring == 0;  // a ring's speculation solves its updates back (Note [Retraction])
     so.ring_slots = ring;
     ParamStore store(*model, so, 1);
     EngineOptions eo;
@@ -269,17 +270,28 @@ TEST(OffloadEngine, AHostRingGivesTheSameBitsAsPerBlockBuffers) {
         EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1 << ", " << slots << " slots, " << compute;
     }
   }
-  // Speculation needs per-Block landing buffers and an undo log: refused with a ring.
-  const auto spec = small_spec();
-  auto model = build_model(spec, false);
-  ParamStoreOptions so;
-  so.undo = false;
-  so.ring_slots = 2;
-  ParamStore store(*model, so, 0);
-  EngineOptions eo;
-  eo.speculate = EngineOptions::Speculate::kAuto;
-  EXPECT_NE(test::error_of([&] { OffloadEngine e(*model, store, eo); }).find("offload.speculate=never"),
-            std::string::npos);
+}
+
+// Note [Retraction]: speculation through a ring keeps no undo log. Steps that do not clip give the
+// per-Block buffers' bits (the same kernel on the same gradients, only sooner); steps that clip are
+// solved back and redone, within fp32 rounding of the plain loop, with gradient accumulation.
+TEST(OffloadEngine, AHostRingSpeculatesAndSolvesClippedStepsBack) {
+  using S = EngineOptions::Speculate;
+  const auto ring = [](ParamStoreOptions& o) {
+    o.undo = false;
+    o.ring_slots = 2;
+  };
+  const auto want = engine_losses(12, 1, 0.0, 1, torch::kFloat32, S::kNever);
+  const auto got = engine_losses(12, 1, 0.0, 1, torch::kFloat32, S::kAlways, nullptr, ring);
+  EXPECT_EQ(got.stats.speculative_steps, 12);
+  EXPECT_EQ(got.stats.rollbacks, 0);
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1;
+
+  const auto clipped = engine_losses(30, 2, 1.0, 0, torch::kFloat32, S::kAlways, nullptr, ring);
+  expect_same_losses(clipped.losses, reference_losses(30, 2, 1.0), 1e-5);
+  EXPECT_GT(clipped.stats.rollbacks, 0) << "no step was clipped: the retraction went untested";
+  EXPECT_GT(clipped.losses.front(), clipped.losses.back() + 0.5);
 }
 
 // Note [NVMe tier]: the same kernel on the same states, read from and written to files, so the

@@ -130,6 +130,48 @@ TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
   EXPECT_NEAR(bf16.back(), want.back(), 0.05 * want.back());
 }
 
+// The last offload_rollbacks a run's metrics.jsonl recorded.
+int64_t rollbacks_of(const std::string& run_dir) {
+  std::ifstream f(run_dir + "/metrics.jsonl");
+  int64_t n = -1;
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("offload_rollbacks")) n = j["offload_rollbacks"].get<int64_t>();
+  }
+  return n;
+}
+
+// Note [Retraction] on a real device: a host ring that speculates gives the ring's bits when nothing
+// clips (the same kernel on the same gradients, sooner), and a run whose clipped steps are solved
+// back and redone stays with the one that waits for the norm.
+TEST(GpuOffload, AHostRingSpeculatesAndSolvesClippedStepsBackOnCuda) {
+  REQUIRE_CUDA();
+  const auto run = [](Speculation spec, double clip, int64_t* rollbacks = nullptr) {
+    test::TempDir dir;
+    Config c = cuda_run(dir, 10);
+    c.train.precision = Precision::kBf16;
+    c.train.deterministic = true;
+    c.train.log_every = 1;
+    c.offload.optimizer = OffloadTarget::kCpu;
+    c.offload.update_split = "0.5";
+    c.offload.host_ring = 2;
+    c.offload.speculate = spec;
+    c.train.grad_clip = clip;
+    const auto losses = train(c, {}).losses;
+    if (rollbacks) *rollbacks = rollbacks_of(dir.path());
+    return losses;
+  };
+  const auto want = run(Speculation::kNever, 0.0), got = run(Speculation::kAlways, 0.0);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+  int64_t rollbacks = 0;
+  const auto exact = run(Speculation::kNever, 0.05), taken_back = run(Speculation::kAlways, 0.05, &rollbacks);
+  EXPECT_GT(rollbacks, 0) << "no step clipped: the retraction went untested";
+  ASSERT_EQ(taken_back.size(), exact.size());
+  for (size_t i = 0; i < exact.size(); ++i) EXPECT_NEAR(taken_back[i], exact[i], 2e-3 * exact[i]) << "step " << i + 1;
+  EXPECT_LT(taken_back.back(), taken_back.front());
+}
+
 // An offloaded run on the GPU with deterministic kernels, checkpointed every `every` steps; resumed
 // from `resume` when given. The split is fixed (a resume repeats the run only then: Note [8-bit states]).
 TrainSummary offload_run(const test::TempDir& dir, int64_t steps, const std::function<void(Config&)>& tweak,

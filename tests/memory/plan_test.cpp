@@ -222,10 +222,13 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(row_bytes(ring, kTierPinned, "gradient landing ring"), 4 * k13bLayer * 2);
   EXPECT_EQ(row_bytes(ring, kTierPinned, "weight staging ring"), 4 * k13bLayer * 2);
   EXPECT_EQ(row_bytes(ring, kTierPinned, "gradient landing buffers"), -1);
-  EXPECT_EQ(row_bytes(ring, kTierPinned, "undo log"), -1);  // a ring never speculates
+  EXPECT_EQ(row_bytes(ring, kTierPinned, "undo log"), -1);  // a ring keeps none (Note [Retraction])
+  c.offload.speculate = Speculation::kAuto;  // not even when it speculates
+  EXPECT_EQ(row_bytes(plan_offload_memory(s, c, 2048, 3), kTierPinned, "undo log"), -1);
+  c.offload.speculate = Speculation::kNever;
   EXPECT_EQ(per_block.pinned_bytes() - ring.pinned_bytes(), 4 * n_cpu - 16 * k13bLayer);
 
-  // Auto: per-Block buffers where they fit, the ring (and no speculation) where they do not.
+  // Auto: per-Block buffers where they fit, the ring (speculating without an undo log) where they do not.
   c.offload.host_ring = -1;
   c.offload.speculate = Speculation::kAuto;
   const MemoryCapacity big{80 * kGiB, 400 * kGiB}, host125{80 * kGiB, 124 * kGiB}, unknown{80 * kGiB, 0};
@@ -233,7 +236,7 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, big).speculate, Speculation::kAuto);
   const OffloadConfig small = resolve_host_ring(s, c, 2048, 3, host125);
   EXPECT_EQ(small.host_ring, 4);
-  EXPECT_EQ(small.speculate, Speculation::kNever);
+  EXPECT_EQ(small.speculate, Speculation::kAuto);
   EXPECT_EQ(resolve_host_ring(s, c, 2048, 3, unknown).host_ring, 0);
   // The host decides, not the GPU: a GPU tier over budget, or no GPU at all (the CPU as the
   // device), keeps per-Block buffers and speculation.
@@ -258,10 +261,14 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_NE(msg.find("optim.state_dtype=bf16"), std::string::npos) << msg;
   EXPECT_NE(msg.find("offload.host_ring=4"), std::string::npos) << msg;
   EXPECT_NE(msg.find("optim.master_dtype=bf16"), std::string::npos) << msg;
-  f.offload.speculate = Speculation::kAlways;  // a ring cannot speculate: not suggested then
+  f.offload.speculate = Speculation::kAlways;  // a ring speculates too (Note [Retraction]): still suggested
   const std::string msg2 =
       error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
-  EXPECT_EQ(msg2.find("offload.host_ring"), std::string::npos) << msg2;
+  EXPECT_NE(msg2.find("offload.host_ring=4"), std::string::npos) << msg2;
+  f.offload.host_ring = 4;  // once it is in use, not again
+  const std::string msg3 =
+      error_of([&] { check_plan_fits(plan_offload_memory(s, f, 2048, 3), host125, f.offload, f.train); });
+  EXPECT_EQ(msg3.find("offload.host_ring"), std::string::npos) << msg3;
 }
 
 // Note [NVMe tier]: the last CPU-updated Blocks' moments move from the host to the NVMe tier, with

@@ -53,7 +53,7 @@ TEST(ModulePlan, PerBlockBuffersWhenTheyFitElseARingOfFourSlots) {
   host.available = 6 * 1000 * 12 + 4 * 1000 * 4;
   plan_module_host(tight, blocks, host, 0);
   EXPECT_EQ(tight.offload.host_ring, 4);
-  EXPECT_EQ(tight.offload.speculate, Speculation::kNever) << "a ring updates after the norm";
+  EXPECT_EQ(tight.offload.speculate, Speculation::kAuto) << "a ring speculates without an undo log";
 }
 
 // Note [NVMe tier]: with offload.nvme_path the floor is the masters alone, and auto takes the fewest

@@ -115,11 +115,19 @@ def test_host_ring_chosen_when_per_block_buffers_do_not_fit():
     with tandem.Engine(tiny_llama(), engine_config(True, **{"offload.update_split": 0})) as engine:
         assert engine.stats()["host_ring"] == 0
     # As the CLI's plan: no automatic ring for a delayed update that accumulates (the ring holds one
-    # micro-batch's gradients), nor with speculate=always.
-    for refusing in ({"offload.delayed_update": True, "train.grad_accum": 2}, {"offload.speculate": "always"}):
-        cfg = engine_config(True, **{"offload.host_memory_gib": 0.002, "offload.update_split": 0}, **refusing)
-        with tandem.Engine(tiny_llama(), cfg) as engine:
-            assert engine.stats()["host_ring"] == 0, refusing
+    # micro-batch's gradients).
+    refusing = {"offload.delayed_update": True, "train.grad_accum": 2}
+    cfg = engine_config(True, **{"offload.host_memory_gib": 0.002, "offload.update_split": 0}, **refusing)
+    with tandem.Engine(tiny_llama(), cfg) as engine:
+        assert engine.stats()["host_ring"] == 0
+    # speculate=always takes the ring too: its speculative updates are solved back (Note [Retraction]).
+    cfg = engine_config(True, **{"offload.host_memory_gib": 0.002, "offload.update_split": 0,
+                                 "offload.speculate": "always"})
+    model = tiny_llama()
+    with tandem.Engine(model, cfg) as engine:
+        assert engine.stats()["host_ring"] == 4
+        engine_losses(model, engine, 3)
+        assert engine.stats()["speculative_steps"] == 3
 
 
 def test_host_ring_counts_only_the_cpu_updated_blocks():

@@ -3,11 +3,13 @@
 #include <c10/core/StreamGuard.h>
 
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 
 #include "tandem/core/error.h"
 #include "tandem/engine/update_spans.h"
+#include "tandem/optim/cpu_retract.h"
 
 namespace tandem {
 
@@ -17,6 +19,7 @@ CpuUpdater::CpuUpdater(ParamStore& store, CpuUpdaterOptions options, TransferStr
       streams_(streams),
       stamps_(stamps),
       ring_(store.options().ring_slots > 0),
+      speculated_(store.blocks().size(), 0),
       slot_owner_(static_cast<size_t>(store.options().ring_slots), -1),
       done_(store.blocks().size(), 1),
       pending_upload_(store.blocks().size(), 0),
@@ -113,13 +116,7 @@ void CpuUpdater::upload(size_t i, int64_t slot) {
   if (store_.sharded()) store_.gather_working(i, lane);  // behind the copy, on the H2D stream
   if (h2d != nullptr) streams_->uploaded[i]->record(*h2d);
   stamps_.mark(stamps_.h2d1[i], h2d);
-  if (slot >= 0) {  // the slot may take the next Block (its staging is read by this upload, U_i)
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      slot_free_[static_cast<size_t>(slot)] = 1;
-    }
-    cv_.notify_all();
-  }
+  if (slot >= 0) release_slot(slot);  // it may take the next Block (its staging is read by this upload, U_i)
 }
 
 // Note [Delayed update]
@@ -238,14 +235,16 @@ bool CpuUpdater::ring_d2h(CpuUpdateJob& job, bool wait) {
     const c10::StreamGuard guard(s.d2h);
     stamps_.mark(stamps_.d2h0[i], &s.d2h);
     landing.copy_(grad, /*non_blocking=*/true);
+    if (job.square_norm.defined()) job.square_norm_host.copy_(job.square_norm, /*non_blocking=*/true);
     stamps_.mark(stamps_.d2h1[i], &s.d2h);
-    b.grad.zero_();
+    if (!job.keep_gradient) b.grad.zero_();
     s.landed[i]->record(s.d2h);  // after the zeroing: U_i follows it, and the next backward U_i
   } else {
     stamps_.mark(stamps_.d2h0[i], nullptr);
     landing.copy_(grad);
+    if (job.square_norm.defined()) job.square_norm_host.copy_(job.square_norm);
     stamps_.mark(stamps_.d2h1[i], nullptr);
-    b.grad.zero_();
+    if (!job.keep_gradient) b.grad.zero_();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -301,13 +300,23 @@ void CpuUpdater::run_job(CpuUpdateJob& job, CpuUpdateJob* next, int64_t next_on_
   }
   wait_for_buffers(job);
   count_transfer(job);
-  run_update(job, next_on_disk);
-  if (job.upload) {
+  const bool wrote = run_update(job, next_on_disk);
+  if (job.upload && wrote) {
     upload(job.block, job.slot);
+  } else if (ring_ && !wrote) {  // nothing new to send up (Note [Retraction])
+    release_slot(job.slot);
   } else if (ring_) {  // Note [Delayed host ring]: the weights wait in the slot
     std::lock_guard<std::mutex> lock(mu_);
     pending_slot_[job.block] = job.slot;
   }
+}
+
+void CpuUpdater::release_slot(int64_t slot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot_free_[static_cast<size_t>(slot)] = 1;
+  }
+  cv_.notify_all();
 }
 
 void CpuUpdater::wait_for_buffers(const CpuUpdateJob& job) {
@@ -336,7 +345,7 @@ bool CpuUpdater::on_disk(const BlockStore& b) { return b.nvme && b.side == Updat
 
 // Note [NVMe tier]: a Block's states come from its bounce slot (read while the Block before was
 // updated), the next such Block's read starts, and the states go back to the file behind the update.
-void CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
+bool CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
   const size_t i = job.block;
   auto& b = store_.blocks()[i];
   DiskStates* const disk = on_disk(b) ? store_.disk() : nullptr;
@@ -350,19 +359,33 @@ void CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
     TANDEM_ASSERT(b.undo_master.defined(), "block ", b.name, " has no undo buffers");
     logs = block_undo_logs(b);
   }
-  const UpdateHyper h = update_hyper(options_.hyper, job.lr, job.step, job.grad_scale);
-  cpu_update(sp, h, job.undo ? &logs : nullptr, options_.pool);
+  // Note [Retraction]: a speculative update without an undo log runs only on a finite gradient, and
+  // only one that ran is taken back.
+  const bool speculative = job.keep_gradient && job.retract_scale == 0.0;
+  const bool update = job.update && (!speculative || !job.square_norm_host.defined() ||
+                                     std::isfinite(job.square_norm_host.item<float>()));
+  const bool retract = job.retract_scale > 0.0 && speculated_[i] != 0;
+  double retract_s = 0.0;  // not the update's time: the split solver reads that per parameter
+  if (retract) {
+    const auto r0 = std::chrono::steady_clock::now();
+    cpu_retract(sp, update_hyper(options_.hyper, job.lr, job.step, job.retract_scale), options_.pool);
+    retract_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
+  }
+  speculated_[i] = speculative && update ? 1 : 0;
+  if (update) cpu_update(sp, update_hyper(options_.hyper, job.lr, job.step, job.grad_scale), job.undo ? &logs : nullptr,
+                         options_.pool);
   if (!sp.empty() && sp[0].bf16_out == nullptr) store_.staging(i, job.slot).copy_(b.master);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (disk != nullptr) disk->release(b);
   std::lock_guard<std::mutex> lock(mu_);
-  counters_.cpu_update_s += dt;
+  counters_.cpu_update_s += dt - retract_s;
   counters_.nvme_wait_s += std::chrono::duration<double>(t0 - t_io).count();
-  counters_.cpu_updated_params += b.shard_numel;
+  if (update) counters_.cpu_updated_params += b.shard_numel;
   if (tracing_) {
     const double end = stamps_.host_now();
-    spans_.push_back({i, end - dt, end, job.undo});
+    spans_.push_back({i, end - dt, end, job.undo || job.keep_gradient});
   }
+  return update || retract;
 }
 
 }  // namespace tandem

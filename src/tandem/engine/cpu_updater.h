@@ -3,7 +3,8 @@
 // takes CPU-updated Blocks' jobs in the order queued, waits until each gradient has landed on the
 // host, runs the fused CPU kernel over the Block's fp32 master and states on the thread pool (with an
 // undo log when speculating, rolled back on request: Note [Speculative clipping]) and sends the new
-// weights up. It also owns the host ring's slots and copies down (Note [Host ring]) and the uploads a
+// weights up; without an undo log (a host ring) it takes a speculative update back by solving it
+// back (Note [Retraction]). It also owns the host ring's slots and copies down (Note [Host ring]) and the uploads a
 // delayed update leaves pending (Note [Delayed update]). It decides nothing: the engine says which
 // Blocks are updated, when, and with what scale.
 
@@ -33,6 +34,16 @@ struct CpuUpdateJob {
   int64_t slot = -1;        ///< host ring slot (Note [Host ring]); -1 = the Block's own buffers
   int64_t prev_owner = -1;  ///< host ring: the Block whose upload last read the slot's staging
   bool host = false;        ///< the Block ran on the CPU: its gradient was already on the host
+  /// A speculative update through a host ring, which keeps no undo log (Note [Retraction]): the
+  /// device gradient stays for a retraction (the step's end zeroes it), and the update runs only
+  /// where the Block's squared gradient norm (square_norm, a device scalar, copied down with the
+  /// gradient into the pinned square_norm_host) is finite, so what it writes can be solved back.
+  bool keep_gradient = false;
+  torch::Tensor square_norm, square_norm_host;
+  /// > 0: first take back this step's speculative update of the Block, made with this gradient
+  /// scale (cpu_retract), where it ran; then the update unless `update` is false (a skipped step).
+  double retract_scale = 0.0;
+  bool update = true;
   /// The parameter groups' hyper-parameters when the job was queued (Note [Parameter groups]).
   std::shared_ptr<const std::vector<GroupHyper>> groups;
 };
@@ -56,7 +67,7 @@ struct CpuUpdaterCounters {
 struct CpuUpdateSpan {
   size_t block;
   double t0, t1;
-  bool undo;
+  bool speculative;
 };
 
 class CpuUpdater {
@@ -110,7 +121,9 @@ class CpuUpdater {
   int64_t free_slot(bool wait);
   void wait_for_buffers(const CpuUpdateJob& job);
   void count_transfer(const CpuUpdateJob& job);
-  void run_update(const CpuUpdateJob& job, int64_t next_on_disk);
+  /// Whether it wrote the Block's new weights (a speculative update on a non-finite gradient does not).
+  bool run_update(const CpuUpdateJob& job, int64_t next_on_disk);
+  void release_slot(int64_t slot);
 
   ParamStore& store_;
   CpuUpdaterOptions options_;  // `delayed` changes only while idle (set_delayed)
@@ -118,6 +131,7 @@ class CpuUpdater {
   StepStamps& stamps_;
   const bool ring_;                  // Note [Host ring]
   int64_t next_slot_ = 0;            // updater thread only
+  std::vector<char> speculated_;     // updater thread only: Block i's last speculative ring update ran
   std::vector<int64_t> slot_owner_;  // per ring slot: the Block whose upload last read it, or -1; updater thread only
 
   mutable std::mutex mu_;  // guards everything below

@@ -106,6 +106,9 @@ OffloadEngine::OffloadEngine(BlockSequence& model, ParamStore& store, EngineOpti
   remaining_.assign(n, 0);
   dispatched_.assign(n, 0);
   sqnorm_.resize(n);
+  if (ring_)
+    for (size_t i = 0; i < n; ++i)
+      sqnorm_host_.push_back(torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(cuda_)));
   host_run_.assign(n, false);
   upload_now_.assign(n, true);
   zero_landing_.assign(n, false);
@@ -146,9 +149,6 @@ void OffloadEngine::check_options() const {
   TANDEM_CHECK(!(options_.delayed && options_.speculate == EngineOptions::Speculate::kAlways),
                "offload.delayed_update=true updates once the norm is known; it does not speculate. Set "
                "offload.speculate=auto or never");
-  TANDEM_CHECK(!ring_ || options_.speculate == EngineOptions::Speculate::kNever || options_.delayed,
-               "a host ring (offload.host_ring) updates each Block once the norm is known, one slot at a time: set "
-               "offload.speculate=never, or offload.host_ring=0");
   TANDEM_CHECK(store_.disk() == nullptr || options_.speculate == EngineOptions::Speculate::kNever ||
                    (options_.delayed && options_.delayed_after == 0),
                "the NVMe tier (offload.nvme_path) updates each Block once the norm is known (no undo log on disk): "
@@ -211,7 +211,7 @@ void OffloadEngine::begin_step(double lr, double loss_scale) {
   }
   using S = EngineOptions::Speculate;
   speculate_now_ =
-      !delayed_now_ && !ring_ && (options_.speculate == S::kAlways ||
+      !delayed_now_ && (options_.speculate == S::kAlways ||
                             (options_.speculate == S::kAuto && would_roll_back_.size() >= kSpeculationWindow &&
                              std::none_of(would_roll_back_.begin(), would_roll_back_.end(), [](bool b) { return b; })));
   if (speculate_now_) ++stats_.speculative_steps;
@@ -324,12 +324,23 @@ void OffloadEngine::dispatch(size_t i) {
   if (store_.blocks()[i].side == UpdateSide::kGpu) return;        // updated in end_step(), once the clip is known
   if (ring_) {  // the updater copies it down when a slot is free (Note [Host ring])
     if (cuda_ && !reduced_on_d2h) streams_->grad_ready[i]->record(streams_->compute());
+    if (speculate_now_) updater_->enqueue({ring_speculation(i)});
     return;
   }
   copy_down(i, grad, reduced_on_d2h);
   if (!speculate_now_) return;  // queued by end_step() once the norm is known
   // Always with an undo log: the non-finite check may roll back even without clipping.
   updater_->enqueue({job(i, 1.0 / loss_scale_, true, upload_now_[i])});
+}
+
+// Note [Retraction]: a speculative update through the ring keeps no undo log; the device keeps the
+// gradient for a retraction until the step's end, and the update runs only on a finite one.
+CpuUpdateJob OffloadEngine::ring_speculation(size_t i) const {
+  CpuUpdateJob j = job(i, 1.0 / loss_scale_, false, upload_now_[i]);
+  j.keep_gradient = true;
+  j.square_norm = sqnorm_[i];
+  j.square_norm_host = sqnorm_host_[i];
+  return j;
 }
 
 // Note [Block placement]: a host-run Block's gradient is already in its landing buffer.
@@ -537,14 +548,22 @@ void OffloadEngine::queue_cpu_updates(double grad_scale) {
   updater_->enqueue(jobs);
 }
 
-// The speculative CPU updates undone, bit for bit; then, unless the step is skipped, redone with
-// the clip coefficient.
+// The speculative CPU updates undone, bit for bit from the undo log, or solved back through the ring
+// (Note [Retraction]); then, unless the step is skipped, redone with the clip coefficient.
 void OffloadEngine::roll_back(bool skipped, double grad_scale) {
   updater_->wait_idle();
   ++stats_.rollbacks;
   std::vector<CpuUpdateJob> redo;
   for (size_t i = 0; i < store_.blocks().size(); ++i) {
     if (store_.blocks()[i].side != UpdateSide::kCpu) continue;
+    if (ring_) {  // the gradient goes down again, into whichever slot is free
+      CpuUpdateJob j = job(i, grad_scale, false, upload_now_[i]);
+      j.keep_gradient = true;
+      j.retract_scale = 1.0 / loss_scale_;
+      j.update = !skipped;
+      redo.push_back(j);
+      continue;
+    }
     updater_->roll_back(i);
     if (!skipped)
       redo.push_back(job(i, grad_scale, false, upload_now_[i]));
@@ -555,14 +574,17 @@ void OffloadEngine::roll_back(bool skipped, double grad_scale) {
 }
 
 // The D2H copies read the gradient buffers: the compute stream waits for them before zeroing.
-// With a host ring the updater zeroes a CPU-updated Block's gradient after its D2H instead.
+// With a host ring the updater zeroes a CPU-updated Block's gradient after its D2H instead, unless
+// the step speculated (Note [Retraction]): the gradient stayed, and is zeroed here once the updater
+// has queued its last copy down.
 void OffloadEngine::zero_gradients(bool skipped) {
-  const bool ring_zeroes = ring_ && !skipped;
+  const bool ring_zeroes = ring_ && !skipped && !speculate_now_;
   for (size_t i = 0; i < store_.blocks().size(); ++i) {
     auto& b = store_.blocks()[i];
     if (b.side == UpdateSide::kCpu) {
       if (ring_zeroes || host_run_[i]) continue;  // a host-run Block's device gradient is untouched
-      if (cuda_ && dispatched_[i] && !ring_) streams_->compute().wait(*streams_->landed[i]);
+      if (ring_ && speculate_now_) updater_->wait_gradient_taken(i);
+      if (cuda_ && dispatched_[i] && (!ring_ || speculate_now_)) streams_->compute().wait(*streams_->landed[i]);
     }
     b.grad.zero_();
   }

@@ -179,6 +179,7 @@ class OffloadEngine {
   StepOutcome finish_step(bool abandon);
   double clip_coefficient(StepOutcome& out);
   void queue_cpu_updates(double grad_scale);
+  CpuUpdateJob ring_speculation(size_t i) const;
   void roll_back(bool skipped, double grad_scale);
   void zero_gradients(bool skipped);
   void sync_streams();
@@ -208,6 +209,7 @@ class OffloadEngine {
   std::vector<int64_t> remaining_;     // per Block: parameters whose gradient is not yet complete
   std::vector<char> dispatched_;       // char, not bool: the CPU and device autograd threads dispatch concurrently
   std::vector<torch::Tensor> sqnorm_;  // per Block: 0-d fp32 device, squared gradient norm
+  std::vector<torch::Tensor> sqnorm_host_;  // host ring: per Block, 0-d fp32 pinned, sqnorm_ copied down (Note [Retraction])
 
   // Note [Delayed update]: the order this step's backward first reached the Blocks, and the order
   // the last CPU updates were queued in; with a ring, the Blocks whose next backward must wait for

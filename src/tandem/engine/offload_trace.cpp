@@ -52,7 +52,7 @@ void OffloadTrace::finish(const StepStamps& st, const std::vector<BlockStore>& b
   active_ = false;
   draw_blocks(st, blocks);
   for (const auto& c : cpu)
-    trace_.span(kUpdater, std::string(c.undo ? "CPU update (speculative) " : "CPU update ") + blocks[c.block].name,
+    trace_.span(kUpdater, std::string(c.speculative ? "CPU update (speculative) " : "CPU update ") + blocks[c.block].name,
                 step_, c.t0 * 1e6, c.t1 * 1e6);
   draw_counters(st);
   write_if_last();

@@ -1,6 +1,7 @@
 #pragma once
-// The bf16 rounding rule and the stochastic-rounding stream that the CPU update kernels
-// (optim/cpu_update_kernels.inc) and the device Adam (kernels/device_adam.cu) share, bit for bit
+// The bf16 rounding rule, the stochastic-rounding stream and the Kahan pair that the CPU update
+// kernels (optim/cpu_update_kernels.inc), their retraction (optim/cpu_retract.cpp) and the device
+// Adam (kernels/device_adam.cu) share, bit for bit
 // (Note [Device Adam]). Host and device code; internal linkage, since the CPU kernels compile it once
 // per instruction set (Note [CPU update kernels]) and no two copies may be merged.
 
@@ -46,6 +47,28 @@ TANDEM_BF16_ROUNDING_FN uint32_t random_bits(uint32_t idx, uint32_t seed) {
   x *= 0x846CA68Bu;
   x ^= x >> 16;
   return x;
+}
+
+/// The fp32 value of bf16 bits.
+TANDEM_BF16_ROUNDING_FN float bf16_bits_to_f32(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+#endif
+}
+
+/// The Kahan pair of a bf16 master for one fp32 value (Note [bf16 master]): hi = x rounded to nearest
+/// even, lo = x - hi rounded to nearest even, or toward zero where the pair's sum would round away
+/// from hi; so the pair is canonical.
+TANDEM_BF16_ROUNDING_FN void kahan_pair_bits(float x, uint16_t* hi, uint16_t* lo) {
+  *hi = f32_to_bf16_bits(x, 0, true);
+  const float h = bf16_bits_to_f32(*hi), c = x - h;
+  *lo = f32_to_bf16_bits(c, 0, true);
+  if (f32_to_bf16_bits(h + bf16_bits_to_f32(*lo), 0, true) != *hi) *lo = f32_to_bf16_bits(c, 0, false);
 }
 
 /// The seed of the second state's (v's) stream: seed ^ kSecondStateSeed, a stream apart from m's.

@@ -305,9 +305,7 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
         : plan.state_bytes == 2 ? "optim.state_dtype=int8 (half the bf16 states), "
                                 : "",
         plan.fp32_master ? "optim.master_dtype=bf16 (half the master), " : "",
-        plan.host_ring == 0 && offload.speculate != Speculation::kAlways
-            ? "offload.host_ring=4 (a ring instead of per-block buffers), "
-            : "",
+        plan.host_ring == 0 ? "offload.host_ring=4 (a ring instead of per-block buffers), " : "",
         !plan.nvme_path ? "offload.nvme_path=DIR (the states of the blocks past the host on disk), "
                         : "a larger offload.nvme_blocks (more blocks' states on disk), ");
   msg += " (tandem inspect --plan lists every buffer)";
@@ -316,12 +314,13 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& cap, const Of
 
 bool auto_host_ring_allowed(const Config& cfg) {
   const auto& o = cfg.offload;
-  if (!o.pin_memory || o.speculate == Speculation::kAlways) return false;
+  if (!o.pin_memory) return false;
   return !(o.delayed_update && cfg.train.grad_accum > 1);  // Note [Delayed host ring]: one micro-batch
 }
 
 bool keeps_undo_log(const OffloadConfig& o) {
   if (!o.nvme_path.empty() && o.nvme_blocks != 0) return false;  // Note [NVMe tier]: updates after the norm
+  if (o.host_ring > 0) return false;  // a ring's speculative updates are solved back (Note [Retraction])
   return o.speculate != Speculation::kNever && !(o.delayed_update && o.delayed_after == 0);
 }
 
@@ -357,7 +356,6 @@ OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_
   const MemoryPlan plan = plan_offload_memory(spec, cfg, seq_len, gpu_blocks, layout);
   if (plan.pinned_bytes() <= budget(cap.host_available, o.host_memory_fraction)) return o;
   o.host_ring = 4;
-  o.speculate = Speculation::kNever;
   return o;
 }
 

@@ -146,18 +146,20 @@ void check_plan_fits(const MemoryPlan& plan, const MemoryCapacity& capacity, con
                      const TrainConfig& train);
 
 /// Whether the configuration lets offload.host_ring=auto choose a ring (Note [Host ring]): pinned
-/// host buffers, no speculate=always, and no delayed update that accumulates (Note [Delayed host
-/// ring]). The CLI's plan and the Python engine's both ask it.
+/// host buffers and no delayed update that accumulates (Note [Delayed host ring]). The CLI's plan
+/// and the Python engine's both ask it.
 bool auto_host_ring_allowed(const Config& cfg);
 
 /// Whether CPU updates may speculate and so keep an undo log (Note [Speculative clipping]): not with
-/// offload.speculate=never, nor with a delayed update from the first step on (it waits for the norm).
-/// The host ring (which waits too) is counted by whoever knows it.
+/// offload.speculate=never, nor with a delayed update from the first step on (it waits for the norm),
+/// nor with a host ring (offload.host_ring > 0), whose speculative updates are solved back instead
+/// (Note [Retraction]); an unresolved ring (auto) is counted by whoever resolves it.
 bool keeps_undo_log(const OffloadConfig& offload);
 
 /// offload.host_ring = -1 resolved for a plan at `gpu_blocks`: per-block buffers (0) when that plan's
-/// pinned tier fits (or the host is unknown), else a ring of 4 slots with offload.speculate=never
-/// (an explicit speculate=always or delayed_update keeps per-block buffers). Other values as set.
+/// pinned tier fits (or the host is unknown), else a ring of 4 slots (whose speculative updates are
+/// solved back, Note [Retraction]); pageable buffers, or a delayed update that accumulates, keep
+/// per-block buffers. Other values as set.
 OffloadConfig resolve_host_ring(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                 const MemoryCapacity& capacity, const PlanLayout& layout = {});
 

@@ -22,7 +22,7 @@ namespace tandem {
 //     says how much there is). When the CPU-updated Blocks' per-Block buffers do not fit
 //     offload.host_memory_fraction of this rank's share, offload.host_ring=auto takes a ring of
 //     4 slots (Note [Host ring]) where the configuration allows one, by the CLI's rule
-//     (auto_host_ring_allowed: pinned buffers, no speculate=always, no delayed update that
+//     (auto_host_ring_allowed: pinned buffers, no delayed update that
 //     accumulates); with offload.nvme_path, offload.nvme_blocks=auto then takes the fewest of the
 //     last Blocks whose moments on the NVMe tier make the host fit (Note [NVMe tier]); below the
 //     masters and states alone (the masters alone, with the tier) nothing fits. The fewest
@@ -130,10 +130,9 @@ int64_t plan_module_host(Config& cfg, const ModuleBlocks& blocks, const HostShar
   if (o.host_ring < 0) {
     o.host_ring = fits(gpu_blocks, 0, nvme0, per) || !auto_host_ring_allowed(cfg) ? 0 : kAutoRingSlots;
     if (o.host_ring > 0) {
-      o.speculate = Speculation::kNever;
       log::info(strprintf(
           "offload: per-block host buffers (%s) do not fit offload.host_memory_fraction=%.2f of the "
-          "host (%s); a ring of %lld slots instead, updates after the norm (offload.host_ring=auto)",
+          "host (%s); a ring of %lld slots instead, no undo log (offload.host_ring=auto)",
           format_bytes(host_bytes(blocks, gpu_blocks, 0, nvme0, per, host.shards)).c_str(), o.host_memory_fraction,
           format_bytes(room).c_str(), static_cast<long long>(kAutoRingSlots)));
     }

@@ -60,8 +60,8 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
   cfg.offload = resolve_host_ring(spec, cfg, seq_len, layers, cap, layout);
   if (ring_auto && cfg.offload.host_ring > 0)
     log::info(
-        strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, updates "
-                  "after the norm (offload.host_ring=auto, Note [Host ring])",
+        strprintf("offload: per-block host buffers do not fit the host; a ring of %lld slots instead, no undo "
+                  "log (offload.host_ring=auto, Note [Host ring])",
                   static_cast<long long>(cfg.offload.host_ring)));
   const bool nvme_auto = cfg.offload.nvme_blocks < 0;
   cfg.offload.nvme_blocks = resolve_nvme_blocks(spec, cfg, seq_len, layers, cap, layout);
@@ -131,7 +131,6 @@ void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair
     range = {static_cast<int64_t>(plan0[2]), static_cast<int64_t>(plan0[3])};
     offload.nvme_blocks = static_cast<int64_t>(plan0[4]);
   }
-  if (offload.host_ring > 0) offload.speculate = Speculation::kNever;
   if (offload.nvme_path.empty() || offload.nvme_blocks < 0) offload.nvme_blocks = 0;  // unresolved: none
   if (offload.nvme_blocks > 0) offload.speculate = Speculation::kNever;  // Note [NVMe tier]: no undo log
 }
@@ -184,7 +183,7 @@ ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
                    : cfg.optim.master_rounding == MasterRounding::kKahan ? MasterKind::kBf16Kahan
                                                                          : MasterKind::kBf16Stochastic;
   so.ring_slots = cfg.offload.host_ring;
-  so.undo = keeps_undo_log(cfg.offload);  // the ring and the NVMe tier, resolved above, set speculate=never
+  so.undo = keeps_undo_log(cfg.offload);  // none with the ring or the NVMe tier, resolved above
   so.nvme_path = cfg.offload.nvme_path;
   so.nvme_blocks = std::max<int64_t>(cfg.offload.nvme_blocks, 0);
   so.decay_1d = cfg.optim.decay_1d;
