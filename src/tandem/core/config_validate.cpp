@@ -83,9 +83,6 @@ void validate_offload(const OffloadConfig& o) {
   (void)parse_step_list(o.trace_steps, "offload.trace_steps");
   TANDEM_CHECK(o.host_ring >= -1 && o.host_ring <= 64,
                "offload.host_ring must be -1 (auto), 0 (per block) or a slot count up to 64; got ", o.host_ring);
-  TANDEM_CHECK(o.host_ring <= 0 || o.speculate != Speculation::kAlways, "offload.host_ring=", o.host_ring,
-               " updates each block once the norm is known; it cannot speculate: set offload.speculate=auto or never, "
-               "or offload.host_ring=0");
   TANDEM_CHECK(o.host_ring <= 0 || o.host_ring >= 3 || !o.delayed_update, "offload.host_ring=", o.host_ring,
                " with offload.delayed_update=true: a delayed ring needs at least 3 slots; set offload.host_ring=4");
   TANDEM_CHECK(o.nvme_blocks >= -1, "offload.nvme_blocks must be -1 (as the plan needs), 0 or a block count; got ",
