@@ -29,7 +29,12 @@ namespace tandem {
 // bf16 or 8-bit states the direction is recomputed from the rounded states and the old states
 // come back rounded once more (to nearest), and a bf16 master comes back rounded to nearest (a
 // Kahan pair, as a pair): the error of one more rounding of each, on a step that clips, against
-// the undo log's bit-exact copy. No tile is solved back where the update skipped it (a non-finite
+// the undo log's bit-exact copy. That rounding is of the speculative values, while the redone
+// update adds the clipped gradient's share: relative to it the error is about the states' precision
+// divided by the clip coefficient c (bf16: 2^-9 / c, under 1 % for c > 0.2, 30 % at c = 1/160).
+// kAuto speculates only after 8 steps in a row that did not clip, where a clipped step's c is near
+// 1; offload.speculate=never keeps every clipped step exact. The first update's moments come back
+// as the zeros they were. No tile is solved back where the update skipped it (a non-finite
 // gradient after scaling), so a NaN never enters (the engine also speculates on a Block only where
 // its squared gradient norm is finite, so no state it solves back has overflowed). With 8-bit
 // states a moment whose code lost its value gives back a step that misses the one applied, by up to
@@ -121,8 +126,10 @@ bool skipped_by_update(const detail::UpdateCoeffs& c, const float* g, int64_t n)
 inline void solve_back(const detail::UpdateCoeffs& c, Tile& t, const float* root1, int64_t n) {
   const float gs = c.grad_scale, wd = c.wd, inv_decay = 1.0f / c.decay, nss = c.neg_step_size;
   const float ibc2 = c.inv_sqrt_bc2, eps = c.eps, omb1 = c.omb1, omb2 = c.omb2;
-  const float inv_b1 = c.b1 != 0.0f ? 1.0f / c.b1 : 0.0f;  // b = 0: the update kept nothing of the old moments
-  const float inv_b2 = c.b2 != 0.0f ? 1.0f / c.b2 : 0.0f;
+  // b = 0: the update kept nothing of the old moments; before the first update they were zero, which
+  // bf16 or 8-bit moments could not give back (their rounding of the first update's values is lost).
+  const float inv_b1 = c.b1 != 0.0f && !c.first_step ? 1.0f / c.b1 : 0.0f;
+  const float inv_b2 = c.b2 != 0.0f && !c.first_step ? 1.0f / c.b2 : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float denom = root1[i] * ibc2 + eps;
     const float p0 = (t.p[i] - (nss * t.m[i]) / denom) * inv_decay;
