@@ -102,20 +102,27 @@ TEST(Gpu, ResumeOnCudaContinuesFromTheSavedState) {
   EXPECT_LT(b.losses.back(), a.losses.front());
 }
 
+// A bf16 offloaded run of `steps` with deterministic kernels, half the Blocks CPU-updated through a
+// host ring of `ring` slots (0: per-Block buffers), speculating as `speculate` says.
+Config ring_run(const test::TempDir& dir, int64_t steps, int64_t ring, Speculation speculate) {
+  Config c = cuda_run(dir, steps);
+  c.train.precision = Precision::kBf16;
+  c.train.deterministic = true;
+  c.offload.optimizer = OffloadTarget::kCpu;
+  c.offload.update_split = "0.5";
+  c.offload.speculate = speculate;
+  c.offload.host_ring = ring;
+  return c;
+}
+
 TEST(GpuOffload, AHostRingRepeatsPerBlockBuffersBitForBitAndBf16StatesTrain) {
   REQUIRE_CUDA();
   // Streams, events, exact pinned buffers and the ring's slot reuse on a real device: with
   // deterministic kernels the ring (one, two and four slots) gives the per-block buffers' losses exactly.
   const auto run = [](int64_t ring, StateDtype states) {
     test::TempDir dir;
-    Config c = cuda_run(dir, 12);
-    c.train.precision = Precision::kBf16;
-    c.train.deterministic = true;
+    Config c = ring_run(dir, 12, ring, Speculation::kNever);
     c.train.grad_accum = 2;
-    c.offload.optimizer = OffloadTarget::kCpu;
-    c.offload.update_split = "0.5";
-    c.offload.speculate = Speculation::kNever;
-    c.offload.host_ring = ring;
     c.optim.state_dtype = states;
     return train(c, {}).losses;
   };
@@ -148,14 +155,8 @@ TEST(GpuOffload, AHostRingSpeculatesAndSolvesClippedStepsBackOnCuda) {
   REQUIRE_CUDA();
   const auto run = [](Speculation spec, double clip, int64_t* rollbacks = nullptr) {
     test::TempDir dir;
-    Config c = cuda_run(dir, 10);
-    c.train.precision = Precision::kBf16;
-    c.train.deterministic = true;
+    Config c = ring_run(dir, 10, 2, spec);
     c.train.log_every = 1;
-    c.offload.optimizer = OffloadTarget::kCpu;
-    c.offload.update_split = "0.5";
-    c.offload.host_ring = 2;
-    c.offload.speculate = spec;
     c.train.grad_clip = clip;
     const auto losses = train(c, {}).losses;
     if (rollbacks) *rollbacks = rollbacks_of(dir.path());

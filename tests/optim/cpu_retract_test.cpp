@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "isa_kernels.h"
 #include "tandem/optim/cpu_retract.h"
 #include "tandem/optim/q8_codes.h"
 
@@ -85,17 +86,11 @@ struct Buffers {
   }
 };
 
+// The kernel tests' hyper-parameters (lr 1e-2, betas 0.9 and 0.95, weight decay 0.1), states
+// rounded stochastically.
 UpdateHyper adam(UpdateRule rule, int64_t step, double grad_scale) {
-  UpdateHyper h;
-  h.rule = rule;
-  h.lr = 1e-2;
-  h.beta1 = 0.9;
-  h.beta2 = 0.95;
-  h.weight_decay = 0.1;
-  h.step = step;
+  UpdateHyper h = test::hyper_for(rule, Rounding::kStochastic, step, 5);
   h.grad_scale = grad_scale;
-  h.rounding = Rounding::kStochastic;
-  h.seed = 5;
   return h;
 }
 

@@ -4,9 +4,9 @@
 // host, runs the fused CPU kernel over the Block's fp32 master and states on the thread pool (with an
 // undo log when speculating, rolled back on request: Note [Speculative clipping]) and sends the new
 // weights up; without an undo log (a host ring) it takes a speculative update back by solving it
-// back (Note [Retraction]). It also owns the host ring's slots and copies down (Note [Host ring]) and the uploads a
-// delayed update leaves pending (Note [Delayed update]). It decides nothing: the engine says which
-// Blocks are updated, when, and with what scale.
+// back (Note [Retraction]). It also owns the host ring's slots and copies down (Note [Host ring])
+// and the uploads a delayed update leaves pending (Note [Delayed update]). It decides nothing: the
+// engine says which Blocks are updated, when, and with what scale.
 
 #include <torch/torch.h>
 
