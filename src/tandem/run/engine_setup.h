@@ -33,7 +33,8 @@ int64_t plan_gpu_blocks(const ModelSpec& spec, Config& cfg, int64_t seq_len, con
 
 /// The offload plan of the first replica of this rank's stage (rank 0's without a pipeline) on every
 /// replica (the split, its range and offload.host_ring): the replicas' collectives must match Block
-/// for Block. A ring turns speculation off (Note [Host ring]).
+/// for Block. The NVMe tier turns speculation off (Note [NVMe tier]); a ring speculates without an
+/// undo log (Note [Retraction]).
 void agree_on_offload_plan(const RunContext& ctx, int64_t& gpu_blocks, std::pair<int64_t, int64_t>& range,
                            OffloadConfig& offload, const PlanLayout& layout = {});
 
