@@ -362,8 +362,9 @@ bool CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
   // Note [Retraction]: a speculative update without an undo log runs only on a finite gradient, and
   // only one that ran is taken back.
   const bool speculative = job.keep_gradient && job.retract_scale == 0.0;
-  const bool update = job.update && (!speculative || !job.square_norm_host.defined() ||
-                                     std::isfinite(job.square_norm_host.item<float>()));
+  TANDEM_ASSERT(!speculative || job.square_norm_host.defined(), "a speculative ring update of ", b.name,
+                " came without its gradient norm");
+  const bool update = job.update && (!speculative || std::isfinite(job.square_norm_host.item<float>()));
   const bool retract = job.retract_scale > 0.0 && speculated_[i] != 0;
   double retract_s = 0.0;  // not the update's time: the split solver reads that per parameter
   if (retract) {

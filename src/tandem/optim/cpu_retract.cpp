@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <memory>
 
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
@@ -67,15 +66,11 @@ void narrow(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16_bits(src[i], 0, true);
 }
 
-template <class T>
-void widen_any(const void* p, int64_t t0, float* dst, int64_t n) {
-  widen(static_cast<const T*>(p) + t0, dst, n);
-}
 void widen_dtype(const void* p, Dtype d, int64_t t0, float* dst, int64_t n) {
   if (d == Dtype::kF32)
-    widen_any<float>(p, t0, dst, n);
+    widen(static_cast<const float*>(p) + t0, dst, n);
   else
-    widen_any<uint16_t>(p, t0, dst, n);
+    widen(static_cast<const uint16_t*>(p) + t0, dst, n);
 }
 void narrow_dtype(const float* src, void* p, Dtype d, int64_t t0, int64_t n) {
   if (d == Dtype::kF32)
@@ -84,12 +79,13 @@ void narrow_dtype(const float* src, void* p, Dtype d, int64_t t0, int64_t n) {
     narrow(src, static_cast<uint16_t*>(p) + t0, n);
 }
 
-void load_master(const UpdateSpan& s, int64_t t0, int64_t n, Tile& t) {
-  if (s.master != nullptr) return widen(s.master + t0, t.p, n);
-  widen(s.master_bf16 + t0, t.p, n);
+// The master in fp32 into p; a Kahan compensation goes through `scratch` (n floats).
+void load_master(const UpdateSpan& s, int64_t t0, int64_t n, float* p, float* scratch) {
+  if (s.master != nullptr) return widen(s.master + t0, p, n);
+  widen(s.master_bf16 + t0, p, n);
   if (s.master_comp == nullptr) return;
-  widen(s.master_comp + t0, t.g, n);  // t.g as scratch: the gradient is widened after
-  for (int64_t i = 0; i < n; ++i) t.p[i] += t.g[i];
+  widen(s.master_comp + t0, scratch, n);
+  for (int64_t i = 0; i < n; ++i) p[i] += scratch[i];
 }
 
 // The restored master, and the bf16 copy for the device from it: rounded to nearest from an fp32
@@ -146,11 +142,12 @@ inline void solve_back(const detail::UpdateCoeffs& c, Tile& t, const float* root
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void retract_range(
     const detail::UpdateCoeffs& c, const UpdateSpan& s, int64_t begin, int64_t end) {
   const bool q8 = s.state_dtype == Dtype::kQ8;
-  auto t = std::make_unique<Tile>();
+  thread_local Tile tile;  // 32 KB: one per pool thread, not one per chunk
+  Tile* const t = &tile;
   alignas(64) float root[kTile];
   for (int64_t t0 = begin; t0 < end; t0 += kTile) {
     const int64_t n = std::min(end, t0 + kTile) - t0, blk = t0 / kTile;
-    load_master(s, t0, n, *t);
+    load_master(s, t0, n, t->p, root);
     widen_dtype(s.grad, s.grad_dtype, t0, t->g, n);
     if (skipped_by_update(c, t->g, n)) continue;
     auto* mq = static_cast<int8_t*>(s.m);
