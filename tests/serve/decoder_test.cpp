@@ -255,7 +255,37 @@ TEST(ServeDecoder, AnUnknownChoiceOfDecodeKernelsIsNamed) {
   ::setenv("TANDEM_DECODE_KERNELS", "fast", 1);
   const auto message = test::error_of([&] { test::decoder_of(*model); });
   ::unsetenv("TANDEM_DECODE_KERNELS");
-  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or torch"),
+  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or separate or torch"),
+            std::string::npos)
+      << message;
+}
+
+// The products with their epilogues (Note [Skinny epilogues]) against the same kernels apart
+// (TANDEM_DECODE_KERNELS=separate): the same schedule's logits, bit for bit, in bf16 and fp32.
+TEST(ServeDecoderGpu, SkinnyEpiloguesGiveTheSeparateKernelsLogits) {
+  REQUIRE_CUDA();
+  auto spec = test::small_llama_spec();
+  spec.d_model = 256, spec.n_head = 4, spec.n_kv_head = 2;
+  const auto model = test::random_llama(spec, 9);
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    auto fused = test::decoder_of(*model, dtype, -1, 1, cuda);
+    ::setenv("TANDEM_DECODE_KERNELS", "separate", 1);
+    auto separate = test::decoder_of(*model, dtype, -1, 1, cuda);
+    ::unsetenv("TANDEM_DECODE_KERNELS");
+    const auto a = run_schedule(*fused, nullptr, 9), b = run_schedule(*separate, nullptr, 9);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "step " << i << ", " << dtype;
+  }
+}
+
+// A bad TANDEM_DEPENDENT_LAUNCH is refused when the decoder is built, on any device, not at its
+// first launch on a GPU.
+TEST(ServeDecoder, AnUnknownDependentLaunchSettingIsNamedWhenTheDecoderIsBuilt) {
+  const auto model = test::random_llama(test::small_llama_spec(), 3);
+  ::setenv("TANDEM_DEPENDENT_LAUNCH", "sometimes", 1);
+  const auto message = test::error_of([&] { test::decoder_of(*model); });
+  ::unsetenv("TANDEM_DEPENDENT_LAUNCH");
+  EXPECT_NE(message.find("TANDEM_DEPENDENT_LAUNCH=sometimes is not a choice of dependent launch settings; use on or off"),
             std::string::npos)
       << message;
 }

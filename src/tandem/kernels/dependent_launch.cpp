@@ -29,6 +29,8 @@ bool dependent_launch_allowed() {
   return s == 1;
 }
 
+void check_dependent_launch_setting() { (void)allowed_by_environment(); }
+
 void allow_dependent_launch(bool allowed) { state().store(allowed ? 1 : 0, std::memory_order_relaxed); }
 
 }  // namespace tandem::detail

@@ -18,11 +18,13 @@
 // RoPE with the cache writes, silu * up, the paged attention and its combine) releases its
 // dependents as it starts (`release_dependents`), and waits for the kernels ahead of it to finish,
 // their writes visible, before it reads or writes anything they touch (`wait_for_prior_grids`).
-// Nothing runs before that wait. (The skinny linear once asked L2 for its weight rows there, at most
-// a third of L2 between the warps that start at once, so that the next product's weights would
-// stream in while the norm or the attention before it ran: on an H100 the decode steps ran slower
-// with it, 1.45 against 1.30-1.33 ms for a 1B model at batch 1, 5.81-5.83 against 5.59 ms for a 7B
-// one, docs/benchmarks.md.) The wait makes the order transitive (a kernel's wait ends
+// Before that wait only the skinny products run: each lane loads its first pieces of its weight rows
+// into registers (warp_dots in kernels/skinny_rows.cuh), which no kernel writes, so a product's first
+// loads overlap the end of the kernel before it: 5-6 % off a 1B model's batch-1 decode step on an
+// H100, 1 % off a 7B one's (docs/benchmarks.md). (The skinny linear once asked L2 for whole weight
+// rows there instead, at most a third of L2 between the warps that start at once: the decode steps
+// ran slower with it, 1.45 against 1.30-1.33 ms at 1B, 5.81-5.83 against 5.59 ms at 7B; the
+// prefetched lines displaced the running product's.) The wait makes the order transitive (a kernel's wait ends
 // after the one ahead of it ended, which waited for its own), and a kernel launched the ordinary way
 // (LibTorch's, a copy) waits for the whole of the one ahead of it. Recorded decode steps keep the
 // edges (CUDA graphs capture them). Every kernel launched through `launch_dependent` must call

@@ -9,6 +9,10 @@ namespace tandem::detail {
 /// TANDEM_DEPENDENT_LAUNCH=off turns it off for the process (to compare the two).
 bool dependent_launch_allowed();
 
+/// Refuses a TANDEM_DEPENDENT_LAUNCH that is neither on nor off (a user error naming the choices),
+/// read now: for the code that builds what will launch, so a typo stops it before its first launch.
+void check_dependent_launch_setting();
+
 /// Overrides the environment's choice, for tests and benchmarks that compare the two in one process.
 void allow_dependent_launch(bool allowed);
 

@@ -12,7 +12,9 @@
 #include "tandem/core/env_choice.h"
 #include "tandem/core/error.h"
 #include "tandem/kernels/decode_fusions.h"
+#include "tandem/kernels/dependent_launch.h"
 #include "tandem/kernels/paged_attention.h"
+#include "tandem/kernels/skinny_epilogues.h"
 #include "tandem/kernels/skinny_linear.h"
 #include "tandem/models/decoder.h"
 #include "tandem/models/norm.h"
@@ -42,10 +44,11 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-// Note [Paged decode attention] and Note [Decode fusions]: the CUDA kernels, unless
-// TANDEM_DECODE_KERNELS=torch asks for LibTorch's ops only (to compare the two).
-bool use_fused_kernels() {
-  return env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "torch"}) != "torch";
+// Note [Paged decode attention], Note [Decode fusions] and Note [Skinny epilogues]: the CUDA kernels,
+// unless TANDEM_DECODE_KERNELS asks for them without the products' epilogues (`separate`) or for
+// LibTorch's ops only (`torch`), to compare.
+std::string decode_kernels() {
+  return env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "separate", "torch"});
 }
 
 // Note [No per-shape attention plans]
@@ -115,7 +118,9 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   if (!spec().parts.learned_positions) rope_ = std::make_unique<RopeTable>(spec());
   attention_options_.scale = spec().parts.query_scale;
   attention_options_.softcap = spec().parts.attn_softcap;
-  const bool fused = use_fused_kernels() && decode_fusions_available(device(), dtype());
+  detail::check_dependent_launch_setting();  // Note [Dependent launch]
+  const std::string kernels = decode_kernels();
+  const bool fused = kernels != "torch" && decode_fusions_available(device(), dtype());
   paged_attention_ =
       fused &&
       paged_decode_attention_supported(device(), dtype(), spec().n_head, spec().n_kv_head, spec().head_dim()) &&
@@ -126,6 +131,7 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   fused_rope_ = fused && rope_ != nullptr;
   fused_act_ = fused && p.gated_ffn && p.act == Activation::kSilu;
   skinny_linear_ = fused;
+  skinny_epilogues_ = fused && kernels == "fused";
   packed_prefill_ = fused && packed_prefill_supported(device(), dtype(), spec().head_dim(), p.attn_softcap);
 }
 
@@ -383,15 +389,14 @@ std::pair<torch::Tensor, torch::Tensor> Decoder::layer(const torch::Tensor& x, c
   const LayerWeights w = weights_->acquire(index);
   // Attention. x: (N, C) fp32 residual stream.
   const auto [stream, h_in] = add_and_norm(x, pending, w.attn_norm, w.attn_norm_bias);
-  const auto qkv = linear(h_in, w.qkv, w.qkv_bias);  // (N, Q+2KVhd)
-  const auto [q, k, v] = queries_keys_values(qkv, index, step, cache);
+  const auto [q, k, v] = queries_keys_values(h_in, w, index, step, cache);
   const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
   // Note [Decode step kernels]: the add converts the compute-dtype output to fp32 itself.
   auto a = linear(y.reshape({N, H * hd}), w.o, w.o_bias);
   if (w.attn_out_norm.defined()) a = norm_fp32(a, w.attn_out_norm, {}, s.norm_eps, s.parts.norm);
   // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
   const auto [r, h] = add_and_norm(stream, a, w.ff_norm, w.ff_norm_bias);
-  const auto inner = gated(linear(h, w.gate_up, w.gate_up_bias));  // (N, F)
+  const auto inner = gated(h, w);  // (N, F)
   auto f = linear(inner, w.down, w.down_bias);
   if (w.ff_out_norm.defined()) f = norm_fp32(f, w.ff_out_norm, {}, s.norm_eps, s.parts.norm);
   weights_->release(index);
@@ -416,16 +421,21 @@ std::pair<torch::Tensor, torch::Tensor> Decoder::add_and_norm(const torch::Tenso
   return {r, norm_in(r, w, bias)};
 }
 
-// q and k rotated (RoPE) and v, from the fused projection; the new keys and values written into the
-// layer's cache at the step's slots.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_values(const torch::Tensor& qkv,
+// q and k rotated (RoPE) and v, the projections of h; the new keys and values written into the
+// layer's cache at the step's slots. One kernel where the skinny products take h (Note [Skinny
+// epilogues]), two where the decode fusions do.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_values(const torch::Tensor& h,
+                                                                                     const LayerWeights& w,
                                                                                      int64_t index,
                                                                                      const StepLayout& step,
                                                                                      KvCache& cache) const {
   const auto& s = spec();
   const int64_t N = step.rows, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), Q = H * hd;
-  const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
   auto kc = cache.keys(index), vc = cache.values(index);
+  if (fused_rope_ && skinny_epilogues_ && skinny_linear_takes(h, w.qkv))
+    return skinny_rope_kv(h, w.qkv, w.qkv_bias, H, KV, step.cos, step.sin, kc, vc, step.write_page, step.write_slot);
+  const auto qkv = linear(h, w.qkv, w.qkv_bias);  // (N, Q+2KVhd)
+  const auto v = qkv.narrow(1, Q + KV * hd, KV * hd).view({N, KV, hd});
   if (fused_rope_) {
     auto [q, k] = rope_write_kv(qkv, H, KV, step.cos, step.sin, kc, vc, step.write_page, step.write_slot);
     return {q, k, v};
@@ -438,10 +448,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_va
   return {qk.narrow(1, 0, H), k, v};
 }
 
-// The feed-forward's inner activation from the (gate, up) product: act(gate) * up, or act(up) for
-// an ungated feed-forward.
-torch::Tensor Decoder::gated(const torch::Tensor& gu) const {
+// The feed-forward's inner activation of h: act(gate) * up of the stacked (gate, up) product, or
+// act(up) for an ungated feed-forward. One kernel where the skinny products take h (Note [Skinny
+// epilogues]).
+torch::Tensor Decoder::gated(const torch::Tensor& h, const LayerWeights& w) const {
   const auto& p = spec().parts;
+  if (fused_act_ && skinny_epilogues_ && skinny_linear_takes(h, w.gate_up))
+    return skinny_silu_mul(h, w.gate_up, w.gate_up_bias);
+  const auto gu = linear(h, w.gate_up, w.gate_up_bias);
   if (fused_act_) return silu_mul(gu);
   const int64_t F = spec().d_ff;
   return p.gated_ffn ? activate(gu.narrow(1, 0, F), p.act) * gu.narrow(1, F, F) : activate(gu, p.act);

@@ -104,10 +104,11 @@ class Decoder {
   torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) const;
   std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& a,
                                                        const torch::Tensor& w, const torch::Tensor& bias) const;
-  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> queries_keys_values(const torch::Tensor& qkv, int64_t index,
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> queries_keys_values(const torch::Tensor& h,
+                                                                              const LayerWeights& w, int64_t index,
                                                                               const StepLayout& step,
                                                                               KvCache& cache) const;
-  torch::Tensor gated(const torch::Tensor& gu) const;
+  torch::Tensor gated(const torch::Tensor& h, const LayerWeights& w) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
 
@@ -117,6 +118,7 @@ class Decoder {
   bool paged_attention_ = false;                                       // Note [Paged decode attention]
   bool fused_norms_ = false, fused_rope_ = false, fused_act_ = false;  // Note [Decode fusions]
   bool skinny_linear_ = false;                                         // Note [Skinny linear]
+  bool skinny_epilogues_ = false;                                      // Note [Skinny epilogues]
   bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
 };
 

@@ -1,0 +1,107 @@
+#pragma once
+// The warp-level core of the skinny products (Note [Skinny linear]): one warp dots one or two weight
+// rows with each of the few rows of x. The plain product (skinny_linear.cu) and the products with an
+// epilogue (skinny_epilogues.cu) are built on it, so a feature's sum has the same bits in each.
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tandem/kernels/cuda_elements.cuh"
+#include "tandem/kernels/dependent_launch.cuh"
+
+namespace tandem::detail {
+
+/// Warps in a block of every skinny kernel.
+constexpr int kSkinnyWarps = 8;
+
+/// acc + the dot product of two 16-byte pieces of T.
+template <class T>
+__device__ __forceinline__ float dot16(const uint4& xr, const uint4& wr, float acc) {
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  const T* xe = reinterpret_cast<const T*>(&xr);
+  const T* we = reinterpret_cast<const T*>(&wr);
+#pragma unroll
+  for (int i = 0; i < per; ++i) acc = fmaf(to_float(xe[i]), to_float(we[i]), acc);
+  return acc;
+}
+
+// IN_FLIGHT 16-byte pieces of each of the WROWS weight rows from piece `base` on (zeros past the end).
+template <class T, int WROWS, int IN_FLIGHT>
+__device__ __forceinline__ void load_pieces(const T* const (&w)[WROWS], int64_t pieces, int64_t base,
+                                            uint4 (&wv)[WROWS][IN_FLIGHT]) {
+#pragma unroll
+  for (int j = 0; j < WROWS; ++j)
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const int64_t c = base + 32 * u;
+      wv[j][u] = c < pieces ? __ldcs(reinterpret_cast<const uint4*>(w[j]) + c)  // streamed: read once
+                            : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/// sum[j][r] = x[r] . w[j] for the WROWS weight rows w[j] (K elements each) and the ROWS rows of x
+/// (contiguous, K apart), on every lane. Each lane loads IN_FLIGHT 16-byte pieces of every weight row
+/// before using any, and walks its pieces in increasing order whatever IN_FLIGHT and WROWS are, so
+/// the sums do not depend on either. It waits for the kernels ahead on the stream (Note [Dependent
+/// launch]) once its first weights are asked for: the weights are not theirs to write, so a product
+/// launched early streams them while the kernel before it ends, and x, which that kernel writes, is
+/// read after the wait. The caller touches nothing the kernels ahead write before calling it.
+template <class T, int ROWS, int WROWS, int IN_FLIGHT>
+__device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* const (&w)[WROWS], int64_t K, int lane,
+                                          float (&sum)[WROWS][ROWS]) {
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  const int64_t pieces = K / per;
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int j = 0; j < WROWS; ++j)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[j][r] = 0.0f;
+  uint4 wv[WROWS][IN_FLIGHT];
+  load_pieces<T, WROWS, IN_FLIGHT>(w, pieces, lane, wv);
+  wait_for_prior_grids();
+  for (int64_t base = lane; base < pieces; base += 32 * IN_FLIGHT) {
+    if (base != lane) load_pieces<T, WROWS, IN_FLIGHT>(w, pieces, base, wv);
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const int64_t c = base + 32 * u;
+      if (c >= pieces) break;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const uint4 xv = __ldg(xr + r * pieces + c);
+#pragma unroll
+        for (int j = 0; j < WROWS; ++j) sum[j][r] = dot16<T>(xv, wv[j][u], sum[j][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < WROWS; ++j)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[j][r] = warp_sum(sum[j][r]);
+}
+
+/// Pieces a lane keeps in flight for rows of K elements of T: 8 on rows of 8 KB and more, else 4
+/// (`tandem bench skinny_linear` on an H100: with 8, Llama-2-7B's o and down products ran 24 % and
+/// 16 % faster and its q/k/v and gate/up within 4 %; with 4, the 1B folder's q/k/v ran 15 % faster).
+template <class T>
+constexpr bool skinny_deep(int64_t K) {
+  return K * static_cast<int64_t>(sizeof(T)) >= 8192;
+}
+
+/// Calls f(std::integral_constant<int, rows>{}) for rows 1 to 4 (kSkinnyRows).
+template <class F>
+void with_skinny_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
+
+}  // namespace tandem::detail
