@@ -47,7 +47,8 @@
 #          60); the server's tests with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
 #          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_DEP_AB=1 (default) repeats the batch-1
 #          runs with the decode kernels launched the ordinary way (TANDEM_DEPENDENT_LAUNCH=off, Note [Dependent
-#          launch]); SERVE_NCU=1 times one decode step's kernels
+#          launch]); SERVE_EPI_AB=1 (default) repeats them with the products' epilogues apart
+#          (TANDEM_DECODE_KERNELS=separate, Note [Skinny epilogues]); SERVE_NCU=1 times one decode step's kernels
 #          (bench/ncu_kernels.py --last-step). SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
@@ -58,7 +59,7 @@
 #   trainer transformers' Trainer on a Mistral-7B shape with tandem's OffloadAdamW, torchao's CPUOffloadOptimizer
 #          and DeepSpeed ZeRO-2 offload (bench/trainer_peers.py; TR_SHAPE, TR_BATCH, TR_SEQ, TR_SIDES, TR_LAYERS);
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
-#          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add int8, delayedN, bf16sr,
+#          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add spec (speculating), int8, delayedN, bf16sr,
 #          bf16kahan and int8sr (bf16 masters);
 #   capacity the largest of CAP_LAYERS layers of LLaMA-30B's width one GPU trains with a bf16 master and 8-bit
 #          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use;
@@ -311,6 +312,8 @@ ring=(--set offload.optimizer=cpu --set offload.update_split=0 --set optim.state
 for c in ${CURVE_RUNS:-gpu exact delayed}; do
   extra=()
   [[ $c != gpu ]] && extra=("${ring[@]}")
+  # spec: exact, speculating through the ring once 8 steps in a row did not clip (Note [Retraction]).
+  [[ $c == spec ]] && extra=("${ring[@]/offload.speculate=never/offload.speculate=auto}")
   [[ $c == delayed ]] && extra+=(--set offload.delayed_update=true)
   [[ $c =~ ^delayed([0-9]+)$ ]] && extra+=(--set offload.delayed_update=true --set offload.delayed_after="${BASH_REMATCH[1]}")
   [[ $c == int8 ]] && extra+=(--set optim.state_dtype=int8)
@@ -321,6 +324,16 @@ for c in ${CURVE_RUNS:-gpu exact delayed}; do
   echo "== curve: 1B $c"
   "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"
   grep -E "recipe|lr |offload:|done" "$OUT/curve-$c.log" | head -4
+  python3 - "$OUT/curve-$c/metrics.jsonl" "$c" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+norms = sorted(r["grad_norm"] for r in rows if "grad_norm" in r)
+if norms:
+    q = lambda f: norms[min(len(norms) - 1, int(f * len(norms)))]
+    print("%s: grad norm min %.3f, median %.3f, 90th %.3f, max %.3f; %d of %d steps above 1; speculative steps %s, "
+          "rollbacks %s" % (sys.argv[2], norms[0], q(0.5), q(0.9), norms[-1], sum(n > 1 for n in norms), len(norms),
+                            rows[-1].get("offload_speculative_steps", "-"), rows[-1].get("offload_rollbacks", "-")))
+PY
 done
 fi
 
@@ -744,6 +757,21 @@ if has serve; then
 # resident, the rest streamed), then transformers + accelerate (device_map="auto", max_memory 16 GiB on the
 # GPU) on the same folder; each command limited to SERVE_BIG_TIMEOUT s (default 180). The summary sets the
 # three against the PCIe bound (weight bytes copied a step at 55 GB/s; bench/generate_peer.py table).
+# SERVE_EPI_AB=1 (default): a batch-1 generation on a folder with the products' epilogues (Note [Skinny
+# epilogues]) and without them (TANDEM_DECODE_KERNELS=separate), twice each, alternating: their A/B in
+# one invocation.
+epilogue_ab() {  # folder, log prefix
+  [[ ${SERVE_EPI_AB:-1} == 1 ]] || return 0
+  local round kern
+  for round in 1 2; do
+    for kern in separate fused; do
+      TANDEM_DECODE_KERNELS=$kern "$BUILD/tandem" generate --checkpoint "$1" --prompts "$OUT/gen-prompt1.txt" \
+        --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 >"$OUT/$2-$kern-$round.log" 2>&1
+      echo "-- batch 1, TANDEM_DECODE_KERNELS=$kern (round $round):"
+      grep -aE "^decode:|tokens/s" "$OUT/$2-$kern-$round.log" | tail -2
+    done
+  done
+}
 serve_load_run() {  # name, serve flags
   rm -f "$OUT/$1.json"
   echo "-- $1: tandem serve ${2:-(defaults)}"
@@ -799,6 +827,7 @@ if [[ ${SERVE_DEP_AB:-1} == 1 ]]; then
   TANDEM_DEPENDENT_LAUNCH=off "${gen[@]}" >"$OUT/gen-resident-dep-off.log" 2>&1
   echo "-- batch ${SERVE_BATCH:-32}, TANDEM_DEPENDENT_LAUNCH=off:"; grep -aE "^decode:|tokens/s" "$OUT/gen-resident-dep-off.log" | tail -2
 fi
+epilogue_ab "$gdir" gen-batch1-epi
 # SERVE_NCU=1: every kernel of a batch-1 generation of 3 tokens (eager) timed by Nsight Compute,
 # the decode steps' kernels summed by name (ncu-decode.txt): what a decode step spends its time on.
 if [[ ${SERVE_NCU:-0} == 1 ]] && command -v ncu >/dev/null; then
@@ -856,6 +885,7 @@ if [[ ${SERVE_DEP_AB:-1} == 1 ]]; then
   TANDEM_DEPENDENT_LAUNCH=off "${g7[@]}" --prompts "$OUT/gen-prompt1.txt" --max-batch 1 >"$OUT/gen7-batch1-dep-off.log" 2>&1
   echo "-- TANDEM_DEPENDENT_LAUNCH=off:"; tail -2 "$OUT/gen7-batch1-dep-off.log"
 fi
+epilogue_ab "$s7" gen7-batch1-epi
 "${g7[@]}" --prompts "$OUT/gen-prompts.txt" --max-batch "${SERVE_BATCH:-32}" >"$OUT/gen7-batch.log" 2>&1
 tail -2 "$OUT/gen7-batch.log"
 python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1

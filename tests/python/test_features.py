@@ -32,7 +32,7 @@ def test_metrics_rows_and_trace(tmp_path):
     assert [x["step"] for x in r] == [1, 2, 3, 4]
     assert [x["loss"] for x in r] == pytest.approx(losses)
     for key in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "time_cpu_update_s", "offload_gpu_blocks",
-                "mem_host_peak_bytes"):
+                "offload_speculative_steps", "mem_host_peak_bytes"):
         assert key in r[-1], key
     assert r[-1]["tokens"] == 4 * 4 * 16
     names = {e.get("name") for e in json.load(open(tmp_path / "trace.json"))["traceEvents"]}

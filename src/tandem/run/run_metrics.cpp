@@ -76,6 +76,7 @@ void add_engine_row(nlohmann::json& m, const OffloadEngine& engine, const ParamS
   m["time_transfer_s"] = es.transfer_s - before.transfer_s;
   m["offload_gpu_blocks"] = store.gpu_blocks();
   m["offload_rollbacks"] = es.rollbacks;
+  m["offload_speculative_steps"] = es.speculative_steps;
   m["offload_cpu_update_s"] = es.cpu_update_s;
   if (store.options().nvme_blocks > 0) {  // Note [NVMe tier]
     m["time_nvme_wait_s"] = es.nvme_wait_s - before.nvme_wait_s;
