@@ -8,6 +8,7 @@
 #include "tandem/kernels/decode_fusions.h"
 #include "tandem/kernels/decode_fusions_launch.h"
 #include "tandem/kernels/element_type_of.h"
+#include "tandem/kernels/rope_kv_cuda.h"
 
 namespace tandem::detail {
 namespace {
@@ -46,35 +47,16 @@ std::pair<torch::Tensor, torch::Tensor> add_rms_norm_cuda(const torch::Tensor& x
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_write_kv_cuda(const torch::Tensor& qkv_in, int64_t heads, int64_t kv_heads,
-                                                           const torch::Tensor& cos_in, const torch::Tensor& sin_in,
+                                                           const torch::Tensor& cos, const torch::Tensor& sin,
                                                            torch::Tensor& k_cache, torch::Tensor& v_cache,
-                                                           const torch::Tensor& page_in, const torch::Tensor& slot_in) {
+                                                           const torch::Tensor& page, const torch::Tensor& slot) {
   const c10::cuda::CUDAGuard guard(qkv_in.device());
   const auto qkv = qkv_in.contiguous();
-  const int64_t N = qkv.size(0), hd = k_cache.size(3), rot = cos_in.size(-1);
-  TANDEM_ASSERT(qkv.size(1) == (heads + 2 * kv_heads) * hd && k_cache.size(1) == kv_heads && k_cache.is_contiguous() &&
-                    v_cache.is_contiguous() && rot <= hd && rot % 2 == 0,
-                "rope_write_kv: qkv ", qkv.sizes(), ", ", heads, " heads over ", kv_heads, ", cache ", k_cache.sizes(),
-                ", rotary ", rot);
-  TANDEM_ASSERT(k_cache.scalar_type() == qkv.scalar_type() && cos_in.scalar_type() == qkv.scalar_type(),
-                "rope_write_kv: the cache and the tables in the projection's dtype");
-  const auto cos = cos_in.reshape({N, rot}).contiguous(), sin = sin_in.reshape({N, rot}).contiguous();
-  const auto page = page_in.to(torch::kInt64).contiguous(), slot = slot_in.to(torch::kInt64).contiguous();
-  auto q = torch::empty({N, heads, hd}, qkv.options()), k = torch::empty({N, kv_heads, hd}, qkv.options());
-  RopeKvArgs p;
-  p.qkv = qkv.data_ptr();
-  p.cos = cos.data_ptr();
-  p.sin = sin.data_ptr();
-  p.q_out = q.data_ptr();
-  p.k_out = k.data_ptr();
-  p.k_cache = k_cache.data_ptr();
-  p.v_cache = v_cache.data_ptr();
-  p.page = page.data_ptr<int64_t>();
-  p.slot = slot.data_ptr<int64_t>();
-  p.N = N, p.H = heads, p.KV = kv_heads, p.head_dim = hd, p.rotary = rot, p.page_tokens = k_cache.size(2);
-  p.elem = element(qkv);
-  launch_rope_write_kv(p, c10::cuda::getCurrentCUDAStream());
-  return {q, k};
+  auto launch = rope_kv_launch("rope_write_kv", qkv, qkv.size(0), qkv.size(1), heads, kv_heads, cos, sin, k_cache,
+                               v_cache, page, slot);
+  launch.args.qkv = qkv.data_ptr();
+  launch_rope_write_kv(launch.args, c10::cuda::getCurrentCUDAStream());
+  return {launch.q, launch.k};
 }
 
 torch::Tensor silu_mul_cuda(const torch::Tensor& gu_in) {
@@ -93,4 +75,39 @@ struct Register {
 } register_decode_fusions_cuda;
 
 }  // namespace
+
+RopeKvLaunch rope_kv_launch(const char* what, const torch::Tensor& like, int64_t rows, int64_t width, int64_t heads,
+                            int64_t kv_heads, const torch::Tensor& cos, const torch::Tensor& sin,
+                            torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& page,
+                            const torch::Tensor& slot) {
+  const int64_t N = rows, hd = k_cache.size(3), rot = cos.size(-1);
+  TANDEM_ASSERT(width == (heads + 2 * kv_heads) * hd && k_cache.size(1) == kv_heads && k_cache.is_contiguous() &&
+                    v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() && rot <= hd && rot % 2 == 0 &&
+                    hd % 2 == 0,
+                what, ": a projection of ", width, ", ", heads, " heads over ", kv_heads, ", cache ", k_cache.sizes(),
+                ", rotary ", rot);
+  const auto t = like.scalar_type();
+  TANDEM_ASSERT(k_cache.scalar_type() == t && v_cache.scalar_type() == t && cos.scalar_type() == t &&
+                    sin.scalar_type() == t,
+                what, ": the caches and the tables in the projection's dtype");
+  RopeKvLaunch l;
+  l.cos = cos.reshape({N, rot}).contiguous();
+  l.sin = sin.reshape({N, rot}).contiguous();
+  l.page = page.to(torch::kInt64).contiguous();
+  l.slot = slot.to(torch::kInt64).contiguous();
+  l.q = torch::empty({N, heads, hd}, like.options());
+  l.k = torch::empty({N, kv_heads, hd}, like.options());
+  RopeKvArgs& p = l.args;
+  p.cos = l.cos.data_ptr();
+  p.sin = l.sin.data_ptr();
+  p.q_out = l.q.data_ptr();
+  p.k_out = l.k.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.page = l.page.data_ptr<int64_t>();
+  p.slot = l.slot.data_ptr<int64_t>();
+  p.N = N, p.H = heads, p.KV = kv_heads, p.head_dim = hd, p.rotary = rot, p.page_tokens = k_cache.size(2);
+  p.elem = checked_element_type(t, what);
+  return l;
+}
 }  // namespace tandem::detail

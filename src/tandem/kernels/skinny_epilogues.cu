@@ -44,20 +44,21 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps)
 // Where a value of the projection goes: q_out, or k_out and the key cache, or v_out and the value cache.
 template <class T>
 __device__ __forceinline__ void store_qkv(const SkinnyRopeKvArgs& p, int64_t n, int64_t head, int64_t d, float value) {
+  const RopeKvArgs& r = p.rope;
   const T out = from_float<T>(value);
-  const int64_t H = p.H, KV = p.KV, hd = p.head_dim;
+  const int64_t H = r.H, KV = r.KV, hd = r.head_dim;
   if (head < H) {
-    static_cast<T*>(p.q_out)[(n * H + head) * hd + d] = out;
+    static_cast<T*>(r.q_out)[(n * H + head) * hd + d] = out;
     return;
   }
   const int64_t kv = head < H + KV ? head - H : head - H - KV;
-  const int64_t cached = ((p.page[n] * KV + kv) * p.page_tokens + p.slot[n]) * hd + d;
+  const int64_t cached = ((r.page[n] * KV + kv) * r.page_tokens + r.slot[n]) * hd + d;
   if (head < H + KV) {
-    static_cast<T*>(p.k_out)[(n * KV + kv) * hd + d] = out;
-    static_cast<T*>(p.k_cache)[cached] = out;
+    static_cast<T*>(r.k_out)[(n * KV + kv) * hd + d] = out;
+    static_cast<T*>(r.k_cache)[cached] = out;
   } else {
     static_cast<T*>(p.v_out)[(n * KV + kv) * hd + d] = out;
-    static_cast<T*>(p.v_cache)[cached] = out;
+    static_cast<T*>(r.v_cache)[cached] = out;
   }
 }
 
@@ -69,18 +70,19 @@ template <class T, int ROWS, int IN_FLIGHT>
 __global__ void __launch_bounds__(32 * kSkinnyWarps) skinny_rope_kv_kernel(const SkinnyRopeKvArgs p) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t unit = int64_t{blockIdx.x} * kSkinnyWarps + static_cast<int>(threadIdx.x) / 32;
-  const int64_t hd = p.head_dim, half = p.rotary / 2, qk_units = hd - half, qk_heads = p.H + p.KV;
+  const RopeKvArgs& r = p.rope;
+  const int64_t hd = r.head_dim, half = r.rotary / 2, qk_units = hd - half, qk_heads = r.H + r.KV;
   int64_t head = 0, d = 0, partner = -1;  // partner: the second dimension, or -1
   bool rotate = false;
   if (unit < qk_heads * qk_units) {
     head = unit / qk_units;
     const int64_t u = unit % qk_units;
     rotate = u < half;
-    d = rotate ? u : p.rotary + (u - half);
+    d = rotate ? u : r.rotary + (u - half);
     partner = rotate ? u + half : -1;
   } else {
     const int64_t u = unit - qk_heads * qk_units;
-    if (u >= p.KV * (hd / 2)) return;
+    if (u >= r.KV * (hd / 2)) return;
     head = qk_heads + u / (hd / 2);
     d = u % (hd / 2);
     partner = d + hd / 2;
@@ -96,23 +98,23 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps) skinny_rope_kv_kernel(const
     float one[1][ROWS];
     warp_dots<T, ROWS, 1, IN_FLIGHT>(x, rows, p.K, lane, one);
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) sum[0][r] = one[0][r];
+    for (int i = 0; i < ROWS; ++i) sum[0][i] = one[0][i];
   } else {
     const T* rows[2] = {w + row * p.K, w + partner_row * p.K};
     warp_dots<T, ROWS, 2, IN_FLIGHT>(x, rows, p.K, lane, sum);
   }
-  if (lane >= ROWS || lane >= p.rows) return;
-  const int64_t n = lane;  // lane r stores row r
+  if (lane >= ROWS || lane >= r.N) return;
+  const int64_t n = lane;  // lane n stores row n
   float a = 0.0f, b = 0.0f;
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r)
-    if (r == n) {
-      a = product(sum[0][r], bias, row);
-      if (partner >= 0) b = product(sum[1][r], bias, partner_row);
+  for (int i = 0; i < ROWS; ++i)
+    if (i == n) {
+      a = product(sum[0][i], bias, row);
+      if (partner >= 0) b = product(sum[1][i], bias, partner_row);
     }
   if (rotate) {
-    const T* cos = static_cast<const T*>(p.cos) + n * p.rotary;
-    const T* sin = static_cast<const T*>(p.sin) + n * p.rotary;
+    const T* cos = static_cast<const T*>(r.cos) + n * r.rotary;
+    const T* sin = static_cast<const T*>(r.sin) + n * r.rotary;
     const float ra = __fadd_rn(round_to<T>(__fmul_rn(a, to_float(cos[d]))),
                                round_to<T>(__fmul_rn(-b, to_float(sin[d]))));
     const float rb = __fadd_rn(round_to<T>(__fmul_rn(b, to_float(cos[partner]))),
@@ -141,12 +143,13 @@ void launch_skinny_silu_mul(const void* x, const void* w, const void* bias, void
 }
 
 void launch_skinny_rope_kv(const SkinnyRopeKvArgs& p, cudaStream_t stream) {
-  if (p.rows == 0) return;
-  const int64_t units = (p.H + p.KV) * (p.head_dim - p.rotary / 2) + p.KV * (p.head_dim / 2);
+  const RopeKvArgs& r = p.rope;
+  if (r.N == 0) return;
+  const int64_t units = (r.H + r.KV) * (r.head_dim - r.rotary / 2) + r.KV * (r.head_dim / 2);
   const auto blocks = static_cast<unsigned>((units + kSkinnyWarps - 1) / kSkinnyWarps);
-  with_element_type(p.elem, [&](auto tag) {
+  with_element_type(r.elem, [&](auto tag) {
     using T = decltype(tag);
-    with_skinny_rows(p.rows, [&](auto rows_tag) {
+    with_skinny_rows(r.N, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
       const auto kernel = skinny_deep<T>(p.K) ? skinny_rope_kv_kernel<T, R, 8> : skinny_rope_kv_kernel<T, R, 4>;
       launch_dependent(kernel, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, p);

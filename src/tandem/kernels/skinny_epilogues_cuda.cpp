@@ -6,6 +6,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/kernels/element_type_of.h"
+#include "tandem/kernels/rope_kv_cuda.h"
 #include "tandem/kernels/skinny_epilogues.h"
 #include "tandem/kernels/skinny_epilogues_launch.h"
 
@@ -32,41 +33,22 @@ torch::Tensor silu_mul_cuda(const torch::Tensor& x, const torch::Tensor& w, cons
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> rope_kv_cuda(
     const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias_in, int64_t heads, int64_t kv_heads,
-    const torch::Tensor& cos_in, const torch::Tensor& sin_in, torch::Tensor& k_cache, torch::Tensor& v_cache,
-    const torch::Tensor& page_in, const torch::Tensor& slot_in) {
+    const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& k_cache, torch::Tensor& v_cache,
+    const torch::Tensor& page, const torch::Tensor& slot) {
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t N = x.size(0), hd = k_cache.size(3), rot = cos_in.size(-1);
-  TANDEM_ASSERT(w.size(0) == (heads + 2 * kv_heads) * hd && k_cache.size(1) == kv_heads && k_cache.is_contiguous() &&
-                    v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() && rot <= hd && rot % 2 == 0 &&
-                    hd % 2 == 0,
-                "skinny_rope_kv: w ", w.sizes(), ", ", heads, " heads over ", kv_heads, ", cache ", k_cache.sizes(),
-                ", rotary ", rot);
-  TANDEM_ASSERT(k_cache.scalar_type() == x.scalar_type() && v_cache.scalar_type() == x.scalar_type() &&
-                    cos_in.scalar_type() == x.scalar_type() && sin_in.scalar_type() == x.scalar_type(),
-                "skinny_rope_kv: the caches and the tables in the projection's dtype");
-  const auto cos = cos_in.reshape({N, rot}).contiguous(), sin = sin_in.reshape({N, rot}).contiguous();
-  const auto page = page_in.to(torch::kInt64).contiguous(), slot = slot_in.to(torch::kInt64).contiguous();
+  auto launch = rope_kv_launch("skinny_rope_kv", x, x.size(0), w.size(0), heads, kv_heads, cos, sin, k_cache, v_cache,
+                               page, slot);
   const auto bias = bias_of(bias_in, x, w.size(0));
-  auto q = torch::empty({N, heads, hd}, x.options());
-  auto k = torch::empty({N, kv_heads, hd}, x.options()), v = torch::empty({N, kv_heads, hd}, x.options());
+  auto v = torch::empty_like(launch.k);
   SkinnyRopeKvArgs p;
+  p.rope = launch.args;
   p.x = x.data_ptr();
   p.w = w.data_ptr();
   p.bias = bias.defined() ? bias.data_ptr() : nullptr;
-  p.cos = cos.data_ptr();
-  p.sin = sin.data_ptr();
-  p.q_out = q.data_ptr();
-  p.k_out = k.data_ptr();
   p.v_out = v.data_ptr();
-  p.k_cache = k_cache.data_ptr();
-  p.v_cache = v_cache.data_ptr();
-  p.page = page.data_ptr<int64_t>();
-  p.slot = slot.data_ptr<int64_t>();
-  p.rows = N, p.K = x.size(1), p.H = heads, p.KV = kv_heads, p.head_dim = hd, p.rotary = rot;
-  p.page_tokens = k_cache.size(2);
-  p.elem = checked_element_type(x.scalar_type(), "the skinny epilogues");
+  p.K = x.size(1);
   launch_skinny_rope_kv(p, c10::cuda::getCurrentCUDAStream());
-  return {q, k, v};
+  return {launch.q, launch.k, v};
 }
 
 const SkinnyEpiloguesCudaOps kOps{&silu_mul_cuda, &rope_kv_cuda};

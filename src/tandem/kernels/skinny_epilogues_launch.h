@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "tandem/kernels/decode_fusions_launch.h"
 #include "tandem/kernels/element_type.h"
 
 namespace tandem::detail {
@@ -17,24 +18,14 @@ void launch_skinny_silu_mul(const void* x, const void* w, const void* bias, void
                             int64_t F, ElementType elem, cudaStream_t stream);
 
 /// qkv = x w^T + bias (w ((H + 2 KV) hd, K), bias or null), rounded to the element type, then what
-/// launch_rope_write_kv does with it: RoPE on the first `rotary` dimensions of each head of q and k,
-/// q into q_out (rows, H, hd), k into k_out (rows, KV, hd) and v into v_out (rows, KV, hd), k and v
-/// into the caches (P, KV, page_tokens, hd) at (page[n], slot[n]). cos and sin (rows, rotary).
+/// launch_rope_write_kv does with `rope` (its qkv unused) on it, and v also into v_out (N, KV, hd).
 struct SkinnyRopeKvArgs {
+  RopeKvArgs rope;
   const void* x = nullptr;
   const void* w = nullptr;
   const void* bias = nullptr;
-  const void* cos = nullptr;
-  const void* sin = nullptr;
-  void* q_out = nullptr;
-  void* k_out = nullptr;
   void* v_out = nullptr;
-  void* k_cache = nullptr;
-  void* v_cache = nullptr;
-  const int64_t* page = nullptr;
-  const int64_t* slot = nullptr;
-  int64_t rows = 0, K = 0, H = 0, KV = 0, head_dim = 0, rotary = 0, page_tokens = 0;
-  ElementType elem = ElementType::kF32;
+  int64_t K = 0;
 };
 void launch_skinny_rope_kv(const SkinnyRopeKvArgs& args, cudaStream_t stream);
 
