@@ -105,7 +105,11 @@ install_wheels() {
 }
 
 prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
-# Debian packages the image lacks (cpp-httplib, Chart.js), carried as .debs and unpacked aside.
+# Debian packages the image lacks, carried as .debs and unpacked aside: libgloo-dev libgloo0
+# libcpp-httplib-dev libcpp-httplib0.11 libjs-chart.js libssl-dev libicu-dev libicu72
+# libsentencepiece-dev libsentencepiece0 libhwloc-dev libhwloc15 libgtest-dev libgmock-dev liburing-dev
+# liburing2 (`apt-get download` them). Without libicu72 the link takes ICU's static archive and fails on
+# icudt72_dat; a build folder configured so keeps that choice until its CMakeCache.txt goes.
 if compgen -G ".debs/*.deb" >/dev/null; then
   for f in .debs/*.deb; do dpkg -x "$f" /tmp/debs; done
   prefix="$prefix;/tmp/debs/usr"
