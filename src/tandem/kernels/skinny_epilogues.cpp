@@ -18,11 +18,9 @@ const SkinnyEpiloguesCudaOps*& skinny_epilogues_cuda_ops() {
 namespace {
 
 const detail::SkinnyEpiloguesCudaOps& ops_for(const torch::Tensor& x, const torch::Tensor& w, const char* what) {
+  require_skinny_linear_takes(x, w, what);
   const auto* ops = detail::skinny_epilogues_cuda_ops();
-  TANDEM_CHECK(ops != nullptr && skinny_linear_takes(x, w), what,
-               " takes what the skinny linear takes: contiguous CUDA x (N <= ", kSkinnyRows,
-               ", K) and w (O, K) of one float dtype, K a multiple of 8; got x ", x.sizes(), " ", x.scalar_type(),
-               " on ", x.device(), ", w ", w.sizes(), " ", w.scalar_type());
+  TANDEM_ASSERT(ops != nullptr, what, " in a build whose skinny linear runs but whose epilogues are missing");
   return *ops;
 }
 

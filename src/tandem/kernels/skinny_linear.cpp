@@ -25,10 +25,14 @@ bool skinny_linear_takes(const torch::Tensor& x, const torch::Tensor& w) {
          reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0;
 }
 
-torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
-  TANDEM_CHECK(skinny_linear_takes(x, w), "the skinny linear takes contiguous CUDA x (N <= ", kSkinnyRows,
+void require_skinny_linear_takes(const torch::Tensor& x, const torch::Tensor& w, const char* what) {
+  TANDEM_CHECK(skinny_linear_takes(x, w), what, " takes contiguous CUDA x (N <= ", kSkinnyRows,
                ", K) and w (O, K) of one float dtype, K a multiple of 8; got x ", x.sizes(), " ", x.scalar_type(),
                " on ", x.device(), ", w ", w.sizes(), " ", w.scalar_type());
+}
+
+torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
+  require_skinny_linear_takes(x, w, "the skinny linear");
   return detail::skinny_linear_cuda()(x, w, bias);
 }
 

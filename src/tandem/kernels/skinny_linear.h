@@ -27,6 +27,10 @@ constexpr int64_t kSkinnyRows = 4;
 /// CUDA kernels.
 bool skinny_linear_takes(const torch::Tensor& x, const torch::Tensor& w);
 
+/// Refuses, naming `what` and what it takes, the x and w that skinny_linear_takes does not take:
+/// the check of the skinny linear and of the products built on it (Note [Skinny epilogues]).
+void require_skinny_linear_takes(const torch::Tensor& x, const torch::Tensor& w, const char* what);
+
 /// y (N, O) = x w^T + bias (bias (O) or undefined), in x's dtype, accumulated in fp32.
 torch::Tensor skinny_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias);
 
