@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -207,6 +208,35 @@ TEST(Comm, DeviceGroupsSpanTheWorldWithoutAPipeline) {
     EXPECT_THROW(c.device_group(2), InternalError);
     EXPECT_THROW(c.stage_link(Comm::Link::kDown), InternalError) << "no pipeline: no stage links";
   }));
+}
+
+// Note [Flight recorder]: every group's first collective at once, on two threads of each of eight
+// ranks (the lanes' threads, as in a training step), over fresh groups each round.
+TEST(Comm, FirstCollectivesOfManyGroupsAtOnceLeaveTheProcessStanding) {
+  constexpr int kWorld = 8;
+  for (int round = 0; round < 6; ++round) {
+    Ranks ranks(kWorld, port(13 + round), quiet());
+    ASSERT_TRUE(ranks.met());
+    std::atomic<int> ready{0};
+    expect_all_returned(ranks.each([&](Comm& c) {
+      std::vector<std::thread> lanes;
+      std::vector<double> sums(2);
+      for (const int lane : {0, 1})
+        lanes.emplace_back([&, lane] {
+          ++ready;
+          while (ready.load() < 2 * kWorld) std::this_thread::yield();
+          std::vector<at::Tensor> t{torch::full({1}, double(c.rank()))};
+          c.device_group(lane).allreduce(t)->wait();
+          sums[static_cast<size_t>(lane)] = t[0].item<double>();
+        });
+      for (auto& t : lanes) t.join();
+      const double all = kWorld * (kWorld - 1) / 2.0;
+      EXPECT_EQ(sums, std::vector<double>({all, all}));
+    }));
+  }
+  const char* size = std::getenv("TORCH_FR_BUFFER_SIZE");
+  ASSERT_NE(size, nullptr) << "the recorder was left on";
+  EXPECT_STREQ(size, "0");
 }
 
 TEST(Comm, APipelineSplitMakesStageGroupsAndLinks) {

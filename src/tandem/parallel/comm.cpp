@@ -62,11 +62,29 @@ namespace {
     "(scripts/setup.sh does) and rebuild";
 }  // namespace
 
+// Note [Flight recorder]
+// c10d records each collective of every group in one process-wide flight recorder (2000 entries
+// unless TORCH_FR_BUFFER_SIZE says otherwise). LibTorch 2.11 enters a group into the recorder's map
+// of groups outside the recorder's lock, so two groups whose first collectives start at once on two
+// threads (lane 0 and lane 1, Note [Process groups]; or ranks as threads in the tests) can corrupt
+// that map and end the process with a segmentation fault. tandem names its own waits (Note [Stalled
+// ranks]), so before its first group it turns the recorder off, unless the user set
+// TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE (then the race is theirs to take).
+void keep_flight_recorder_off() {
+  static const bool once = [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr && std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr)
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+    return true;
+  }();
+  (void)once;
+}
+
 c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const RankInfo& info,
                                                   std::chrono::milliseconds timeout) {
 #ifndef TANDEM_WITH_GLOO
   TANDEM_FAIL(kNoGloo);
 #else
+  keep_flight_recorder_off();
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname != nullptr && *ifname != '\0') {
@@ -85,6 +103,7 @@ Comm::Comm(const RankInfo& info, CommOptions options) : info_(info), options_(st
 #ifndef TANDEM_WITH_GLOO
   TANDEM_FAIL(kNoGloo);
 #else
+  keep_flight_recorder_off();  // before any thread of this process records (Note [Flight recorder])
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(info_.master_port);
   so.isServer = info_.rank == 0;

@@ -152,6 +152,10 @@ class Comm {
   std::map<std::string, int> store_calls_;  // check_same's and broadcast_string's calls per key
 };
 
+/// Turns c10d's flight recorder off for this process unless the user sized it (Note [Flight
+/// recorder]); every maker of a group calls it first.
+void keep_flight_recorder_off();
+
 /// A Gloo group of the world `info` describes (host tensors; bound as Note [Process groups] says);
 /// UserError when this build has no Gloo.
 c10::intrusive_ptr<c10d::Backend> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const RankInfo& info,

@@ -12,6 +12,7 @@ namespace tandem {
 c10::intrusive_ptr<c10d::Backend> make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
                                                   int cuda_device, std::chrono::milliseconds timeout) {
 #ifdef TANDEM_WITH_NCCL
+  keep_flight_recorder_off();
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
