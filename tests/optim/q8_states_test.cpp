@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -18,16 +19,27 @@ namespace {
 
 // A span's master, gradient, codes, scales and bf16 copy, one element longer than n and used from
 // element 1, so nothing is aligned beyond its element size; the states start from fp32 values.
+// `wide`: the states' magnitudes spread over 40 octaves (past the codes' 16), the first block's
+// states zero (fresh ones), and a stretch of zero gradients.
 struct Q8Buffers {
   torch::Tensor master, grad, mq, vq, ms, vs, out;
   int64_t n;
   Dtype gd;
 
-  Q8Buffers(int64_t n_, Dtype g, uint64_t seed) : n(n_), gd(g) {
+  Q8Buffers(int64_t n_, Dtype g, uint64_t seed, bool wide = false) : n(n_), gd(g) {
     torch::manual_seed(seed);
     master = torch::randn({n + 1});
-    grad = (torch::randn({n + 1}) * 1e-2).to(g == Dtype::kF32 ? torch::kFloat32 : torch::kBFloat16);
-    const auto m = torch::randn({n}) * 1e-3, v = torch::rand({n}) * 1e-4;
+    auto g32 = torch::randn({n + 1}) * 1e-2;
+    auto m = torch::randn({n}) * 1e-3, v = torch::rand({n}) * 1e-4;
+    if (wide) {
+      const auto octaves = torch::pow(2.0, -torch::randint(0, 40, {n}).to(torch::kFloat32));
+      m = m * octaves;
+      v = v * octaves * octaves;
+      m.narrow(0, 0, std::min<int64_t>(n, q8::kBlock)).zero_();
+      v.narrow(0, 0, std::min<int64_t>(n, q8::kBlock)).zero_();
+      g32.narrow(0, 1 + n / 2, std::min<int64_t>(n / 4, 3 * q8::kBlock)).zero_();
+    }
+    grad = g32.to(g == Dtype::kF32 ? torch::kFloat32 : torch::kBFloat16);
     mq = torch::zeros({n + 1}, torch::kInt8);
     vq = torch::zeros({n + 1}, torch::kUInt8);
     ms = torch::zeros({q8::scale_count(n) + 1});
@@ -71,11 +83,12 @@ bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
 
 std::string first_difference(const Q8Buffers& a, const Q8Buffers& b) {
   const char* names[] = {"master", "m codes", "v codes", "m scales", "v scales", "bf16_out"};
-  const torch::Tensor xs[] = {a.master, a.mq, a.vq, a.ms, a.vs, a.out}, ys[] = {b.master, b.mq, b.vq, b.ms, b.vs, b.out};
+  const torch::Tensor xs[] = {a.master, a.mq, a.vq, a.ms, a.vs, a.out},
+                      ys[] = {b.master, b.mq, b.vq, b.ms, b.vs, b.out};
   for (int k = 0; k < 6; ++k)
     if (!same_bits(xs[k], ys[k]))
-      return std::string(names[k]) + " differ in " +
-             std::to_string(xs[k].ne(ys[k]).sum().item<int64_t>()) + " elements";
+      return std::string(names[k]) + " differ in " + std::to_string(xs[k].ne(ys[k]).sum().item<int64_t>()) +
+             " elements";
   return "";
 }
 
@@ -150,19 +163,21 @@ TEST(Q8States, EverySimdLevelMatchesTheScalarReferenceBitForBit) {
   CpuThreadPool pool(2);
   for (int64_t n : {1, 7, 2049, 200003})
     for (UpdateRule rule : {UpdateRule::kAdamW, UpdateRule::kAdam})
-      for (Dtype gd : {Dtype::kF32, Dtype::kBF16}) {
-        const Q8Buffers start(n, gd, 11 + n);
-        Q8Buffers ref = start.clone();
-        for (int64_t step = 1; step <= 3; ++step) cpu_update({ref.span()}, adamw(step, rule), nullptr, &pool, CpuIsa::kScalar);
-        EXPECT_FALSE(torch::equal(ref.master, start.master));
-        EXPECT_FALSE(torch::equal(ref.mq, start.mq) && torch::equal(ref.ms, start.ms));
-        for (CpuIsa isa : isas) {
-          Q8Buffers fast = start.clone();
-          for (int64_t step = 1; step <= 3; ++step) cpu_update({fast.span()}, adamw(step, rule), nullptr, &pool, isa);
-          EXPECT_EQ(first_difference(fast, ref), "")
-              << to_string(isa) << " n=" << n << " rule=" << int(rule) << " grad=" << int(gd);
+      for (Dtype gd : {Dtype::kF32, Dtype::kBF16})
+        for (const bool wide : {false, true}) {
+          const Q8Buffers start(n, gd, 11 + n, wide);
+          Q8Buffers ref = start.clone();
+          for (int64_t step = 1; step <= 3; ++step)
+            cpu_update({ref.span()}, adamw(step, rule), nullptr, &pool, CpuIsa::kScalar);
+          EXPECT_FALSE(torch::equal(ref.master, start.master));
+          EXPECT_FALSE(torch::equal(ref.mq, start.mq) && torch::equal(ref.ms, start.ms));
+          for (CpuIsa isa : isas) {
+            Q8Buffers fast = start.clone();
+            for (int64_t step = 1; step <= 3; ++step) cpu_update({fast.span()}, adamw(step, rule), nullptr, &pool, isa);
+            EXPECT_EQ(first_difference(fast, ref), "")
+                << to_string(isa) << " n=" << n << " rule=" << int(rule) << " grad=" << int(gd) << " wide=" << wide;
+          }
         }
-      }
 }
 
 // One update equals: decode the states, the fp32 kernel on them, encode the new states.
@@ -201,7 +216,8 @@ TEST(Q8States, NonFiniteTilesAreLeftUntouchedAndRollbackRestoresEveryByte) {
   EXPECT_EQ(r.skipped_tiles, 2);
   // The tiles holding them kept their codes and scales; the others moved on.
   const int64_t t = 150000 / 2048;
-  EXPECT_TRUE(same_bits(b.mq.slice(0, 1 + t * 2048, 1 + (t + 1) * 2048), before.mq.slice(0, 1 + t * 2048, 1 + (t + 1) * 2048)));
+  EXPECT_TRUE(
+      same_bits(b.mq.slice(0, 1 + t * 2048, 1 + (t + 1) * 2048), before.mq.slice(0, 1 + t * 2048, 1 + (t + 1) * 2048)));
   EXPECT_EQ(b.ms[1 + t].item<float>(), before.ms[1 + t].item<float>());
   EXPECT_NE(first_difference(b, before), "");
   cpu_rollback({b.span()}, undo);
