@@ -62,7 +62,8 @@ TEST(OptimBench, AParameterCountThatIsNotOneIsRefusedWithAnExample) {
   }
 }
 
-// Each size: the copy bandwidth, the ten tandem variants at the best level, LibTorch's two AdamWs.
+// Each size: the copy bandwidth, the thirteen tandem variants at the best level, a clipped step's
+// retraction and redo as two passes and as one, LibTorch's two AdamWs.
 TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   BenchGuard guard;
   test::TempDir dir;
@@ -85,14 +86,15 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       << out;
 
   const auto lines = json_lines(o.json_path);
-  ASSERT_EQ(lines.size(), 1u + 2 * 16) << "appended after what the file held";
+  ASSERT_EQ(lines.size(), 1u + 2 * 18) << "appended after what the file held";
   EXPECT_EQ(lines[0], json({{"earlier", true}}));
   struct Want {
     std::string impl, variant;
     int bytes;
   };
   const auto tandem_variant = [&](const std::string& name, Dtype g, Dtype s, bool out_copy, int master_bytes = 4) {
-    return Want{"tandem", name + " [" + best + "]", bytes_per_element(UpdateRule::kAdamW, g, s, out_copy, master_bytes)};
+    return Want{"tandem", name + " [" + best + "]",
+                bytes_per_element(UpdateRule::kAdamW, g, s, out_copy, master_bytes)};
   };
   const std::vector<Want> per_size = {
       {"memcpy", "fp32 copy (read + write)", 8},
@@ -111,6 +113,8 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       tandem_variant("AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8,
                      true, 2),
       tandem_variant("AdamW bf16 grads, int8 states, bf16 master (kahan), bf16 out", Dtype::kBF16, Dtype::kQ8, true),
+      {"tandem", "retract, then update: bf16 grads, bf16 states, bf16 out [" + best + "]", 40},
+      {"tandem", "retract + update in one pass: bf16 grads, bf16 states, bf16 out [" + best + "]", 20},
       {"torch", "fused AdamW (at::_fused_adamw_)", 28},
       {"torch", "foreach AdamW (at::_foreach_* ops)", 28}};
   EXPECT_EQ(per_size[1].bytes, 28) << "fp32 master, grad, m, v read and master, m, v written";
@@ -118,8 +122,8 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   EXPECT_EQ(per_size[12].bytes, 12) << "and a bf16 master: two bytes each way";
   for (size_t i = 1; i < lines.size(); ++i) {
     const json& j = lines[i];
-    const Want& w = per_size[(i - 1) % 16];
-    const int64_t n = i <= 16 ? 17 : 1;
+    const Want& w = per_size[(i - 1) % 18];
+    const int64_t n = i <= 18 ? 17 : 1;
     SCOPED_TRACE(::testing::Message() << "line " << i << ": " << j.dump());
     EXPECT_EQ(j["impl"], w.impl);
     EXPECT_EQ(j["variant"], w.variant);
@@ -137,7 +141,7 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   }
   // The closing table: a header and one row per measurement.
   const std::string table = out.substr(out.find("\nimpl "));
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 32) << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 36) << table;
   EXPECT_NE(table.find("B/par"), std::string::npos);
 }
 
@@ -161,7 +165,7 @@ TEST(OptimBench, ExtraKernelLevelsTimeThePlainFp32VariantOnly) {
     const std::string v = j["variant"];
     if (v.find("[scalar]") != std::string::npos) scalar.push_back(v);
   }
-  EXPECT_EQ(lines.size(), 17u);
+  EXPECT_EQ(lines.size(), 19u);
   EXPECT_EQ(scalar, std::vector<std::string>{"AdamW fp32 grads, fp32 states [scalar]"});
   EXPECT_EQ(active_cpu_isa(), best_cpu_isa()) << "the bench leaves the best level active";
 }

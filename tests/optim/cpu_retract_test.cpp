@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -202,6 +203,46 @@ TEST(CpuRetract, ATileTheUpdateSkippedIsLeftAsItWas) {
     EXPECT_FALSE(b.master.isnan().any().item<bool>());
     EXPECT_LE(max_abs(b.weights() - before.weights()), s == Dtype::kQ8 ? moved : 1e-6 * max_abs(before.weights()));
   }
+}
+
+// Every buffer of the two spans the same, bit for bit.
+bool same_bits(const Buffers& a, const Buffers& b) {
+  const torch::Tensor xs[] = {a.master, a.comp, a.m, a.v, a.ms, a.vs, a.out};
+  const torch::Tensor ys[] = {b.master, b.comp, b.m, b.v, b.ms, b.vs, b.out};
+  for (size_t i = 0; i < 7; ++i) {
+    if (xs[i].defined() != ys[i].defined()) return false;
+    if (!xs[i].defined()) continue;
+    if (std::memcmp(xs[i].data_ptr(), ys[i].data_ptr(), xs[i].numel() * xs[i].element_size()) != 0) return false;
+  }
+  return true;
+}
+
+// One pass, each chunk solved back and updated again in cache, leaves the spans as a retraction of
+// every chunk followed by the update does; a tile skipped for a NaN gradient is reported the same.
+TEST(CpuRetract, OnePassEqualsRetractingThenUpdatingBitForBit) {
+  const int64_t n = 2 * (int64_t{1} << 16) + 3 * q8::kBlock + 77;  // chunks, whole 8-bit blocks and a partial one
+  for (const UpdateRule rule : {UpdateRule::kAdamW, UpdateRule::kAdam})
+    for (const MasterKind k : {MasterKind::kFp32, MasterKind::kBf16Stochastic, MasterKind::kBf16Kahan})
+      for (const Dtype g : {Dtype::kF32, Dtype::kBF16})
+        for (const Dtype s : {Dtype::kF32, Dtype::kBF16, Dtype::kQ8}) {
+          SCOPED_TRACE(describe(rule, k, g, s));
+          Buffers spec(n, k, g, s);
+          if (g == Dtype::kF32) spec.grad[n - 100] = std::numeric_limits<float>::quiet_NaN();
+          cpu_update({spec.span()}, adam(rule, 4, 0.5));
+          Buffers two = spec.clone(), one = spec.clone();
+          cpu_retract({two.span()}, adam(rule, 4, 0.5));
+          const UpdateReport want = cpu_update({two.span()}, adam(rule, 4, 0.5 * 0.25));
+          const RetractAndUpdate got =
+              cpu_retract_and_update({one.span()}, adam(rule, 4, 0.5), adam(rule, 4, 0.5 * 0.25));
+          EXPECT_TRUE(same_bits(one, two));
+          EXPECT_FALSE(same_bits(one, spec)) << "the pass changed nothing";
+          EXPECT_EQ(got.report.nonfinite, want.nonfinite);
+          EXPECT_EQ(got.report.skipped_tiles, want.skipped_tiles);
+          EXPECT_EQ(got.report.first_nonfinite, want.first_nonfinite);
+          EXPECT_EQ(want.skipped_tiles, g == Dtype::kF32 ? 1 : 0);
+          EXPECT_GT(got.retract_share, 0.0);
+          EXPECT_LT(got.retract_share, 1.0);
+        }
 }
 
 }  // namespace

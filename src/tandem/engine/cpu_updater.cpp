@@ -12,6 +12,32 @@
 #include "tandem/optim/cpu_retract.h"
 
 namespace tandem {
+namespace {
+
+// The retraction of the speculative update a Block got (when `retract`) and its update with this
+// step's coefficient (when `update`); a retraction followed by an update without an undo log runs
+// as one pass (Note [Retraction]). Returns the seconds the retraction took: not the update's time,
+// which the split solver reads per parameter.
+double retract_and_update(const std::vector<UpdateSpan>& sp, const CpuUpdaterOptions& options, const CpuUpdateJob& job,
+                          std::vector<UndoLog>* logs, bool retract, bool update) {
+  using Clock = std::chrono::steady_clock;
+  const UpdateHyper back = update_hyper(options.hyper, job.lr, job.step, job.retract_scale);
+  const UpdateHyper now = update_hyper(options.hyper, job.lr, job.step, job.grad_scale);
+  const auto t0 = Clock::now();
+  if (retract && update && logs == nullptr) {
+    const RetractAndUpdate r = cpu_retract_and_update(sp, back, now, options.pool);
+    return r.retract_share * std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  double retract_s = 0.0;
+  if (retract) {
+    cpu_retract(sp, back, options.pool);
+    retract_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  if (update) cpu_update(sp, now, logs, options.pool);
+  return retract_s;
+}
+
+}  // namespace
 
 CpuUpdater::CpuUpdater(ParamStore& store, CpuUpdaterOptions options, TransferStreams* streams, StepStamps& stamps)
     : store_(store),
@@ -366,15 +392,8 @@ bool CpuUpdater::run_update(const CpuUpdateJob& job, int64_t next_on_disk) {
                 " came without its gradient norm");
   const bool update = job.update && (!speculative || std::isfinite(job.square_norm_host.item<float>()));
   const bool retract = job.retract_scale > 0.0 && speculated_[i] != 0;
-  double retract_s = 0.0;  // not the update's time: the split solver reads that per parameter
-  if (retract) {
-    const auto r0 = std::chrono::steady_clock::now();
-    cpu_retract(sp, update_hyper(options_.hyper, job.lr, job.step, job.retract_scale), options_.pool);
-    retract_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count();
-  }
   speculated_[i] = speculative && update ? 1 : 0;
-  if (update) cpu_update(sp, update_hyper(options_.hyper, job.lr, job.step, job.grad_scale), job.undo ? &logs : nullptr,
-                         options_.pool);
+  const double retract_s = retract_and_update(sp, options_, job, job.undo ? &logs : nullptr, retract, update);
   if (!sp.empty() && sp[0].bf16_out == nullptr) store_.staging(i, job.slot).copy_(b.master);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (disk != nullptr) disk->release(b);

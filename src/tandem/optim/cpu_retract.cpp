@@ -7,6 +7,7 @@
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
 #include "tandem/kernels/bf16_rounding.h"
+#include "tandem/optim/cpu_update_chunks.h"
 #include "tandem/optim/q8_codes.h"
 
 namespace tandem {
@@ -38,17 +39,20 @@ namespace tandem {
 // its squared gradient norm is finite, so no state it solves back has overflowed). With 8-bit
 // states a moment whose code lost its value gives back a step that misses the one applied, by up to
 // that step. The pass reads and writes what the update does, tile by tile through fp32 arrays, in
-// loops the compiler vectorises (cloned for AVX-512 and AVX2): about 2-3 times an update's time
-// (measured on 2 cores), paid once per clipped or skipped step, and the engine speculates by
-// default only once steps stop clipping (kAuto).
+// loops the compiler vectorises (cloned for AVX-512 and AVX2): about three times an update's time
+// (measured on 2 cores: its arithmetic, not its bytes), paid once per clipped or skipped step, and the engine speculates by
+// default only once steps stop clipping (kAuto). A clipped step redoes the update at once:
+// cpu_retract_and_update solves each chunk back and updates it again while it is in cache, one
+// sweep of host memory for both, where retracting every Block's spans before updating them would
+// read and write them twice.
 
 namespace {
 
 using detail::bf16_bits_to_f32;
 using detail::f32_to_bf16_bits;
 
-constexpr int64_t kTile = q8::kBlock;  // the update's tile: its non-finite scan and one 8-bit block
-constexpr int64_t kChunk = 1 << 16;    // cpu_update's chunk: a multiple of the tile
+constexpr int64_t kTile = q8::kBlock;             // the update's tile: its non-finite scan and one 8-bit block
+constexpr int64_t kChunk = detail::kUpdateChunk;  // cpu_update's chunk: a multiple of the tile
 
 // A tile is widened into fp32 arrays, solved back in one loop of plain arithmetic over them (which
 // the compiler vectorises: no branch on a dtype, no fused multiply-add, no errno on sqrt) and
@@ -103,15 +107,19 @@ void store_master(const UpdateSpan& s, int64_t t0, int64_t n, const Tile& t) {
   if (s.bf16_out != nullptr) std::memcpy(s.bf16_out + t0, s.master_bf16 + t0, n * sizeof(uint16_t));
 }
 
-// The update left a tile untouched where a scaled gradient was NaN or Inf (cpu_update_kernels.inc).
+// The update left a tile untouched where a scaled gradient was NaN or Inf (cpu_update_kernels.inc):
+// an all-ones exponent, tested on the bits, so the loop vectorises (a float comparison's unordered
+// case kept it scalar: a third of the retraction's time).
 bool skipped_by_update(const detail::UpdateCoeffs& c, const float* g, int64_t n) {
   if (!c.check_finite) return false;
-  bool bad = false;
+  uint32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float x = g[i] * c.grad_scale;
-    bad |= !(x - x == 0.0f);
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    bad |= static_cast<uint32_t>((b & 0x7F800000u) == 0x7F800000u);
   }
-  return bad;
+  return bad != 0;
 }
 
 // One tile's master and moments before the update (Note [Retraction]), in the update's order of
@@ -172,29 +180,49 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
-}  // namespace
-
-void cpu_retract(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper, CpuThreadPool* pool) {
+// Each span's coefficients of the update to take back.
+std::vector<detail::UpdateCoeffs> retract_coeffs(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper) {
   TANDEM_ASSERT(hyper.rule == UpdateRule::kAdamW || hyper.rule == UpdateRule::kAdam,
                 "only Adam's updates are retracted (speculation offloads Adam and AdamW only)");
-  struct Chunk {
-    size_t span;
-    int64_t begin, end;
-  };
-  std::vector<Chunk> chunks;
   std::vector<detail::UpdateCoeffs> coeffs;
   for (size_t i = 0; i < spans.size(); ++i) {
     const UpdateSpan& s = spans[i];
     TANDEM_ASSERT(s.n == 0 || (s.grad && s.m && s.v && (s.master || s.master_bf16)), "span ", i,
                   " lacks a gradient, a master or Adam's states");
     coeffs.push_back(detail::make_coeffs(hyper, s));
-    for (int64_t b = 0; b < s.n; b += kChunk) chunks.push_back({i, b, std::min(s.n, b + kChunk)});
   }
+  return coeffs;
+}
+
+}  // namespace
+
+void cpu_retract(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper, CpuThreadPool* pool) {
+  struct Chunk {
+    size_t span;
+    int64_t begin, end;
+  };
+  const std::vector<detail::UpdateCoeffs> coeffs = retract_coeffs(spans, hyper);
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < spans.size(); ++i)
+    for (int64_t b = 0; b < spans[i].n; b += kChunk) chunks.push_back({i, b, std::min(spans[i].n, b + kChunk)});
   CpuThreadPool& p = pool != nullptr ? *pool : CpuThreadPool::global();
   p.run(static_cast<int64_t>(chunks.size()), [&](int64_t t) {
     const Chunk& ch = chunks[static_cast<size_t>(t)];
     retract_range(coeffs[ch.span], spans[ch.span], ch.begin, ch.end);
   });
+}
+
+RetractAndUpdate cpu_retract_and_update(const std::vector<UpdateSpan>& spans, const UpdateHyper& taken_back,
+                                        const UpdateHyper& hyper, CpuThreadPool* pool) {
+  const std::vector<detail::UpdateCoeffs> back = retract_coeffs(spans, taken_back);
+  const detail::ChunkedUpdate done = detail::update_in_chunks(
+      spans, hyper, nullptr, pool, active_cpu_isa(),
+      [&](size_t span, int64_t begin, int64_t end) { retract_range(back[span], spans[span], begin, end); });
+  RetractAndUpdate out;
+  out.report = done.report;
+  const double total = done.before_s + done.update_s;
+  out.retract_share = total > 0.0 ? done.before_s / total : 0.0;
+  return out;
 }
 
 }  // namespace tandem

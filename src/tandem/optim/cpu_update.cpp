@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/thread_pool.h"
+#include "tandem/optim/cpu_update_chunks.h"
 #include "tandem/optim/q8_codes.h"
 
 namespace tandem {
@@ -28,7 +30,7 @@ namespace tandem {
 
 namespace {
 
-constexpr int64_t kChunk = 1 << 16;
+constexpr int64_t kChunk = detail::kUpdateChunk;
 static_assert(kChunk % q8::kBlock == 0, "a chunk starts on an 8-bit state block");
 
 // Whether this CPU, its OS and this build can run each level, decided once per process. GCC's
@@ -216,24 +218,43 @@ UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper&
 
 UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
                         const std::vector<UndoLog>* undo, CpuThreadPool* pool, CpuIsa isa) {
+  return detail::update_in_chunks(spans, hyper, undo, pool, isa, nullptr).report;
+}
+
+namespace detail {
+
+ChunkedUpdate update_in_chunks(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
+                               const std::vector<UndoLog>* undo, CpuThreadPool* pool, CpuIsa isa,
+                               const BeforeChunk& before) {
   TANDEM_ASSERT(undo == nullptr || undo->size() == spans.size(), "undo log has ", undo ? undo->size() : 0,
                 " entries for ", spans.size(), " spans");
   TANDEM_CHECK(supported(isa), "this CPU cannot run the ", to_string(isa), " kernels");
   for (size_t i = 0; i < spans.size(); ++i) check_span(spans[i], hyper, i);
-  const detail::KernelTable k = kernels_for(isa);
-  std::vector<detail::UpdateCoeffs> coeffs;
+  const KernelTable k = kernels_for(isa);
+  std::vector<UpdateCoeffs> coeffs;
   coeffs.reserve(spans.size());
-  for (const auto& s : spans) coeffs.push_back(detail::make_coeffs(hyper, s));
+  for (const auto& s : spans) coeffs.push_back(make_coeffs(hyper, s));
   const std::vector<Chunk> chunks = cut(spans);
 
-  std::atomic<int64_t> nonfinite{0}, skipped{0};
+  using Clock = std::chrono::steady_clock;
+  std::atomic<int64_t> nonfinite{0}, skipped{0}, before_ns{0}, update_ns{0};
   std::mutex first_mutex;
   std::vector<int64_t> first_bad(spans.size(), -1);
   auto task = [&](int64_t t) {
     const Chunk& ch = chunks[static_cast<size_t>(t)];
     const UndoLog* u = undo ? &(*undo)[ch.span] : nullptr;
+    Clock::time_point t0, t1;
+    if (before) {
+      t0 = Clock::now();
+      before(static_cast<size_t>(ch.span), ch.begin, ch.end);
+      t1 = Clock::now();
+    }
     int64_t first = -1, skip = 0;
     const int64_t bad = k.update(coeffs[ch.span], spans[ch.span], u, ch.begin, ch.end, &first, &skip);
+    if (before) {
+      before_ns.fetch_add(std::chrono::nanoseconds(t1 - t0).count(), std::memory_order_relaxed);
+      update_ns.fetch_add(std::chrono::nanoseconds(Clock::now() - t1).count(), std::memory_order_relaxed);
+    }
     if (bad > 0) {
       nonfinite.fetch_add(bad, std::memory_order_relaxed);
       skipped.fetch_add(skip, std::memory_order_relaxed);
@@ -245,16 +266,20 @@ UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper&
   CpuThreadPool& p = pool ? *pool : CpuThreadPool::global();
   p.run(static_cast<int64_t>(chunks.size()), task);
 
-  UpdateReport r;
-  r.nonfinite = nonfinite.load();
-  r.skipped_tiles = skipped.load();
+  ChunkedUpdate out;
+  out.report.nonfinite = nonfinite.load();
+  out.report.skipped_tiles = skipped.load();
   for (size_t i = 0; i < spans.size(); ++i)
     if (first_bad[i] >= 0) {
-      r.first_nonfinite = spans[i].index_base + first_bad[i];
+      out.report.first_nonfinite = spans[i].index_base + first_bad[i];
       break;
     }
-  return r;
+  out.before_s = 1e-9 * static_cast<double>(before_ns.load());
+  out.update_s = 1e-9 * static_cast<double>(update_ns.load());
+  return out;
 }
+
+}  // namespace detail
 
 void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLog>& undo, CpuThreadPool* pool) {
   TANDEM_ASSERT(undo.size() == spans.size(), "undo log has ", undo.size(), " entries for ", spans.size(), " spans");
