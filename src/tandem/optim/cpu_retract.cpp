@@ -40,19 +40,19 @@ namespace tandem {
 // states a moment whose code lost its value gives back a step that misses the one applied, by up to
 // that step. The pass reads and writes what the update does, tile by tile through fp32 arrays, in
 // loops the compiler vectorises (cloned for AVX-512 and AVX2): about three times an update's time
-// (measured on 2 cores: its arithmetic, not its bytes), paid once per clipped or skipped step, and the engine speculates by
-// default only once steps stop clipping (kAuto). A clipped step redoes the update at once:
-// cpu_retract_and_update solves each chunk back and updates it again while it is in cache, one
-// sweep of host memory for both, where retracting every Block's spans before updating them would
-// read and write them twice.
+// (measured on 2 cores: its arithmetic, not its bytes), paid once per clipped or skipped step, and
+// the engine speculates by default only once steps stop clipping (kAuto). A clipped step redoes the
+// update at once: cpu_retract_and_update solves each chunk back and updates it again while it is in
+// cache, one sweep of host memory for both, where retracting every Block's spans before updating
+// them would read and write them twice.
 
 namespace {
 
 using detail::bf16_bits_to_f32;
 using detail::f32_to_bf16_bits;
 
-constexpr int64_t kTile = q8::kBlock;             // the update's tile: its non-finite scan and one 8-bit block
-constexpr int64_t kChunk = detail::kUpdateChunk;  // cpu_update's chunk: a multiple of the tile
+constexpr int64_t kTile = q8::kBlock;  // the update's tile: its non-finite scan and one 8-bit block
+static_assert(detail::kUpdateChunk % kTile == 0, "the update's chunks are cut into whole tiles");
 
 // A tile is widened into fp32 arrays, solved back in one loop of plain arithmetic over them (which
 // the compiler vectorises: no branch on a dtype, no fused multiply-add, no errno on sqrt) and
@@ -197,18 +197,9 @@ std::vector<detail::UpdateCoeffs> retract_coeffs(const std::vector<UpdateSpan>& 
 }  // namespace
 
 void cpu_retract(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper, CpuThreadPool* pool) {
-  struct Chunk {
-    size_t span;
-    int64_t begin, end;
-  };
   const std::vector<detail::UpdateCoeffs> coeffs = retract_coeffs(spans, hyper);
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < spans.size(); ++i)
-    for (int64_t b = 0; b < spans[i].n; b += kChunk) chunks.push_back({i, b, std::min(spans[i].n, b + kChunk)});
-  CpuThreadPool& p = pool != nullptr ? *pool : CpuThreadPool::global();
-  p.run(static_cast<int64_t>(chunks.size()), [&](int64_t t) {
-    const Chunk& ch = chunks[static_cast<size_t>(t)];
-    retract_range(coeffs[ch.span], spans[ch.span], ch.begin, ch.end);
+  detail::for_each_chunk(spans, pool, [&](size_t span, int64_t begin, int64_t end) {
+    retract_range(coeffs[span], spans[span], begin, end);
   });
 }
 

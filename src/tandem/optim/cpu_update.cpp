@@ -74,19 +74,6 @@ uint32_t mix_seed(uint64_t seed, int64_t step) {
   return static_cast<uint32_t>(x ^ (x >> 31));
 }
 
-struct Chunk {
-  int span;
-  int64_t begin, end;
-};
-
-std::vector<Chunk> cut(const std::vector<UpdateSpan>& spans) {
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < spans.size(); ++i)
-    for (int64_t b = 0; b < spans[i].n; b += kChunk)
-      chunks.push_back({static_cast<int>(i), b, std::min(spans[i].n, b + kChunk)});
-  return chunks;
-}
-
 void check_span(const UpdateSpan& s, const UpdateHyper& h, size_t i) {
   TANDEM_ASSERT(s.n >= 0, "span ", i, " has negative length");
   if (s.n == 0) return;
@@ -223,9 +210,24 @@ UpdateReport cpu_update(const std::vector<UpdateSpan>& spans, const UpdateHyper&
 
 namespace detail {
 
+void for_each_chunk(const std::vector<UpdateSpan>& spans, CpuThreadPool* pool, const ChunkFn& f) {
+  struct Chunk {
+    size_t span;
+    int64_t begin, end;
+  };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < spans.size(); ++i)
+    for (int64_t b = 0; b < spans[i].n; b += kChunk) chunks.push_back({i, b, std::min(spans[i].n, b + kChunk)});
+  CpuThreadPool& p = pool != nullptr ? *pool : CpuThreadPool::global();
+  p.run(static_cast<int64_t>(chunks.size()), [&](int64_t t) {
+    const Chunk& ch = chunks[static_cast<size_t>(t)];
+    f(ch.span, ch.begin, ch.end);
+  });
+}
+
 ChunkedUpdate update_in_chunks(const std::vector<UpdateSpan>& spans, const UpdateHyper& hyper,
                                const std::vector<UndoLog>* undo, CpuThreadPool* pool, CpuIsa isa,
-                               const BeforeChunk& before) {
+                               const ChunkFn& before) {
   TANDEM_ASSERT(undo == nullptr || undo->size() == spans.size(), "undo log has ", undo ? undo->size() : 0,
                 " entries for ", spans.size(), " spans");
   TANDEM_CHECK(supported(isa), "this CPU cannot run the ", to_string(isa), " kernels");
@@ -234,23 +236,21 @@ ChunkedUpdate update_in_chunks(const std::vector<UpdateSpan>& spans, const Updat
   std::vector<UpdateCoeffs> coeffs;
   coeffs.reserve(spans.size());
   for (const auto& s : spans) coeffs.push_back(make_coeffs(hyper, s));
-  const std::vector<Chunk> chunks = cut(spans);
 
   using Clock = std::chrono::steady_clock;
   std::atomic<int64_t> nonfinite{0}, skipped{0}, before_ns{0}, update_ns{0};
   std::mutex first_mutex;
   std::vector<int64_t> first_bad(spans.size(), -1);
-  auto task = [&](int64_t t) {
-    const Chunk& ch = chunks[static_cast<size_t>(t)];
-    const UndoLog* u = undo ? &(*undo)[ch.span] : nullptr;
+  for_each_chunk(spans, pool, [&](size_t span, int64_t begin, int64_t end) {
+    const UndoLog* u = undo ? &(*undo)[span] : nullptr;
     Clock::time_point t0, t1;
     if (before) {
       t0 = Clock::now();
-      before(static_cast<size_t>(ch.span), ch.begin, ch.end);
+      before(span, begin, end);
       t1 = Clock::now();
     }
     int64_t first = -1, skip = 0;
-    const int64_t bad = k.update(coeffs[ch.span], spans[ch.span], u, ch.begin, ch.end, &first, &skip);
+    const int64_t bad = k.update(coeffs[span], spans[span], u, begin, end, &first, &skip);
     if (before) {
       before_ns.fetch_add(std::chrono::nanoseconds(t1 - t0).count(), std::memory_order_relaxed);
       update_ns.fetch_add(std::chrono::nanoseconds(Clock::now() - t1).count(), std::memory_order_relaxed);
@@ -259,12 +259,10 @@ ChunkedUpdate update_in_chunks(const std::vector<UpdateSpan>& spans, const Updat
       nonfinite.fetch_add(bad, std::memory_order_relaxed);
       skipped.fetch_add(skip, std::memory_order_relaxed);
       std::lock_guard<std::mutex> lock(first_mutex);
-      int64_t& f = first_bad[ch.span];
+      int64_t& f = first_bad[span];
       if (f < 0 || first < f) f = first;
     }
-  };
-  CpuThreadPool& p = pool ? *pool : CpuThreadPool::global();
-  p.run(static_cast<int64_t>(chunks.size()), task);
+  });
 
   ChunkedUpdate out;
   out.report.nonfinite = nonfinite.load();
@@ -284,37 +282,32 @@ ChunkedUpdate update_in_chunks(const std::vector<UpdateSpan>& spans, const Updat
 void cpu_rollback(const std::vector<UpdateSpan>& spans, const std::vector<UndoLog>& undo, CpuThreadPool* pool) {
   TANDEM_ASSERT(undo.size() == spans.size(), "undo log has ", undo.size(), " entries for ", spans.size(), " spans");
   const detail::KernelTable k = kernels_for(active_cpu_isa());
-  const std::vector<Chunk> chunks = cut(spans);
-  auto task = [&](int64_t t) {
-    const Chunk& ch = chunks[static_cast<size_t>(t)];
-    const UpdateSpan& s = spans[ch.span];
-    const UndoLog& u = undo[ch.span];
-    const int64_t len = ch.end - ch.begin;
+  detail::for_each_chunk(spans, pool, [&](size_t span, int64_t begin, int64_t end) {
+    const UpdateSpan& s = spans[span];
+    const UndoLog& u = undo[span];
+    const int64_t len = end - begin;
     const size_t state_bytes = state_size(s.state_dtype);
     if (s.master != nullptr) {
-      std::memcpy(s.master + ch.begin, u.master + ch.begin, len * sizeof(float));
+      std::memcpy(s.master + begin, u.master + begin, len * sizeof(float));
     } else {
-      std::memcpy(s.master_bf16 + ch.begin, u.master_bf16 + ch.begin, len * sizeof(uint16_t));
-      if (s.master_comp != nullptr)
-        std::memcpy(s.master_comp + ch.begin, u.master_comp + ch.begin, len * sizeof(uint16_t));
+      std::memcpy(s.master_bf16 + begin, u.master_bf16 + begin, len * sizeof(uint16_t));
+      if (s.master_comp != nullptr) std::memcpy(s.master_comp + begin, u.master_comp + begin, len * sizeof(uint16_t));
     }
     if (s.state_dtype == Dtype::kQ8 && u.m_scale && u.v_scale) {  // chunks start on a block (kChunk % kBlock == 0)
-      const int64_t b0 = ch.begin / q8::kBlock, nb = q8::scale_count(len);
+      const int64_t b0 = begin / q8::kBlock, nb = q8::scale_count(len);
       std::memcpy(s.m_scale + b0, u.m_scale + b0, nb * sizeof(float));
       std::memcpy(s.v_scale + b0, u.v_scale + b0, nb * sizeof(float));
     }
     if (s.m && u.m)
-      std::memcpy(static_cast<char*>(s.m) + ch.begin * state_bytes,
-                  static_cast<const char*>(u.m) + ch.begin * state_bytes, len * state_bytes);
+      std::memcpy(static_cast<char*>(s.m) + begin * state_bytes, static_cast<const char*>(u.m) + begin * state_bytes,
+                  len * state_bytes);
     if (s.v && u.v)
-      std::memcpy(static_cast<char*>(s.v) + ch.begin * state_bytes,
-                  static_cast<const char*>(u.v) + ch.begin * state_bytes, len * state_bytes);
-    if (s.bf16_out && s.master != nullptr) k.to_bf16(s.master + ch.begin, s.bf16_out + ch.begin, len);
+      std::memcpy(static_cast<char*>(s.v) + begin * state_bytes, static_cast<const char*>(u.v) + begin * state_bytes,
+                  len * state_bytes);
+    if (s.bf16_out && s.master != nullptr) k.to_bf16(s.master + begin, s.bf16_out + begin, len);
     if (s.bf16_out && s.master == nullptr)
-      std::memcpy(s.bf16_out + ch.begin, s.master_bf16 + ch.begin, len * sizeof(uint16_t));
-  };
-  CpuThreadPool& p = pool ? *pool : CpuThreadPool::global();
-  p.run(static_cast<int64_t>(chunks.size()), task);
+      std::memcpy(s.bf16_out + begin, s.master_bf16 + begin, len * sizeof(uint16_t));
+  });
 }
 
 void cpu_to_bf16(const float* src, uint16_t* dst, int64_t n, CpuThreadPool* pool) {
