@@ -48,7 +48,8 @@
 #          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_DEP_AB=1 (default) repeats the batch-1
 #          runs with the decode kernels launched the ordinary way (TANDEM_DEPENDENT_LAUNCH=off, Note [Dependent
 #          launch]); SERVE_EPI_AB=1 (default) repeats them with the products' epilogues apart
-#          (TANDEM_DECODE_KERNELS=separate, Note [Skinny epilogues]); SERVE_NCU=1 times one decode step's kernels
+#          (TANDEM_DECODE_KERNELS=separate, Note [Skinny epilogues]), with the layered kernels (fused) and with
+#          the whole step in one launch (persistent, Note [Persistent decode step]), SERVE_AB_BATCHES prompts; SERVE_NCU=1 times one decode step's kernels
 #          (bench/ncu_kernels.py --last-step). SERVE_BIG=1 adds a model larger than
 #          its GPU share: the 13B preset's shape with random weights, streamed by tandem generate at 16 and 6 GiB,
 #          against transformers + accelerate CPU offload at 16 GiB, with the PCIe bound; SERVE_BIG=only runs that alone.
@@ -761,18 +762,23 @@ if has serve; then
 # resident, the rest streamed), then transformers + accelerate (device_map="auto", max_memory 16 GiB on the
 # GPU) on the same folder; each command limited to SERVE_BIG_TIMEOUT s (default 180). The summary sets the
 # three against the PCIe bound (weight bytes copied a step at 55 GB/s; bench/generate_peer.py table).
-# SERVE_EPI_AB=1 (default): a batch-1 generation on a folder with the products' epilogues (Note [Skinny
-# epilogues]) and without them (TANDEM_DECODE_KERNELS=separate), twice each, alternating: their A/B in
-# one invocation.
+# SERVE_EPI_AB=1 (default): a generation of SERVE_AB_BATCHES prompts (default "1"; up to 4 take the
+# persistent step) on a folder with each of SERVE_KERNELS (default "separate fused persistent": the
+# layered kernels with the products' epilogues apart (Note [Skinny epilogues]), with them (Note [Decode
+# step kernels]), and the whole step in one launch (Note [Persistent decode step]), the default), twice
+# each, alternating: their A/B in one invocation.
 epilogue_ab() {  # folder, log prefix
   [[ ${SERVE_EPI_AB:-1} == 1 ]] || return 0
-  local round kern
-  for round in 1 2; do
-    for kern in separate fused; do
-      TANDEM_DECODE_KERNELS=$kern "$BUILD/tandem" generate --checkpoint "$1" --prompts "$OUT/gen-prompt1.txt" \
-        --max-tokens 128 --ignore-eos --max-batch 1 --kv-cache-gib 1 >"$OUT/$2-$kern-$round.log" 2>&1
-      echo "-- batch 1, TANDEM_DECODE_KERNELS=$kern (round $round):"
-      grep -aE "^decode:|tokens/s" "$OUT/$2-$kern-$round.log" | tail -2
+  local round kern batch
+  for batch in ${SERVE_AB_BATCHES:-1}; do
+    head -"$batch" "$OUT/gen-prompts.txt" >"$OUT/gen-prompt-ab.txt"
+    for round in 1 2; do
+      for kern in ${SERVE_KERNELS:-separate fused persistent}; do
+        TANDEM_DECODE_KERNELS=$kern "$BUILD/tandem" generate --checkpoint "$1" --prompts "$OUT/gen-prompt-ab.txt" \
+          --max-tokens 128 --ignore-eos --max-batch "$batch" --kv-cache-gib 1 >"$OUT/$2-$batch-$kern-$round.log" 2>&1
+        echo "-- batch $batch, TANDEM_DECODE_KERNELS=$kern (round $round):"
+        grep -aE "^decode:|tokens/s|error" "$OUT/$2-$batch-$kern-$round.log" | tail -2
+      done
     done
   done
 }

@@ -255,7 +255,7 @@ TEST(ServeDecoder, AnUnknownChoiceOfDecodeKernelsIsNamed) {
   ::setenv("TANDEM_DECODE_KERNELS", "fast", 1);
   const auto message = test::error_of([&] { test::decoder_of(*model); });
   ::unsetenv("TANDEM_DECODE_KERNELS");
-  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or separate or torch"),
+  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use persistent or fused or separate or torch"),
             std::string::npos)
       << message;
 }
@@ -269,6 +269,7 @@ TEST(ServeDecoderGpu, SkinnyEpiloguesGiveTheSeparateKernelsLogits) {
   const auto model = test::random_llama(spec, 9);
   const c10::Device cuda(c10::kCUDA, 0);
   for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    ::setenv("TANDEM_DECODE_KERNELS", "fused", 1);
     auto fused = test::decoder_of(*model, dtype, -1, 1, cuda);
     ::setenv("TANDEM_DECODE_KERNELS", "separate", 1);
     auto separate = test::decoder_of(*model, dtype, -1, 1, cuda);

@@ -6,98 +6,28 @@
 
 #include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/cuda_elements.cuh"
+#include "tandem/kernels/decode_fusions.cuh"
 #include "tandem/kernels/decode_fusions_launch.h"
 #include "tandem/kernels/dependent_launch.cuh"
 
 namespace tandem::detail {
 namespace {
 
-constexpr int kNormThreads = 512;
-
-// The sum of every thread's v in the block (kNormThreads threads), on every thread.
-__device__ float block_sum(float v) {
-  __shared__ float partial[kNormThreads / 32];
-  v = warp_sum(v);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  return total;
-}
-
-// Four consecutive elements (aligned to four) as floats, and back.
-template <class T>
-__device__ __forceinline__ void load4(const T* p, float* v) {
-  if constexpr (sizeof(T) == 4) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = to_float(e[i]);
-  }
-}
-template <class T>
-__device__ __forceinline__ void store4(T* p, const float* v) {
-  if constexpr (sizeof(T) == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    uint2 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) e[i] = from_float<T>(v[i]);
-    *reinterpret_cast<uint2*>(p) = raw;
-  }
-}
-
 // One block a row, four elements a thread at a time (C a multiple of 4): r = x + a (written when a
-// is given), then the norm of r cast to TO. A row of up to 4 x 512 x kHeld elements stays in
-// registers between the two passes.
-constexpr int kHeld = 4;
+// is given), then the norm of r cast to TO (add_rms_norm_row).
 template <class A, class TO>
 __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const NormArgs p) {
   release_dependents();
   wait_for_prior_grids();
+  __shared__ float partial[kNormThreads / 32];
   const int64_t row = blockIdx.x;
   const float* x = p.x + row * p.C;
   const A* a = p.a == nullptr ? nullptr : static_cast<const A*>(p.a) + row * p.C;
   float* r = p.r == nullptr ? nullptr : p.r + row * p.C;
-  const int C = static_cast<int>(p.C), step = 4 * kNormThreads;
-  float held[kHeld][4];
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kHeld; ++k) {
-    const int i = k * step + 4 * static_cast<int>(threadIdx.x);
-    if (i >= C) break;
-    load4(x + i, held[k]);
-    if (a != nullptr) {
-      float av[4];
-      load4(a + i, av);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) held[k][j] = __fadd_rn(held[k][j], av[j]);
-      store4(r + i, held[k]);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ss = fmaf(held[k][j], held[k][j], ss);
-  }
-  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(C) + p.eps);
-  TO* out = static_cast<TO*>(p.out) + row * p.C;
-#pragma unroll
-  for (int k = 0; k < kHeld; ++k) {
-    const int i = k * step + 4 * static_cast<int>(threadIdx.x);
-    if (i >= C) break;
-    float w[4], o[4];
-    load4(p.w + i, w);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float scale = p.plus_one ? __fadd_rn(1.0f, w[j]) : w[j];
-      o[j] = __fmul_rn(__fmul_rn(held[k][j], inv), scale);
-    }
-    store4(out + i, o);
-  }
+  add_rms_norm_row(
+      [&](int i, float* v) { load4(x + i, v); }, [&](int i, float* v) { load4(a + i, v); }, a != nullptr, r, p.w,
+      static_cast<TO*>(p.out) + row * p.C, static_cast<int>(p.C), p.eps, p.plus_one, static_cast<int>(threadIdx.x),
+      partial, [] { __syncthreads(); });
 }
 
 // One block per (row, head of q, k or v), a thread per dimension. Each product and the sum rounded
@@ -115,9 +45,7 @@ __global__ void rope_write_kv_kernel(const RopeKvArgs p) {
     const T* cos = static_cast<const T*>(p.cos) + n * rot;
     const T* sin = static_cast<const T*>(p.sin) + n * rot;
     const float partner = i < half ? -to_float(src[i + half]) : to_float(src[i - half]);
-    const float a = round_to<T>(__fmul_rn(v, to_float(cos[i])));
-    const float b = round_to<T>(__fmul_rn(partner, to_float(sin[i])));
-    v = __fadd_rn(a, b);
+    v = rotated<T>(v, partner, to_float(cos[i]), to_float(sin[i]));
   }
   const T out = from_float<T>(v);
   if (head < H) {
@@ -143,8 +71,7 @@ __global__ void silu_mul_kernel(const T* gu, T* out, int64_t N, int64_t F) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t n = e / F, f = e % F;
     const float g = to_float(gu[n * 2 * F + f]), u = to_float(gu[n * 2 * F + F + f]);
-    const float act = round_to<T>(g / (1.0f + expf(-g)));
-    out[e] = from_float<T>(__fmul_rn(act, u));
+    out[e] = from_float<T>(silu_times<T>(g, u));
   }
 }
 

@@ -10,4 +10,7 @@ int multiprocessor_count();
 /// The current device's compute capability, its major number (9 for Hopper).
 int compute_capability_major();
 
+/// The most shared memory one block of the current device may ask for (its opt-in limit), in bytes.
+int max_shared_per_block();
+
 }  // namespace tandem::detail

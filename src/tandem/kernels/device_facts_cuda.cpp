@@ -42,4 +42,9 @@ int compute_capability_major() {
   return static_cast<int>(cached(cache, cudaDevAttrComputeCapabilityMajor));
 }
 
+int max_shared_per_block() {
+  static std::array<std::atomic<int64_t>, kDevices> cache{};
+  return static_cast<int>(cached(cache, cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
+
 }  // namespace tandem::detail

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "tandem/kernels/element_type.h"
+#include "tandem/kernels/paged_item.h"
 
 namespace tandem::detail {
 

@@ -81,6 +81,37 @@ __device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* cons
     for (int r = 0; r < ROWS; ++r) sum[j][r] = warp_sum(sum[j][r]);
 }
 
+/// warp_dots' sums with x (ROWS rows, K apart) and the WROWS weight rows in shared memory, where the
+/// persistent decode step has them (Note [Persistent decode step]): each lane walks the same pieces
+/// in the same order, so the sums have warp_dots' bits.
+template <class T, int ROWS, int WROWS>
+__device__ __forceinline__ void shared_dots(const T* x, const T* const (&w)[WROWS], int64_t K, int lane,
+                                            float (&sum)[WROWS][ROWS]) {
+  constexpr int per = 16 / static_cast<int>(sizeof(T));
+  const int pieces = static_cast<int>(K / per);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int j = 0; j < WROWS; ++j)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[j][r] = 0.0f;
+#pragma unroll 4
+  for (int c = lane; c < pieces; c += 32) {
+    uint4 wv[WROWS];
+#pragma unroll
+    for (int j = 0; j < WROWS; ++j) wv[j] = reinterpret_cast<const uint4*>(w[j])[c];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const uint4 xv = xr[r * pieces + c];
+#pragma unroll
+      for (int j = 0; j < WROWS; ++j) sum[j][r] = dot16<T>(xv, wv[j], sum[j][r]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < WROWS; ++j)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) sum[j][r] = warp_sum(sum[j][r]);
+}
+
 /// Pieces a lane keeps in flight for rows of K elements of T: 8 on rows of 8 KB and more, else 4
 /// (`tandem bench skinny_linear` on an H100: with 8, Llama-2-7B's o and down products ran 24 % and
 /// 16 % faster and its q/k/v and gate/up within 4 %; with 4, the 1B folder's q/k/v ran 15 % faster).

@@ -21,6 +21,7 @@ struct DecodeGraphs::Recording {
 DecodeGraphs::DecodeGraphs(Decoder& decoder, KvCache& cache, GraphRecorder* recorder)
     : decoder_(decoder), cache_(cache), recorder_(recorder) {
   max_pages_ = cache_.pages_for(std::min(decoder_.spec().max_seq_len, cache_.tokens_total()));
+  decoder_.prepare_decode_step(cache_);  // Note [Persistent decode step]: before any recording
 }
 
 DecodeGraphs::~DecodeGraphs() = default;

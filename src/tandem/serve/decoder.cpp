@@ -11,6 +11,7 @@
 
 #include "tandem/core/env_choice.h"
 #include "tandem/core/error.h"
+#include "tandem/core/log.h"
 #include "tandem/kernels/decode_fusions.h"
 #include "tandem/kernels/dependent_launch.h"
 #include "tandem/kernels/paged_attention.h"
@@ -44,11 +45,14 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-// Note [Paged decode attention], Note [Decode fusions] and Note [Skinny epilogues]: the CUDA kernels,
-// unless TANDEM_DECODE_KERNELS asks for them without the products' epilogues (`separate`) or for
-// LibTorch's ops only (`torch`), to compare.
+// Note [Persistent decode step], Note [Paged decode attention], Note [Decode fusions] and Note
+// [Skinny epilogues]: the CUDA kernels, a decode step in one launch where the persistent step takes
+// the model (the default, `persistent`), unless TANDEM_DECODE_KERNELS asks for the layered kernels
+// everywhere (`fused`), for them without the products' epilogues (`separate`) or for LibTorch's ops
+// only (`torch`), to compare.
 std::string decode_kernels() {
-  return env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "separate", "torch"});
+  const std::string k = env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"persistent", "fused", "separate", "torch"});
+  return k.empty() ? "persistent" : k;
 }
 
 // Note [No per-shape attention plans]
@@ -131,8 +135,50 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   fused_rope_ = fused && rope_ != nullptr;
   fused_act_ = fused && p.gated_ffn && p.act == Activation::kSilu;
   skinny_linear_ = fused;
-  skinny_epilogues_ = fused && kernels == "fused";
+  skinny_epilogues_ = fused && kernels != "separate";
   packed_prefill_ = fused && packed_prefill_supported(device(), dtype(), spec().head_dim(), p.attn_softcap);
+  // Note [Persistent decode step]: what the one launch computes is this path's, fused throughout.
+  persistent_ = fused && kernels == "persistent" && paged_attention_ && fused_norms_ && fused_rope_ && fused_act_ &&
+                !rope_->depends_on_length() && !p.scale_embedding && !p.sandwich_norms && p.final_softcap <= 0 &&
+                p.norm != NormKind::kLayerNorm && weights_->all_resident();
+}
+
+DecodeStepModel Decoder::decode_step_model(const KvCache& cache) {
+  const auto& s = spec();
+  DecodeStepModel m;
+  for (int64_t i = 0; i < s.n_layer; ++i) {
+    const LayerWeights w = weights_->acquire(i);
+    DecodeStepLayerWeights l;
+    l.qkv = w.qkv, l.qkv_bias = w.qkv_bias, l.o = w.o, l.o_bias = w.o_bias;
+    l.gate_up = w.gate_up, l.gate_up_bias = w.gate_up_bias, l.down = w.down, l.down_bias = w.down_bias;
+    l.attn_norm = w.attn_norm, l.ff_norm = w.ff_norm;
+    l.k_cache = cache.keys(i), l.v_cache = cache.values(i);
+    l.window = s.window(i);
+    weights_->release(i);
+    m.layers.push_back(l);
+  }
+  m.embed = weights_->embed();
+  m.final_norm = weights_->final_norm();
+  m.lm_head = weights_->lm_head();
+  auto [cos, sin] = rope_->get(s.max_seq_len, device(), dtype());
+  m.cos = cos.contiguous(), m.sin = sin.contiguous();
+  m.n_head = s.n_head, m.n_kv_head = s.n_kv_head, m.head_dim = s.head_dim();
+  m.eps = s.norm_eps;
+  m.scale = attention_options_.scale;
+  m.plus_one = s.parts.norm == NormKind::kRmsPlusOne;
+  return m;
+}
+
+void Decoder::prepare_decode_step(const KvCache& cache) {
+  if (!persistent_ || step_cache_ == &cache) return;
+  const c10::DeviceGuard device_guard(device());
+  step_kernel_ = make_decode_step(decode_step_model(cache), &persistent_refusal_);
+  step_cache_ = &cache;
+  if (step_kernel_ == nullptr) log::debug("decode steps run layer by layer: the persistent step does not take " + persistent_refusal_);
+}
+
+bool Decoder::persistent_step(const KvCache& cache, int64_t rows) const {
+  return step_kernel_ != nullptr && step_cache_ == &cache && step_kernel_->takes(rows);
 }
 
 // Note [Skinny linear]: a step of a few rows (a small decode batch) reads each matrix at the
@@ -470,6 +516,7 @@ torch::Tensor Decoder::forward(const std::vector<SequenceChunk>& batch, KvCache&
   // are packed (Note [Packed prefill attention]), and for its decode rows without the paged kernel.
   const bool sdpa = step.packed.max_q == 0 || (step.decodes > 0 && !paged_attention_);
   const NoCudnnAttention no_plans(step.rows > step.decodes && sdpa);
+  prepare_decode_step(cache);
   return run(step, cache);
 }
 
@@ -516,6 +563,9 @@ torch::Tensor Decoder::run(const StepLayout& step, KvCache& cache) {
                 "KV cache of another shape or dtype");
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
+  if (step.rows == step.decodes && persistent_step(cache, step.rows))  // Note [Persistent decode step]
+    return step_kernel_->run({step.tokens, step.positions, step.write_page, step.write_slot, step.decode_lengths,
+                              step.decode_pages});
   const auto& w = *weights_;
   const auto& p = spec().parts;
   auto x = torch::embedding(w.embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32

@@ -29,11 +29,13 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "tandem/data/tokenizer.h"
+#include "tandem/kernels/decode_step.h"
 #include "tandem/models/attention.h"
 #include "tandem/models/rope.h"
 #include "tandem/serve/decoder_weights.h"
@@ -66,6 +68,14 @@ class Decoder {
   bool paged_attention() const { return paged_attention_; }
   /// Whether a step's prefills attend in one call (Note [Packed prefill attention]).
   bool packed_prefill() const { return packed_prefill_; }
+  /// Prepares the persistent decode step (Note [Persistent decode step]) over `cache` where it takes
+  /// this model: decode steps of up to DecodeStep::kMaxRows rows over that cache then run as one
+  /// launch. Queues device work; call it outside a recording. forward() calls it itself.
+  void prepare_decode_step(const KvCache& cache);
+  /// Whether decode steps over `cache` of `rows` rows run as the persistent step.
+  bool persistent_step(const KvCache& cache, int64_t rows) const;
+  /// Why the persistent step does not run ("" when it does, or before prepare_decode_step).
+  const std::string& persistent_refusal() const { return persistent_refusal_; }
   /// Where it computes, and in which dtype (the KV cache's too).
   c10::Device device() const { return weights_->placement().device; }
   torch::ScalarType dtype() const { return weights_->placement().dtype; }
@@ -111,6 +121,7 @@ class Decoder {
   torch::Tensor gated(const torch::Tensor& h, const LayerWeights& w) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
+  DecodeStepModel decode_step_model(const KvCache& cache);
 
   std::shared_ptr<DecoderWeights> weights_;
   std::unique_ptr<RopeTable> rope_;  // null with learned positions
@@ -120,6 +131,10 @@ class Decoder {
   bool skinny_linear_ = false;                                         // Note [Skinny linear]
   bool skinny_epilogues_ = false;                                      // Note [Skinny epilogues]
   bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
+  bool persistent_ = false;                                            // Note [Persistent decode step]
+  std::unique_ptr<DecodeStep> step_kernel_;  // over step_cache_'s pages
+  const KvCache* step_cache_ = nullptr;
+  std::string persistent_refusal_;
 };
 
 }  // namespace tandem

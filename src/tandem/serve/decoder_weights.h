@@ -64,6 +64,8 @@ class DecoderWeights {
   void release(int64_t layer);
   /// Streamed layers copied to the device so far (0 when every layer is resident).
   int64_t uploads() const { return stream_ ? stream_->uploads() : 0; }
+  /// Whether every layer stays on the device (none streamed).
+  bool all_resident() const { return stream_ == nullptr; }
 
   /// One part of a layer's flat buffer: its place, and the HF tensors that fill its rows.
   struct Part {
