@@ -765,7 +765,7 @@ if has serve; then
 # SERVE_EPI_AB=1 (default): a generation of SERVE_AB_BATCHES prompts (default "1"; up to 4 take the
 # persistent step) on a folder with each of SERVE_KERNELS (default "separate fused persistent": the
 # layered kernels with the products' epilogues apart (Note [Skinny epilogues]), with them (Note [Decode
-# step kernels]), and the whole step in one launch (Note [Persistent decode step]), the default), twice
+# step kernels], the default), and the whole step in one launch (Note [Persistent decode step])), twice
 # each, alternating: their A/B in one invocation.
 epilogue_ab() {  # folder, log prefix
   [[ ${SERVE_EPI_AB:-1} == 1 ]] || return 0

@@ -54,25 +54,25 @@ std::vector<torch::Tensor> decode_steps(Decoder& decoder, KvCache& cache, const 
 
 bool persistent_gpu() { return torch::cuda::is_available() && detail::compute_capability_major() >= 9; }
 
-std::unique_ptr<Decoder> layered_decoder(Model& model, torch::ScalarType dtype) {
-  ::setenv("TANDEM_DECODE_KERNELS", "fused", 1);
+// A decoder of `kernels` (TANDEM_DECODE_KERNELS) on the GPU.
+std::unique_ptr<Decoder> decoder_with(const char* kernels, Model& model, torch::ScalarType dtype) {
+  ::setenv("TANDEM_DECODE_KERNELS", kernels, 1);
   auto d = test::decoder_of(model, dtype, -1, 1, c10::Device(c10::kCUDA, 0));
   ::unsetenv("TANDEM_DECODE_KERNELS");
   return d;
 }
 
 // The persistent decoder's steps against the layered one's: equal, and the persistent step taken.
-void expect_layered_bits(const ModelSpec& spec, torch::ScalarType dtype, const std::vector<int64_t>& prompts,
-                         int steps, const std::string& what) {
+void expect_layered_bits(const ModelSpec& spec, torch::ScalarType dtype, const std::vector<int64_t>& prompts, int steps,
+                         const std::string& what) {
   const auto model = test::random_llama(spec, 17);
   {  // biases the model has, far from zero
     torch::NoGradGuard no_grad;
     for (auto& [name, p] : model->hf_parameters())
       if (name.find("bias") != std::string::npos) p.normal_(0.0, 0.5);
   }
-  const c10::Device cuda(c10::kCUDA, 0);
-  auto persistent = test::decoder_of(*model, dtype, -1, 1, cuda);
-  auto layered = layered_decoder(*model, dtype);
+  auto persistent = decoder_with("persistent", *model, dtype);
+  auto layered = decoder_with("fused", *model, dtype);
   const int64_t pages = 512;
   KvCache a(persistent->cache_shape(4), pages * persistent->cache_shape(4).page_bytes());
   KvCache b(layered->cache_shape(4), pages * layered->cache_shape(4).page_bytes());
@@ -88,8 +88,8 @@ void expect_layered_bits(const ModelSpec& spec, torch::ScalarType dtype, const s
   ASSERT_EQ(one.size(), two.size());
   for (size_t i = 0; i < one.size(); ++i) {
     ASSERT_EQ(one[i].sizes(), two[i].sizes()) << what << ", step " << i;
-    EXPECT_TRUE(torch::equal(one[i], two[i])) << what << ", step " << i << ": largest difference "
-                                              << (one[i] - two[i]).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(one[i], two[i]))
+        << what << ", step " << i << ": largest difference " << (one[i] - two[i]).abs().max().item<double>();
   }
   // Not trivially equal: the rows and the steps differ.
   EXPECT_GT((one[0][0] - one.back()[0]).abs().max().item<double>(), 0.1) << what;
@@ -136,9 +136,8 @@ TEST(ServePersistentStepGpu, RecordedStepsGiveTheLayeredRecordingsBits) {
   if (!persistent_gpu()) GTEST_SKIP() << "no GPU of compute capability 9.0 or more";
   ASSERT_NE(graph_recorder(), nullptr);
   const auto model = test::random_llama(wide_spec(256, 4, 2), 21);
-  const c10::Device cuda(c10::kCUDA, 0);
-  auto persistent = test::decoder_of(*model, torch::kBFloat16, -1, 1, cuda);
-  auto layered = layered_decoder(*model, torch::kBFloat16);
+  auto persistent = decoder_with("persistent", *model, torch::kBFloat16);
+  auto layered = decoder_with("fused", *model, torch::kBFloat16);
   KvCache a(persistent->cache_shape(4), 128 * persistent->cache_shape(4).page_bytes());
   KvCache b(layered->cache_shape(4), 128 * layered->cache_shape(4).page_bytes());
   DecodeGraphs ga(*persistent, a, graph_recorder()), gb(*layered, b, graph_recorder());
@@ -155,7 +154,7 @@ TEST(ServePersistentStepGpu, RecordedStepsGiveTheLayeredRecordingsBits) {
 TEST(ServePersistentStepGpu, AModelItDoesNotTakeRunsLayerByLayerAndSaysWhy) {
   if (!persistent_gpu()) GTEST_SKIP() << "no GPU of compute capability 9.0 or more";
   const auto model = test::random_llama(wide_spec(256, 4, 2), 4);
-  auto decoder = test::decoder_of(*model, torch::kFloat32, -1, 1, c10::Device(c10::kCUDA, 0));
+  auto decoder = decoder_with("persistent", *model, torch::kFloat32);
   KvCache cache(decoder->cache_shape(4), 32 * decoder->cache_shape(4).page_bytes());
   decoder->prepare_decode_step(cache);
   EXPECT_FALSE(decoder->persistent_step(cache, 1));
@@ -163,13 +162,26 @@ TEST(ServePersistentStepGpu, AModelItDoesNotTakeRunsLayerByLayerAndSaysWhy) {
       << decoder->persistent_refusal();
 }
 
-TEST(ServePersistentStep, OnTheCpuDecodeStepsRunLayerByLayer) {
-  const auto model = test::random_llama(test::small_llama_spec(), 4);
-  auto decoder = test::decoder_of(*model);
+// The default (TANDEM_DECODE_KERNELS unset) runs the layered kernels on any device.
+TEST(ServePersistentStepGpu, TheDefaultRunsLayerByLayer) {
+  if (!persistent_gpu()) GTEST_SKIP() << "no GPU of compute capability 9.0 or more";
+  const auto model = test::random_llama(wide_spec(256, 4, 2), 4);
+  auto decoder = test::decoder_of(*model, torch::kBFloat16, -1, 1, c10::Device(c10::kCUDA, 0));
   KvCache cache(decoder->cache_shape(4), 32 * decoder->cache_shape(4).page_bytes());
   decoder->prepare_decode_step(cache);
   EXPECT_FALSE(decoder->persistent_step(cache, 1));
-  const auto steps = decode_steps(*decoder, cache, {3, 4}, 2, [&](const auto& b) { return decoder->forward(b, cache); });
+}
+
+TEST(ServePersistentStep, OnTheCpuDecodeStepsRunLayerByLayer) {
+  const auto model = test::random_llama(test::small_llama_spec(), 4);
+  ::setenv("TANDEM_DECODE_KERNELS", "persistent", 1);
+  auto decoder = test::decoder_of(*model);
+  ::unsetenv("TANDEM_DECODE_KERNELS");
+  KvCache cache(decoder->cache_shape(4), 32 * decoder->cache_shape(4).page_bytes());
+  decoder->prepare_decode_step(cache);
+  EXPECT_FALSE(decoder->persistent_step(cache, 1));
+  const auto steps =
+      decode_steps(*decoder, cache, {3, 4}, 2, [&](const auto& b) { return decoder->forward(b, cache); });
   EXPECT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps[0].size(0), 2);
 }

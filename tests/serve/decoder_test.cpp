@@ -255,8 +255,10 @@ TEST(ServeDecoder, AnUnknownChoiceOfDecodeKernelsIsNamed) {
   ::setenv("TANDEM_DECODE_KERNELS", "fast", 1);
   const auto message = test::error_of([&] { test::decoder_of(*model); });
   ::unsetenv("TANDEM_DECODE_KERNELS");
-  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use persistent or fused or separate or torch"),
-            std::string::npos)
+  EXPECT_NE(
+      message.find(
+          "TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or persistent or separate or torch"),
+      std::string::npos)
       << message;
 }
 
@@ -286,8 +288,9 @@ TEST(ServeDecoder, AnUnknownDependentLaunchSettingIsNamedWhenTheDecoderIsBuilt) 
   ::setenv("TANDEM_DEPENDENT_LAUNCH", "sometimes", 1);
   const auto message = test::error_of([&] { test::decoder_of(*model); });
   ::unsetenv("TANDEM_DEPENDENT_LAUNCH");
-  EXPECT_NE(message.find("TANDEM_DEPENDENT_LAUNCH=sometimes is not a choice of dependent launch settings; use on or off"),
-            std::string::npos)
+  EXPECT_NE(
+      message.find("TANDEM_DEPENDENT_LAUNCH=sometimes is not a choice of dependent launch settings; use on or off"),
+      std::string::npos)
       << message;
 }
 

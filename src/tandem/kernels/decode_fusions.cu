@@ -24,10 +24,9 @@ __global__ void __launch_bounds__(kNormThreads) add_rms_norm_kernel(const NormAr
   const float* x = p.x + row * p.C;
   const A* a = p.a == nullptr ? nullptr : static_cast<const A*>(p.a) + row * p.C;
   float* r = p.r == nullptr ? nullptr : p.r + row * p.C;
-  add_rms_norm_row(
-      [&](int i, float* v) { load4(x + i, v); }, [&](int i, float* v) { load4(a + i, v); }, a != nullptr, r, p.w,
-      static_cast<TO*>(p.out) + row * p.C, static_cast<int>(p.C), p.eps, p.plus_one, static_cast<int>(threadIdx.x),
-      partial, [] { __syncthreads(); });
+  add_rms_norm_row([&](int i, float* v) { load4(x + i, v); }, [&](int i, float* v) { load4(a + i, v); }, a != nullptr,
+                   r, p.w, static_cast<TO*>(p.out) + row * p.C, static_cast<int>(p.C), p.eps, p.plus_one,
+                   static_cast<int>(threadIdx.x), partial, [] { __syncthreads(); });
 }
 
 // One block per (row, head of q, k or v), a thread per dimension. Each product and the sum rounded

@@ -18,6 +18,10 @@
 #include "tandem/kernels/skinny_epilogues.cuh"
 #include "tandem/kernels/skinny_rows.cuh"
 
+// Below compute capability 9.0 the kernel's body is empty (the bulk copies are Hopper's), and its parts
+// go unused there.
+#pragma nv_diag_suppress 177
+
 namespace tandem::detail {
 namespace {
 
@@ -72,7 +76,7 @@ __device__ __forceinline__ int unit_rows(const DecodeStepDims& d, StepMatrix m, 
 
 template <class T>
 __device__ __forceinline__ void stream_matrix(const DecodeStepArgs& a, const Shared& sh, const void* w, StepMatrix m,
-                              uint32_t& stage) {
+                                              uint32_t& stage) {
   const DecodeStepDims& d = a.dims;
   const BlockUnits bu = block_units(d, a.plan, m, blockIdx.x);
   const MatrixUnits mu = matrix_units(d, m);
@@ -120,14 +124,20 @@ struct Consumer {
 
   __device__ __forceinline__ void all() const { named_barrier(kConsumerBarrier, kConsumers); }
   __device__ __forceinline__ void sync_grid() { grid.sync(tid, kConsumerBarrier, kConsumers); }
+  // Note [Persistent step trace]: the block's clock once every consumer has ended mark `index`'s part.
+  __device__ __forceinline__ void mark(const DecodeStepArgs& a, int64_t index) const {
+    if (a.trace == nullptr) return;
+    all();
+    if (tid == 0) a.trace[blockIdx.x * decode_step_marks(a.dims) + index] = clock64();
+  }
 };
 
 // Matrix m's stages of this block, each by its group's warps, a unit a warp at a time, against x
 // (ROWS rows of K elements in shared memory): finish(unit, sums) with the sums of both rows (the
 // second 0 for units of one row) on every lane of the warp.
 template <class T, int ROWS, class Finish>
-__device__ __forceinline__ void consume_matrix(const DecodeStepArgs& a, const Shared& sh, Consumer& c, StepMatrix m, const T* x,
-                               Finish finish) {
+__device__ __forceinline__ void consume_matrix(const DecodeStepArgs& a, const Shared& sh, Consumer& c, StepMatrix m,
+                                               const T* x, Finish finish) {
   const DecodeStepDims& d = a.dims;
   const BlockUnits bu = block_units(d, a.plan, m, blockIdx.x);
   const MatrixUnits mu = matrix_units(d, m);
@@ -179,32 +189,30 @@ __device__ __forceinline__ void load4_l2(const T* p, float* v) {
 // The fused norm of each row into x (ROWS rows of C): r = stream + add (add null: the stream alone),
 // r written to `out_stream` when given (block 0 only: every block computes the same rows).
 template <class T, int ROWS>
-__device__ __forceinline__ void norm_rows(const DecodeStepArgs& a, const Shared& sh, const Consumer& c, const float* stream,
-                          const T* add, float* out_stream, const float* w, T* x) {
+__device__ __forceinline__ void norm_rows(const DecodeStepArgs& a, const Shared& sh, const Consumer& c,
+                                          const float* stream, const T* add, float* out_stream, const float* w, T* x) {
   const DecodeStepDims& d = a.dims;
   const int C = static_cast<int>(d.C);
   for (int n = 0; n < ROWS; ++n) {
     const float* s = stream + n * d.C;
     const T* an = add == nullptr ? nullptr : add + n * d.C;
-    add_rms_norm_row(
-        [&](int i, float* v) { load4_l2(s + i, v); }, [&](int i, float* v) { load4_l2(an + i, v); }, an != nullptr,
-        out_stream == nullptr ? nullptr : out_stream + n * d.C, w, x + n * d.C, C, d.eps, d.plus_one, c.tid,
-        sh.partial, [&] { c.all(); });
+    add_rms_norm_row([&](int i, float* v) { load4_l2(s + i, v); }, [&](int i, float* v) { load4_l2(an + i, v); },
+                     an != nullptr, out_stream == nullptr ? nullptr : out_stream + n * d.C, w, x + n * d.C, C, d.eps,
+                     d.plus_one, c.tid, sh.partial, [&] { c.all(); });
     c.all();  // the warp sums are read before the next row writes them
   }
 }
 
 // The first layer's norm, of the embeddings of the rows' tokens; block 0 keeps them as the stream.
 template <class T, int ROWS>
-__device__ __forceinline__ void embed_rows(const DecodeStepArgs& a, const Shared& sh, const Consumer& c, float* out_stream,
-                           const float* w, T* x) {
+__device__ __forceinline__ void embed_rows(const DecodeStepArgs& a, const Shared& sh, const Consumer& c,
+                                           float* out_stream, const float* w, T* x) {
   const DecodeStepDims& d = a.dims;
   for (int n = 0; n < ROWS; ++n) {
     const T* e = static_cast<const T*>(a.embed) + a.tokens[n] * d.C;
-    add_rms_norm_row(
-        [&](int i, float* v) { load4(e + i, v); }, [](int, float*) {}, false,
-        out_stream == nullptr ? nullptr : out_stream + n * d.C, w, x + n * d.C, static_cast<int>(d.C), d.eps,
-        d.plus_one, c.tid, sh.partial, [&] { c.all(); });
+    add_rms_norm_row([&](int i, float* v) { load4(e + i, v); }, [](int, float*) {}, false,
+                     out_stream == nullptr ? nullptr : out_stream + n * d.C, w, x + n * d.C, static_cast<int>(d.C),
+                     d.eps, d.plus_one, c.tid, sh.partial, [&] { c.all(); });
     c.all();
   }
 }
@@ -221,7 +229,8 @@ __device__ __forceinline__ void load_rows(const Consumer& c, const void* src, in
 // The layer's attention: the items (row, key/value head, split) over every group of the grid, as
 // the paged kernel computes them; the last item of a (row, key/value head) to end combines its splits.
 template <class T, int HD>
-__device__ __forceinline__ void attend(const DecodeStepArgs& a, const DecodeStepLayer& L, const Shared& sh, const Consumer& c) {
+__device__ __forceinline__ void attend(const DecodeStepArgs& a, const DecodeStepLayer& L, const Shared& sh,
+                                       const Consumer& c) {
   const DecodeStepDims& d = a.dims;
   const int w = L.window > 0 ? 1 : 0;
   PagedDecodeArgs p;
@@ -241,13 +250,13 @@ __device__ __forceinline__ void attend(const DecodeStepArgs& a, const DecodeStep
   p.splits = a.splits[w];
   p.split_keys = a.split_keys[w];
   const int G = static_cast<int>(d.H / d.KV);
-  const auto sh_item =
-      PagedItemShared::at(reinterpret_cast<float*>(sh.x) + c.group * paged_item_floats(G, HD), G, HD);
+  const auto sh_item = PagedItemShared::at(reinterpret_cast<float*>(sh.x) + c.group * paged_item_floats(G, HD), G, HD);
   const int gtid = c.tid % kPagedThreads;
   const auto sync = [&] { named_barrier(2 + c.group, kPagedThreads); };
   unsigned* arrivals = a.sync + 2;
   const int64_t items = d.rows * d.KV * p.splits;
-  for (int64_t item = int64_t{blockIdx.x} * kDecodeStepGroups + c.group; item < items;
+  // One item a block before a second in any (each multiprocessor reads its items' keys alone).
+  for (int64_t item = int64_t{c.group} * gridDim.x + blockIdx.x; item < items;
        item += int64_t{gridDim.x} * kDecodeStepGroups) {
     const int64_t b = item / (d.KV * p.splits), kvh = (item / p.splits) % d.KV;
     const int split = static_cast<int>(item % p.splits);
@@ -287,11 +296,14 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
   const T* sin = static_cast<const T*>(a.sin);
   for (int64_t l = 0; l < d.n_layer; ++l) {
     const DecodeStepLayer& L = a.layers[l];
+    const int64_t m0 = l * kDecodeStepLayerMarks;
+    c.mark(a, m0);
     // The attention's norm (the previous layer's feed-forward output added), q, k and v.
     if (l == 0)
       embed_rows<T, ROWS>(a, sh, c, writer ? s1 : nullptr, L.attn_norm, x);
     else
       norm_rows<T, ROWS>(a, sh, c, s0, ff_out, writer ? s1 : nullptr, L.attn_norm, x);
+    c.mark(a, m0 + 1);
     RopeKvArgs r;
     r.q_out = a.q;
     r.k_cache = L.k_cache;
@@ -309,7 +321,9 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
       finish_qkv_unit<T>(r, nullptr, qs, qkv_unit(qs, unit), qkv_bias, cos + pos * d.rotary, sin + pos * d.rotary, n,
                          a.write_page[n], a.write_slot[n], va, vb);
     });
+    c.mark(a, m0 + 2);
     c.sync_grid();
+    c.mark(a, m0 + 3);
     // Attention over the pages.
     switch (d.hd) {
       case 64:
@@ -318,9 +332,12 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
       default:
         attend<T, 128>(a, L, sh, c);
     }
+    c.mark(a, m0 + 4);
     c.sync_grid();
+    c.mark(a, m0 + 5);
     // The output projection.
     load_rows<T>(c, a.attn, ROWS * d.H * d.hd, x);
+    c.mark(a, m0 + 6);
     const T* o_bias = static_cast<const T*>(L.o_bias);
     consume_matrix<T, ROWS>(a, sh, c, StepMatrix::kO, x, [&](int64_t unit, const float(&sum)[2][ROWS]) {
       if (c.lane != 0) return;
@@ -331,9 +348,12 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
         attn_proj[n * d.C + unit] = from_float<T>(v);
       }
     });
+    c.mark(a, m0 + 7);
     c.sync_grid();
+    c.mark(a, m0 + 8);
     // The feed-forward's norm (the attention's output added), silu(gate) * up.
     norm_rows<T, ROWS>(a, sh, c, s1, attn_proj, writer ? s0 : nullptr, L.ff_norm, x);
+    c.mark(a, m0 + 9);
     const T* gu_bias = static_cast<const T*>(L.gate_up_bias);
     consume_matrix<T, ROWS>(a, sh, c, StepMatrix::kGateUp, x, [&](int64_t unit, const float(&sum)[2][ROWS]) {
       if (c.lane != 0) return;
@@ -343,9 +363,12 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
         inner[n * d.F + unit] = from_float<T>(silu_times<T>(g, u));
       }
     });
+    c.mark(a, m0 + 10);
     c.sync_grid();
+    c.mark(a, m0 + 11);
     // down.
     load_rows<T>(c, a.inner, ROWS * d.F, x);
+    c.mark(a, m0 + 12);
     const T* down_bias = static_cast<const T*>(L.down_bias);
     consume_matrix<T, ROWS>(a, sh, c, StepMatrix::kDown, x, [&](int64_t unit, const float(&sum)[2][ROWS]) {
       if (c.lane != 0) return;
@@ -356,15 +379,20 @@ __device__ __forceinline__ void consume(const DecodeStepArgs& a, const Shared& s
         ff_out[n * d.C + unit] = from_float<T>(v);
       }
     });
+    c.mark(a, m0 + 13);
     c.sync_grid();
   }
   // The final norm and the logits.
+  const int64_t last = d.n_layer * kDecodeStepLayerMarks;
+  c.mark(a, last);
   norm_rows<T, ROWS>(a, sh, c, s0, ff_out, nullptr, a.final_norm, x);
+  c.mark(a, last + 1);
   consume_matrix<T, ROWS>(a, sh, c, StepMatrix::kHead, x, [&](int64_t unit, const float(&sum)[2][ROWS]) {
     if (c.lane != 0) return;
 #pragma unroll
     for (int n = 0; n < ROWS; ++n) a.logits[n * d.V + unit] = round_to<T>(sum[0][n]);
   });
+  c.mark(a, last + 2);
   // The last block to end leaves the barrier's words zeroed for the next step.
   c.all();
   if (tid == 0) {
@@ -401,8 +429,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(const DecodeSt
 template <class T, int ROWS>
 void launch_rows(const DecodeStepArgs& a, cudaStream_t stream) {
   const auto kernel = decode_step_kernel<T, ROWS>;
-  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(a.plan.smem_bytes)));
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(a.plan.smem_bytes)));
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;
   attribute[0].val.cooperative = 1;

@@ -32,7 +32,13 @@
 //   RMS norms, a gated silu feed-forward, RoPE (any rotary fraction), heads of 64 or 128 dimensions
 //   with up to 8 query heads a key/value head, biases, sliding windows; every layer resident; a GPU of
 //   compute capability 9.0 or more (the bulk copies). Anything else runs the layered kernels.
-// TANDEM_DECODE_KERNELS=fused runs the layered kernels everywhere, to compare.
+// - Measured (docs/benchmarks.md, "Decode as one launch"): slower than the layered kernels, so it is
+//   not the default (TANDEM_DECODE_KERNELS=persistent turns it on). On an H200 the 1B folder's batch-1
+//   step took 1.66-1.76 ms against 1.07-1.11 ms, the 7B shape's 6.82-6.86 against 4.31. The products
+//   stream at 2.0-4.6 TB/s (gate/up near the bandwidth), but per layer the attention's items take
+//   22-30 us (the layered kernels' whole layer takes about 49; why an item is this slow here is not
+//   yet known: its chain of dependent loads under this kernel's 96-register cap is the suspect), and
+//   the five grid barriers wait 3.3-6.4 us each. Note [Persistent step trace] shows a step part by part.
 
 #include <torch/torch.h>
 

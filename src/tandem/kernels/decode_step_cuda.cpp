@@ -8,10 +8,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
+#include "tandem/kernels/cuda_check.h"
 #include "tandem/kernels/decode_step.h"
 #include "tandem/kernels/decode_step_launch.h"
 #include "tandem/kernels/device_facts.h"
@@ -21,12 +25,65 @@
 namespace tandem::detail {
 namespace {
 
+// Note [Persistent step trace]
+// TANDEM_DECODE_STEP_TRACE=FILE has every eager step (not those recorded into CUDA graphs: `tandem
+// generate --eager`) record each block's clock as each part of the step ends (DecodeStepArgs::trace;
+// the consumers meet before each mark, so the step runs a little slower), and writes into FILE, when
+// the step goes, each part's mean time a layer over the blocks, the layers and the steps: where the
+// step's time goes, part by part. A diagnostic; off unless set.
+class StepTrace {
+ public:
+  explicit StepTrace(std::string path) : path_(std::move(path)) {}
+  ~StepTrace() { write(); }
+  bool on() const { return !path_.empty(); }
+  // Adds one step's marks (blocks, marks) of n_layer layers.
+  void add(const torch::Tensor& marks, int64_t n_layer) {
+    const auto t = marks.cpu();
+    const int64_t blocks = t.size(0), per = t.size(1), last = n_layer * kDecodeStepLayerMarks;
+    const auto* v = t.data_ptr<int64_t>();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t* m = v + b * per;
+      for (int64_t i = 0; i < last; ++i) {
+        const int64_t next = i + 1 < last ? m[i + 1] : m[last];
+        parts_[static_cast<size_t>(i % kDecodeStepLayerMarks)] += double(next - m[i]) / double(blocks * n_layer);
+      }
+      final_[0] += double(m[last + 1] - m[last]) / double(blocks);
+      final_[1] += double(m[last + 2] - m[last + 1]) / double(blocks);
+      total_ += double(m[last + 2] - m[0]) / double(blocks);
+    }
+    ++steps_;
+  }
+
+ private:
+  void write() const {
+    if (steps_ == 0) return;
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    const double us = 1e-3 * std::max(1, khz);  // cycles a microsecond
+    static const char* names[kDecodeStepLayerMarks] = {
+        "attention norm", "q/k/v (RoPE, cache)", "barrier",        "attention", "barrier", "rows in", "o",
+        "barrier",        "feed-forward norm",   "gate/up (silu)", "barrier",   "rows in", "down",    "barrier"};
+    std::FILE* f = std::fopen(path_.c_str(), "w");
+    if (f == nullptr) return;
+    std::fprintf(f, "part, us a layer (mean of %lld steps and every block)\n", static_cast<long long>(steps_));
+    for (int i = 0; i < kDecodeStepLayerMarks; ++i) std::fprintf(f, "%s, %.3f\n", names[i], parts_[i] / steps_ / us);
+    std::fprintf(f, "final norm (once), %.3f\nlogits (once), %.3f\nstep, %.3f\n", final_[0] / steps_ / us,
+                 final_[1] / steps_ / us, total_ / steps_ / us);
+    std::fclose(f);
+  }
+  std::string path_;
+  std::array<double, kDecodeStepLayerMarks> parts_{};
+  std::array<double, 2> final_{};
+  double total_ = 0;
+  int64_t steps_ = 0;
+};
+
 bool aligned(const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 // Why a tensor of the model does not suit the step ("" when it does): on `device`, contiguous and
 // 16-byte aligned, of `dtype`, `numel` elements (undefined is allowed where `optional`).
-std::string tensor_refusal(const char* what, const torch::Tensor& t, const c10::Device& device,
-                           torch::ScalarType dtype, int64_t numel, bool optional = false) {
+std::string tensor_refusal(const char* what, const torch::Tensor& t, const c10::Device& device, torch::ScalarType dtype,
+                           int64_t numel, bool optional = false) {
   if (!t.defined()) return optional ? "" : strprintf("no %s", what);
   if (t.device() != device || t.scalar_type() != dtype || !t.is_contiguous() || !aligned(t) || t.numel() != numel)
     return strprintf("its %s (%s %s, %lld elements; %lld expected)", what, t.toString().c_str(),
@@ -41,7 +98,7 @@ class CudaDecodeStep final : public DecodeStep {
  public:
   CudaDecodeStep(const DecodeStepModel& model, DecodeStepDims dims, std::array<DecodeStepPlan, 4> plans,
                  std::array<bool, 4> takes)
-      : model_(model), dims_(dims), plans_(plans), takes_(takes) {
+      : model_(model), dims_(dims), plans_(plans), takes_(takes), trace_(trace_path()) {
     const auto device = model.embed.device();
     std::vector<DecodeStepLayer> table;
     for (const auto& l : model.layers) {
@@ -103,8 +160,13 @@ class CudaDecodeStep final : public DecodeStep {
     }
     const auto& d = a.dims;
     const int64_t eb = d.elem_bytes;
-    const int64_t sizes[] = {2 * rows * d.C * 4, rows * d.C * eb, rows * d.C * eb, rows * d.H * d.hd * eb,
-                             rows * d.H * d.hd * eb, rows * d.F * eb, rows * d.H * most * (d.hd + 2) * 4};
+    const int64_t sizes[] = {2 * rows * d.C * 4,
+                             rows * d.C * eb,
+                             rows * d.C * eb,
+                             rows * d.H * d.hd * eb,
+                             rows * d.H * d.hd * eb,
+                             rows * d.F * eb,
+                             rows * d.H * most * (d.hd + 2) * 4};
     int64_t total = 0;
     for (const int64_t s : sizes) total += (s + 255) / 256 * 256;
     auto scratch = torch::empty({total}, model_.embed.options().dtype(torch::kUInt8));
@@ -117,7 +179,16 @@ class CudaDecodeStep final : public DecodeStep {
     a.sync = reinterpret_cast<unsigned*>(sync_.data_ptr<int32_t>());
     auto logits = torch::empty({rows, d.V}, model_.embed.options().dtype(torch::kFloat32));
     a.logits = logits.data_ptr<float>();
-    launch_decode_step(a, c10::cuda::getCurrentCUDAStream());
+    const auto stream = c10::cuda::getCurrentCUDAStream();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TANDEM_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    torch::Tensor marks;  // Note [Persistent step trace]
+    if (trace_.on() && capture == cudaStreamCaptureStatusNone) {
+      marks = torch::zeros({a.plan.blocks, decode_step_marks(d)}, model_.embed.options().dtype(torch::kInt64));
+      a.trace = reinterpret_cast<long long*>(marks.data_ptr<int64_t>());
+    }
+    launch_decode_step(a, stream);
+    if (marks.defined()) trace_.add(marks, d.n_layer);
     return logits;  // the scratch goes back to the stream's allocator, reused only after this launch
   }
 
@@ -131,6 +202,12 @@ class CudaDecodeStep final : public DecodeStep {
   ElementType elem_ = ElementType::kBF16;
   int64_t max_window_ = 0;
   torch::Tensor table_, sync_;
+  StepTrace trace_;
+
+  static std::string trace_path() {
+    const char* p = std::getenv("TANDEM_DECODE_STEP_TRACE");
+    return p == nullptr ? "" : p;
+  }
 };
 
 // Why the model does not suit the step at all ("" when it does), its dims into *dims.
@@ -203,8 +280,8 @@ std::unique_ptr<DecodeStep> make_cuda(const DecodeStepModel& model, std::string*
   for (int64_t rows = 1; rows <= DecodeStep::kMaxRows; ++rows) {
     DecodeStepDims d = dims;
     d.rows = rows;
-    const std::string r = plan_decode_step(d, multiprocessor_count(), max_shared_per_block(),
-                                           &plans[static_cast<size_t>(rows - 1)]);
+    const std::string r =
+        plan_decode_step(d, multiprocessor_count(), max_shared_per_block(), &plans[static_cast<size_t>(rows - 1)]);
     takes[static_cast<size_t>(rows - 1)] = r.empty();
     if (!r.empty()) last = r;
   }

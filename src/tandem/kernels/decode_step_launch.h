@@ -53,16 +53,24 @@ struct DecodeStepArgs {
   int splits[2] = {1, 1};
   int64_t split_keys[2] = {0, 0};
   // Scratch in device memory.
-  float* stream = nullptr;     ///< (2, rows, C): the residual stream
-  void* ff_out = nullptr;      ///< (rows, C): the feed-forward's output, added at the next norm
-  void* attn_proj = nullptr;   ///< (rows, C): the attention's output projection
-  void* q = nullptr;           ///< (rows, H, hd)
-  void* attn = nullptr;        ///< (rows, H, hd): the attention's output
-  void* inner = nullptr;       ///< (rows, F): silu(gate) * up
-  float* partial = nullptr;    ///< (rows, H, splits, hd + 2): the attention's splits
-  unsigned* sync = nullptr;    ///< decode_step_sync_words(dims) zeroed words, left zeroed
-  float* logits = nullptr;     ///< (rows, V): the output
+  float* stream = nullptr;    ///< (2, rows, C): the residual stream
+  void* ff_out = nullptr;     ///< (rows, C): the feed-forward's output, added at the next norm
+  void* attn_proj = nullptr;  ///< (rows, C): the attention's output projection
+  void* q = nullptr;          ///< (rows, H, hd)
+  void* attn = nullptr;       ///< (rows, H, hd): the attention's output
+  void* inner = nullptr;      ///< (rows, F): silu(gate) * up
+  float* partial = nullptr;   ///< (rows, H, splits, hd + 2): the attention's splits
+  unsigned* sync = nullptr;   ///< decode_step_sync_words(dims) zeroed words, left zeroed
+  float* logits = nullptr;    ///< (rows, V): the output
+  /// When given, (blocks, decode_step_marks(dims)): each block's clock (clock64) as each part of the
+  /// step ends (Note [Persistent step trace]).
+  long long* trace = nullptr;
 };
+
+/// The parts of a layer the trace marks, and the marks of a step (the layers', then the final norm's
+/// and the logits').
+constexpr int kDecodeStepLayerMarks = 14;
+TANDEM_HOST_DEVICE int64_t decode_step_marks(const DecodeStepDims& d) { return d.n_layer * kDecodeStepLayerMarks + 3; }
 
 /// Words of `sync` a step takes: the grid barrier, the blocks that have ended, and one arrival count
 /// per (row, key/value head) for the attention's splits.

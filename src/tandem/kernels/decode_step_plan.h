@@ -64,10 +64,10 @@ constexpr int kDecodeStepGroups = 4;
 /// Where a block's shared memory goes, and how many blocks run (one per multiprocessor).
 struct DecodeStepPlan {
   int blocks = 0;
-  int slots = 0;            ///< stages in flight in a block's ring
-  int64_t slot_bytes = 0;   ///< bytes of one stage
-  int64_t x_bytes = 0;      ///< the rows a product reads, or the attention's items
-  int64_t smem_bytes = 0;   ///< dynamic shared memory a block takes
+  int slots = 0;           ///< stages in flight in a block's ring
+  int64_t slot_bytes = 0;  ///< bytes of one stage
+  int64_t x_bytes = 0;     ///< the rows a product reads, or the attention's items
+  int64_t smem_bytes = 0;  ///< dynamic shared memory a block takes
 };
 
 /// The units of matrix m in one stage of `slot_bytes`.

@@ -25,8 +25,9 @@ __device__ __forceinline__ V coherent_load(const V* p) {
 /// A barrier over the `blocks` blocks of the grid, each taking part with the same `threads`
 /// threads (named barrier `id`); `count` is a zeroed word of global memory that every block's
 /// barriers count on, and `target` this thread's count of the arrivals passed so far (start at 0).
-/// What a block wrote before it is visible to every block after it (the fences of the cooperative
-/// groups' grid barrier).
+/// What a block wrote before it is visible to every block after it: the block's threads meet, one of
+/// them adds its arrival with release semantics and reads the count with acquire semantics until
+/// every block has arrived, and the block's threads meet again.
 struct GridBarrier {
   unsigned* count;
   unsigned blocks;
@@ -36,13 +37,11 @@ struct GridBarrier {
     named_barrier(id, threads);
     target += blocks;
     if (tid == 0) {
-      __threadfence();
-      atomicAdd(count, 1u);
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
       unsigned seen = 0;
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
       } while (seen < target);
-      __threadfence();
     }
     named_barrier(id, threads);
   }

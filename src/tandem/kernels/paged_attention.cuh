@@ -17,7 +17,9 @@
 namespace tandem::detail {
 
 constexpr int kPagedThreads = 32 * kPagedWarps;
-constexpr int kPagedPrefetch = 4;  // value rows a lane has in flight
+/// Value rows a lane has in flight: 32 floats' worth (16 rows of heads of 64, 8 of 128, 4 of 256). At
+/// batch 1 an item's time is mostly these loads' latency, one round trip per group of rows.
+constexpr int paged_prefetch(int E) { return 32 / E < 4 ? 4 : (32 / E > 16 ? 16 : 32 / E); }
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct ReadOnlyPath {
@@ -97,15 +99,17 @@ struct WarpSoftmax {
     }
   }
 
-  // Adds the tile's n values (key kk's row at element offset `off` of lane kk), weighted by s,
-  // kPagedPrefetch rows loaded before any is used: at small batches the loop waits on the loads' latency.
+  // Adds the tile's n values (key kk's row at element offset `off` of lane kk), weighted by s, in
+  // key order, paged_prefetch(E) rows loaded before any is used: at small batches the loop waits on
+  // the loads' latency.
   template <class T, class Path>
   __device__ __forceinline__ void add_values(const T* vc, int64_t off, const float (&s)[G_MAX], int n, int G,
                                              int lane) {
-    for (int k0 = 0; k0 < n; k0 += kPagedPrefetch) {
-      float v[kPagedPrefetch][E];
+    constexpr int kPrefetch = paged_prefetch(E);
+    for (int k0 = 0; k0 < n; k0 += kPrefetch) {
+      float v[kPrefetch][E];
 #pragma unroll
-      for (int u = 0; u < kPagedPrefetch; ++u) {
+      for (int u = 0; u < kPrefetch; ++u) {
         const int64_t row = __shfl_sync(kFullWarp, off, (k0 + u) & 31);
         if (k0 + u < n) {
           load_floats<T, E, Path>(vc + row + lane * E, v[u]);
@@ -115,7 +119,7 @@ struct WarpSoftmax {
         }
       }
 #pragma unroll
-      for (int u = 0; u < kPagedPrefetch; ++u)
+      for (int u = 0; u < kPrefetch; ++u)
 #pragma unroll
         for (int g = 0; g < G_MAX; ++g) {
           const float p = __shfl_sync(kFullWarp, s[g], (k0 + u) & 31);

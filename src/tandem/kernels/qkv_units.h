@@ -18,7 +18,9 @@ struct QkvShape {
 /// Units of the projection. A head of q or k has rotary / 2 units that each compute the two
 /// dimensions RoPE rotates together (d and d + rotary / 2) and hd - rotary units of one dimension
 /// it leaves alone; a head of v has hd / 2 units of two dimensions (d and d + hd / 2).
-TANDEM_HOST_DEVICE int64_t qkv_units(const QkvShape& s) { return (s.H + s.KV) * (s.hd - s.rotary / 2) + s.KV * (s.hd / 2); }
+TANDEM_HOST_DEVICE int64_t qkv_units(const QkvShape& s) {
+  return (s.H + s.KV) * (s.hd - s.rotary / 2) + s.KV * (s.hd / 2);
+}
 
 /// What one unit computes: the head (q's, then k's, then v's), its dimension d and the partner
 /// dimension (-1: none), and whether the pair is rotated.

@@ -64,8 +64,9 @@ __global__ void __launch_bounds__(32 * kSkinnyWarps) skinny_rope_kv_kernel(const
 #pragma unroll
   for (int i = 0; i < ROWS; ++i)
     if (i == n) a = sum[0][i], b = sum[1][i];
-  finish_qkv_unit<T>(r, p.v_out, shape, unit, static_cast<const T*>(p.bias), static_cast<const T*>(r.cos) + n * r.rotary,
-                     static_cast<const T*>(r.sin) + n * r.rotary, n, r.page[n], r.slot[n], a, b);
+  finish_qkv_unit<T>(r, p.v_out, shape, unit, static_cast<const T*>(p.bias),
+                     static_cast<const T*>(r.cos) + n * r.rotary, static_cast<const T*>(r.sin) + n * r.rotary, n,
+                     r.page[n], r.slot[n], a, b);
 }
 
 }  // namespace

@@ -45,14 +45,15 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-// Note [Persistent decode step], Note [Paged decode attention], Note [Decode fusions] and Note
-// [Skinny epilogues]: the CUDA kernels, a decode step in one launch where the persistent step takes
-// the model (the default, `persistent`), unless TANDEM_DECODE_KERNELS asks for the layered kernels
-// everywhere (`fused`), for them without the products' epilogues (`separate`) or for LibTorch's ops
-// only (`torch`), to compare.
+// Note [Paged decode attention], Note [Decode fusions] and Note [Skinny epilogues]: the CUDA kernels
+// layer by layer with the products' epilogues (`fused`, the default), unless TANDEM_DECODE_KERNELS
+// asks for the whole decode step in one launch where that takes the model (`persistent`, Note
+// [Persistent decode step]: slower so far), for the kernels without the epilogues (`separate`) or
+// for LibTorch's ops only (`torch`), to compare.
 std::string decode_kernels() {
-  const std::string k = env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"persistent", "fused", "separate", "torch"});
-  return k.empty() ? "persistent" : k;
+  const std::string k =
+      env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "persistent", "separate", "torch"});
+  return k.empty() ? "fused" : k;
 }
 
 // Note [No per-shape attention plans]
@@ -174,7 +175,8 @@ void Decoder::prepare_decode_step(const KvCache& cache) {
   const c10::DeviceGuard device_guard(device());
   step_kernel_ = make_decode_step(decode_step_model(cache), &persistent_refusal_);
   step_cache_ = &cache;
-  if (step_kernel_ == nullptr) log::debug("decode steps run layer by layer: the persistent step does not take " + persistent_refusal_);
+  if (step_kernel_ == nullptr)
+    log::debug("decode steps run layer by layer: the persistent step does not take " + persistent_refusal_);
 }
 
 bool Decoder::persistent_step(const KvCache& cache, int64_t rows) const {
@@ -470,11 +472,8 @@ std::pair<torch::Tensor, torch::Tensor> Decoder::add_and_norm(const torch::Tenso
 // q and k rotated (RoPE) and v, the projections of h; the new keys and values written into the
 // layer's cache at the step's slots. One kernel where the skinny products take h (Note [Skinny
 // epilogues]), two where the decode fusions do.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_values(const torch::Tensor& h,
-                                                                                     const LayerWeights& w,
-                                                                                     int64_t index,
-                                                                                     const StepLayout& step,
-                                                                                     KvCache& cache) const {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_values(
+    const torch::Tensor& h, const LayerWeights& w, int64_t index, const StepLayout& step, KvCache& cache) const {
   const auto& s = spec();
   const int64_t N = step.rows, H = s.n_head, KV = s.n_kv_head, hd = s.head_dim(), Q = H * hd;
   auto kc = cache.keys(index), vc = cache.values(index);
@@ -564,8 +563,8 @@ torch::Tensor Decoder::run(const StepLayout& step, KvCache& cache) {
   const c10::InferenceMode inference;
   const c10::DeviceGuard device_guard(device());
   if (step.rows == step.decodes && persistent_step(cache, step.rows))  // Note [Persistent decode step]
-    return step_kernel_->run({step.tokens, step.positions, step.write_page, step.write_slot, step.decode_lengths,
-                              step.decode_pages});
+    return step_kernel_->run(
+        {step.tokens, step.positions, step.write_page, step.write_slot, step.decode_lengths, step.decode_pages});
   const auto& w = *weights_;
   const auto& p = spec().parts;
   auto x = torch::embedding(w.embed(), step.tokens).to(torch::kFloat32);  // (N, C) fp32

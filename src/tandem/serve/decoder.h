@@ -132,7 +132,7 @@ class Decoder {
   bool skinny_epilogues_ = false;                                      // Note [Skinny epilogues]
   bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
   bool persistent_ = false;                                            // Note [Persistent decode step]
-  std::unique_ptr<DecodeStep> step_kernel_;  // over step_cache_'s pages
+  std::unique_ptr<DecodeStep> step_kernel_;                            // over step_cache_'s pages
   const KvCache* step_cache_ = nullptr;
   std::string persistent_refusal_;
 };

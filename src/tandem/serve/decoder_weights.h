@@ -23,10 +23,10 @@ namespace tandem {
 /// (unpadded) d_ff: tandem's zero padding adds nothing to the function (Note [Zero padding keeps
 /// the function]). A part the model does not have is undefined.
 struct LayerWeights {
-  torch::Tensor qkv, qkv_bias;               // (H hd + 2 KV hd, C), (H hd + 2 KV hd)
-  torch::Tensor o, o_bias;                   // (C, H hd), (C)
-  torch::Tensor gate_up, gate_up_bias;       // (2 F, C): gate and up stacked; ungated (GPT-2): (F, C), up only
-  torch::Tensor down, down_bias;             // (C, F), (C)
+  torch::Tensor qkv, qkv_bias;          // (H hd + 2 KV hd, C), (H hd + 2 KV hd)
+  torch::Tensor o, o_bias;              // (C, H hd), (C)
+  torch::Tensor gate_up, gate_up_bias;  // (2 F, C): gate and up stacked; ungated (GPT-2): (F, C), up only
+  torch::Tensor down, down_bias;        // (C, F), (C)
   // The norms are fp32 (Note [Norms in fp32]), whatever the matrices' dtype.
   torch::Tensor attn_norm, attn_norm_bias;   // (C): before the attention (the bias: LayerNorm)
   torch::Tensor ff_norm, ff_norm_bias;       // (C): before the feed-forward
