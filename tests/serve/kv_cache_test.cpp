@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -40,6 +41,20 @@ TEST(ServeKvCache, TheBudgetBecomesWholePages) {
   EXPECT_NE(test::error_of([&] { KvCache(s, s.page_bytes() - 1); }).find("--kv-cache-gib"), std::string::npos);
   EXPECT_EQ(kv_cache_budget(1000, 0.5, 0), 500);
   EXPECT_EQ(kv_cache_budget(1000, 0.5, 300), 300);
+}
+
+// A cache made where another one stood (the same address) is still another cache.
+TEST(ServeKvCache, EveryCacheHasItsOwnId) {
+  const auto s = shape();
+  std::optional<KvCache> cache;
+  cache.emplace(s, 4 * s.page_bytes());
+  const uint64_t first = cache->id();
+  const void* where = &*cache;
+  cache.reset();
+  cache.emplace(s, 4 * s.page_bytes());
+  EXPECT_EQ(&*cache, where);
+  EXPECT_NE(cache->id(), first);
+  EXPECT_NE(cache->id(), 0u);
 }
 
 TEST(ServeKvCache, OutOfPagesIsARefusalThatChangesNothing) {

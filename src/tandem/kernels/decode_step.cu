@@ -460,8 +460,6 @@ void launch_type(const DecodeStepArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int decode_step_block_threads() { return kThreads; }
-
 void launch_decode_step(const DecodeStepArgs& a, cudaStream_t stream) {
   TANDEM_ASSERT(a.dims.rows >= 1 && a.dims.rows <= 4 && a.elem != ElementType::kF32,
                 "the persistent decode step given ", a.dims.rows, " rows or fp32");

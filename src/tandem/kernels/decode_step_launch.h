@@ -79,7 +79,4 @@ inline int64_t decode_step_sync_words(const DecodeStepDims& d) { return 2 + d.ro
 /// Queues the step on `stream`: plan.blocks blocks, all resident at once (a cooperative launch).
 void launch_decode_step(const DecodeStepArgs& args, cudaStream_t stream);
 
-/// The threads of a block.
-int decode_step_block_threads();
-
 }  // namespace tandem::detail

@@ -171,16 +171,16 @@ DecodeStepModel Decoder::decode_step_model(const KvCache& cache) {
 }
 
 void Decoder::prepare_decode_step(const KvCache& cache) {
-  if (!persistent_ || step_cache_ == &cache) return;
+  if (!persistent_ || step_cache_ == cache.id()) return;
   const c10::DeviceGuard device_guard(device());
   step_kernel_ = make_decode_step(decode_step_model(cache), &persistent_refusal_);
-  step_cache_ = &cache;
+  step_cache_ = cache.id();
   if (step_kernel_ == nullptr)
     log::debug("decode steps run layer by layer: the persistent step does not take " + persistent_refusal_);
 }
 
 bool Decoder::persistent_step(const KvCache& cache, int64_t rows) const {
-  return step_kernel_ != nullptr && step_cache_ == &cache && step_kernel_->takes(rows);
+  return step_kernel_ != nullptr && step_cache_ == cache.id() && step_kernel_->takes(rows);
 }
 
 // Note [Skinny linear]: a step of a few rows (a small decode batch) reads each matrix at the

@@ -132,8 +132,8 @@ class Decoder {
   bool skinny_epilogues_ = false;                                      // Note [Skinny epilogues]
   bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
   bool persistent_ = false;                                            // Note [Persistent decode step]
-  std::unique_ptr<DecodeStep> step_kernel_;                            // over step_cache_'s pages
-  const KvCache* step_cache_ = nullptr;
+  std::unique_ptr<DecodeStep> step_kernel_;                            // over the pages of cache step_cache_
+  uint64_t step_cache_ = 0;                                            // KvCache::id(); 0: none
   std::string persistent_refusal_;
 };
 

@@ -18,6 +18,8 @@ int64_t kv_cache_budget(int64_t free_bytes, double fraction, int64_t cap) {
 }
 
 KvCache::KvCache(const KvCacheShape& shape, int64_t budget_bytes) : shape_(shape) {
+  static std::atomic<uint64_t> caches{0};
+  id_ = ++caches;
   TANDEM_ASSERT(shape_.n_layer > 0 && shape_.n_kv_head > 0 && shape_.head_dim > 0 && shape_.page_tokens > 0,
                 "KV cache shape with a zero dimension");
   const int64_t page = shape_.page_bytes();

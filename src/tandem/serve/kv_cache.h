@@ -74,6 +74,9 @@ class KvCache {
 
   /// The shape the pages were allocated for.
   const KvCacheShape& shape() const { return shape_; }
+  /// A number no other cache of this process has had, so that what is prepared over one cache's
+  /// pages is never taken for another's, even at the same address (Note [Persistent decode step]).
+  uint64_t id() const { return id_; }
   /// Tokens per page.
   int64_t page_tokens() const { return shape_.page_tokens; }
   /// Pages needed for `tokens` tokens.
@@ -113,6 +116,7 @@ class KvCache {
  private:
   KvCacheShape shape_;
   int64_t pages_total_ = 0;
+  uint64_t id_ = 0;
   std::vector<torch::Tensor> keys_, values_;  // per layer: (P + 1, KV, page_tokens, hd), the scratch page last
   /// Takes one page, free first, else the oldest cached one (its entry forgotten); under mutex_.
   int32_t take_page();
