@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
+echo "test.sh: setup and build took ${SECONDS} s"
 # The Python package the pip way (Note [Python package]): its wheel built from setup.sh's build
 # folder (nothing is compiled twice), installed into .venv, where the Python tests import it.
 build=${TANDEM_BUILD_DIR:-build}
@@ -18,4 +19,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if [ "${FUZZ_SECONDS:-20}" != 0 ] && command -v clang++ >/dev/null; then
   scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
+echo "test.sh: the wheel and the fuzz runs done at ${SECONDS} s"
 ctest --test-dir "${TANDEM_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" --timeout 900 "$@"
