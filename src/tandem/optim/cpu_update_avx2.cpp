@@ -97,6 +97,57 @@ struct Avx2Lanes {
   }
   static bool bad_any(B a) { return !_mm256_testz_si256(a, a); }
   static void sfence() { _mm_sfence(); }
+  // Note [8-bit states]: the codes of q8_codes.h, 8 at a time, in the same integer steps.
+  static F decode_m8(const int8_t* q, F scale) {
+    const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    const __m256i c = _mm256_abs_epi32(s);
+    const __m256i nz = _mm256_cmpgt_epi32(c, _mm256_setzero_si256());
+    const __m256i r = _mm256_and_si256(nz, _mm256_slli_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(q8::kMBase)), 20));
+    const __m256i x = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(r), scale));
+    return _mm256_castsi256_ps(_mm256_xor_si256(x, _mm256_and_si256(s, _mm256_set1_epi32(INT32_MIN))));
+  }
+  static F decode_u8(const uint8_t* q, F scale) {
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(q8::kVBase)), 19)),
+                         scale);
+  }
+  // The code of each lane's value / scale: its top bits rounded to nearest even, less the base.
+  static __m256i code(__m256i b, int shift, uint32_t half, uint32_t base, int top) {
+    const __m128i n = _mm_cvtsi32_si128(shift);
+    const __m256i odd = _mm256_and_si256(_mm256_srl_epi32(b, n), _mm256_set1_epi32(1));
+    b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(half)), odd));
+    const __m256i c = _mm256_sub_epi32(_mm256_srl_epi32(b, n), _mm256_set1_epi32(static_cast<int>(base)));
+    return _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(top));
+  }
+  // Eight 32-bit lanes of byte values, in order, as eight bytes at q.
+  static void store_bytes(void* q, __m256i c) {
+    const __m256i order = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                           -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i b = _mm256_shuffle_epi8(c, order);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q),
+                     _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+  }
+  static void encode_m8(int8_t* q, F m, F inv) {
+    const __m256i bits = _mm256_castps_si256(m);
+    const F a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)));
+    const __m256i c = code(_mm256_castps_si256(_mm256_mul_ps(a, inv)), 20, 0x7FFFFu, q8::kMBase, 127);
+    store_bytes(q, _mm256_blendv_epi8(c, _mm256_sub_epi32(_mm256_setzero_si256(), c), _mm256_srai_epi32(bits, 31)));
+  }
+  static void encode_u8(uint8_t* q, F u, F inv) {
+    store_bytes(q, code(_mm256_castps_si256(_mm256_mul_ps(u, inv)), 19, 0x3FFFFu, q8::kVBase, 255));
+  }
+  // The largest |x| of each lane so far, compared as the integers of the bits (q8::max_abs).
+  static F max_abs(F acc, F x) {
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32(0x7FFFFFFF));
+    return _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(acc), a));
+  }
+  static float lanes_max(F acc) {
+    alignas(32) uint32_t l[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_castps_si256(acc));
+    uint32_t mx = 0;
+    for (uint32_t x : l) mx = x > mx ? x : mx;
+    return q8::float_of(mx);
+  }
 };
 
 }  // namespace

@@ -96,6 +96,44 @@ struct Avx512Lanes {
   }
   static bool bad_any(B a) { return a != 0; }
   static void sfence() { _mm_sfence(); }
+  // Note [8-bit states]: the codes of q8_codes.h, 16 at a time, in the same integer steps.
+  static F decode_m8(const int8_t* q, F scale) {
+    const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    const __m512i c = _mm512_abs_epi32(s);
+    const __m512i r =
+        _mm512_maskz_slli_epi32(_mm512_test_epi32_mask(c, c), _mm512_add_epi32(c, _mm512_set1_epi32(q8::kMBase)), 20);
+    const __m512i x = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(r), scale));
+    return _mm512_castsi512_ps(_mm512_xor_si512(x, _mm512_and_si512(s, _mm512_set1_epi32(INT32_MIN))));
+  }
+  static F decode_u8(const uint8_t* q, F scale) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(q8::kVBase)), 19)),
+                         scale);
+  }
+  // The code of each lane's value / scale: its top bits rounded to nearest even, less the base.
+  static __m512i code(__m512i b, int shift, uint32_t half, uint32_t base, int top) {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(1));
+    b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(half)), odd));
+    const __m512i c = _mm512_sub_epi32(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(static_cast<int>(base)));
+    return _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(top));
+  }
+  static void encode_m8(int8_t* q, F m, F inv) {
+    const __m512i bits = _mm512_castps_si512(m);
+    const F a = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
+    __m512i c = code(_mm512_castps_si512(_mm512_mul_ps(a, inv)), 20, 0x7FFFFu, q8::kMBase, 127);
+    c = _mm512_mask_sub_epi32(c, _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512()), _mm512_setzero_si512(), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+  }
+  static void encode_u8(uint8_t* q, F u, F inv) {
+    const __m512i c = code(_mm512_castps_si512(_mm512_mul_ps(u, inv)), 19, 0x3FFFFu, q8::kVBase, 255);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+  }
+  // The largest |x| of each lane so far, compared as the integers of the bits (q8::max_abs).
+  static F max_abs(F acc, F x) {
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
+    return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(acc), a));
+  }
+  static float lanes_max(F acc) { return q8::float_of(_mm512_reduce_max_epu32(_mm512_castps_si512(acc))); }
 };
 
 }  // namespace

@@ -43,6 +43,13 @@ struct ScalarLanes {
   static B bad_acc(B a, const uint16_t* g) { return a | ((*g & 0x7F80u) == 0x7F80u); }
   static bool bad_any(B a) { return a != 0; }
   static void sfence() {}
+  // Note [8-bit states]: the codes themselves.
+  static F decode_m8(const int8_t* q, F scale) { return q8::decode_m(*q, scale); }
+  static F decode_u8(const uint8_t* q, F scale) { return q8::decode_u(*q, scale); }
+  static void encode_m8(int8_t* q, F m, F inv) { *q = q8::encode_m(m, inv); }
+  static void encode_u8(uint8_t* q, F u, F inv) { *q = q8::encode_u(u, inv); }
+  static F max_abs(F acc, F x) { return q8::max_abs(&x, 1) > acc ? q8::max_abs(&x, 1) : acc; }
+  static float lanes_max(F acc) { return acc; }
 };
 
 }  // namespace
