@@ -5,7 +5,8 @@ delayed) and DeepSpeed ZeRO-2 offload, from one gpu-check run.
     python3 bench/offload_big.py BOUND.jsonl EXACT_RUN DELAYED_RUN DEEPSPEED.jsonl
 
 Engine figures are medians over the steps after the update split's first solve (step 5 on), so
-start-up and the solver's measuring steps are left out. "GPU busy" is the bound's step time over
+start-up and the solver's measuring steps are left out, and before the first traced step (a traced
+step starts and ends with every update done, which slows it and the step after it). "GPU busy" is the bound's step time over
 the engine's: the share of a step the GPU spends on forward and backward; the rest is idle or
 waiting on uploads (the trace shows which).
 """
@@ -14,7 +15,7 @@ import os
 import statistics
 import sys
 
-from run_dir import RunDirError, read_metrics, run_cli
+from run_dir import RunDirError, read_metrics, read_trace_steps, run_cli
 
 
 def last_json(path):
@@ -29,7 +30,9 @@ def engine(run):
         rows = read_metrics(run).steps
     except RunDirError:
         return None
-    late = [r for r in rows if r["step"] >= 5] or rows
+    traced = read_trace_steps(run)
+    end = min(traced) if traced else float("inf")
+    late = [r for r in rows if 5 <= r["step"] < end] or rows
     if not late:
         return None
     step = statistics.median(r["step_time_s"] for r in late)

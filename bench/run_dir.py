@@ -9,7 +9,7 @@ A run directory holds:
                      it): step rows (step, loss, step_time_s, tokens_per_s, ...), evaluation rows
                      (step, eval_loss), checkpoint rows (checkpoint_blocking_s or checkpoint_write_s)
                      and out-of-memory rows (oom).
-  config.yaml        the resolved configuration (no bench script reads it).
+  config.yaml        the resolved configuration (read here only for offload.trace_steps).
   model_config.json  the architecture, in the layout of a Hugging Face config.json.
   trace.json         a Chrome trace of the steps in offload.trace_steps, when asked for.
 
@@ -164,6 +164,24 @@ def read_model_config(run: str) -> Dict[str, Any]:
     """model_config.json: num_hidden_layers, hidden_size, vocab_size and the rest of a Hugging Face
     config.json."""
     return _load_json(run, "model_config.json")
+
+
+def read_trace_steps(run: str) -> List[int]:
+    """The steps offload.trace_steps names in config.yaml (empty when it names none or the file is
+    missing): a traced step starts and ends with every update done, so it and the step after it are
+    slower than the others."""
+    try:
+        lines = open(os.path.join(run, "config.yaml")).read().splitlines()
+    except FileNotFoundError:
+        return []
+    section = ""
+    for line in lines:
+        if line and not line.startswith(" "):
+            section = line.rstrip(":")
+        elif section == "offload" and line.strip().startswith("trace_steps:"):
+            value = line.split(":", 1)[1].strip().strip("[]\"'")
+            return [int(t) for t in value.replace(",", " ").split() if t.isdigit()]
+    return []
 
 
 def read_trace_events(run: str) -> List[Dict[str, Any]]:

@@ -179,3 +179,18 @@ def test_model_config_trace_and_name(tmp_path):
         json.dump({"events": events}, f)
     with pytest.raises(RunDirError, match="traceEvents"):
         run_dir.read_trace_events(run)
+
+
+def test_trace_steps_from_the_config_and_the_big_table_leaves_them_out(tmp_path):
+    import offload_big
+
+    rows = [step_row(s, 3.0, step_time_s=1.0 if s < 7 else 2.0) for s in range(1, 9)]
+    run = write_run(tmp_path / "big", None, lines(*rows))
+    assert run_dir.read_trace_steps(run) == []  # no config.yaml
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        f.write("dist:\n  pipeline_trace_steps: 3\noffload:\n  optimizer: cpu\n  trace_steps: \"7,8\"\ntrain:\n  steps: 8\n")
+    assert run_dir.read_trace_steps(run) == [7, 8]
+    assert offload_big.engine(run)["step_s"] == 1.0  # steps 5 and 6; the traced 7 and 8 left out
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        f.write("offload:\n  trace_steps: \"\"\n")
+    assert offload_big.engine(run)["step_s"] == 1.5  # nothing traced: the median of steps 5-8
