@@ -65,6 +65,11 @@ TEST(Config, BadValuesAreUserErrors) {
   EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps takes step numbers"), std::string::npos);
   apply_override(t, "offload.trace_steps=0");
   EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps"), std::string::npos);
+  Config m;
+  apply_override(m, "model.activation_offload=-2");
+  EXPECT_NE(error_of([&] { validate_config(m); }).find("model.activation_offload must be -1"), std::string::npos);
+  apply_override(m, "model.activation_offload=-1");
+  validate_config(m);
   Config r;
   apply_override(r, "offload.host_ring=-2");
   EXPECT_NE(error_of([&] { validate_config(r); }).find("offload.host_ring must be -1"), std::string::npos);

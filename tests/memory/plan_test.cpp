@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -223,7 +224,7 @@ TEST(MemoryPlan, AHostRingReplacesPerBlockBuffersAndAutoTakesItOnlyWhenNeeded) {
   EXPECT_EQ(row_bytes(ring, kTierPinned, "weight staging ring"), 4 * k13bLayer * 2);
   EXPECT_EQ(row_bytes(ring, kTierPinned, "gradient landing buffers"), -1);
   EXPECT_EQ(row_bytes(ring, kTierPinned, "undo log"), -1);  // a ring keeps none (Note [Retraction])
-  c.offload.speculate = Speculation::kAuto;  // not even when it speculates
+  c.offload.speculate = Speculation::kAuto;                 // not even when it speculates
   EXPECT_EQ(row_bytes(plan_offload_memory(s, c, 2048, 3), kTierPinned, "undo log"), -1);
   c.offload.speculate = Speculation::kNever;
   EXPECT_EQ(per_block.pinned_bytes() - ring.pinned_bytes(), 4 * n_cpu - 16 * k13bLayer);
@@ -317,8 +318,8 @@ TEST(MemoryPlan, TheNvmeTierHoldsTheLastBlocksStatesAndAutoTakesTheFewestThatFit
   // Without the tier the same host is refused, naming it; with it, a count too small names a larger one.
   Config plain = r;
   plain.offload.nvme_path.clear();
-  const std::string msg = error_of(
-      [&] { check_plan_fits(plan_offload_memory(s, plain, 2048, 0), h48, plain.offload, plain.train); });
+  const std::string msg =
+      error_of([&] { check_plan_fits(plan_offload_memory(s, plain, 2048, 0), h48, plain.offload, plain.train); });
   EXPECT_NE(msg.find("offload.nvme_path=DIR"), std::string::npos) << msg;
   const std::string more =
       error_of([&] { check_plan_fits(plan_offload_memory(s, r, 2048, 0), h48, r.offload, r.train); });
@@ -540,6 +541,40 @@ TEST(MemoryPlan, ThirteenBShardedFitsTwoH100sAndThirtyBNeedsStages) {
   const PlanLayout stage = plan_layout(c, 0, 2, {31, 62}, true);
   EXPECT_GE(largest_fitting_gpu_blocks(s30, c, 2048, cap, stage), 0)
       << format_plan(plan_offload_memory(s30, c, 2048, 0, stage));
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Note [Activation offload]: the offloaded layers' activations leave the GPU's row for a host row
+// of their whole saved tensors; one offloaded layer's stay on the GPU at a time; a stage counts the
+// offloaded layers among its own.
+TEST(MemoryPlan, OffloadedActivationsMoveToTheHost) {
+  const ModelSpec s = preset_spec("7B");
+  Config c = bf16_config();
+  c.model.checkpointing = true;
+  const auto ckpt = activation_cost(s, 4, 2048, Precision::kBf16, true);
+  const int64_t whole = activation_cost(s, 4, 2048, Precision::kBf16, false).kept_per_layer;
+  ASSERT_GT(whole, 4 * ckpt.kept_per_layer);
+  const MemoryPlan none = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(row_bytes(none, kTierGpu, "activations"), ckpt.activations(32, 1));
+  EXPECT_EQ(row_bytes(none, kTierPinned, "activations"), -1);
+  c.model.activation_offload = 6;
+  const MemoryPlan six = plan_offload_memory(s, c, 2048, 0);
+  EXPECT_EQ(row_bytes(six, kTierGpu, "activations (checkpointing on, 6 of 32 layers offloaded)"),
+            26 * ckpt.kept_per_layer + std::max(ckpt.layer_working, whole));
+  EXPECT_EQ(row_bytes(six, kTierPinned, "activations of 6 offloaded layers"), 6 * whole);
+  c.model.activation_offload = -1;
+  EXPECT_EQ(row_bytes(plan_offload_memory(s, c, 2048, 0), kTierPinned, "activations of 32 offloaded layers"),
+            32 * whole);
+  // Two stages: embedding + layers 0..15 | layers 16..31 + head; the first 20 layers offloaded.
+  EXPECT_EQ(offloaded_layers(s, 20, 0, 17), 16);
+  EXPECT_EQ(offloaded_layers(s, 20, 17, 34), 4);
+  EXPECT_EQ(offloaded_layers(s, 0, 0, 34), 0);
+  EXPECT_EQ(offloaded_layers(s, -1, 17, 34), 16);
 }
 
 }  // namespace

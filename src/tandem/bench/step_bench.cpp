@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -37,6 +38,7 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
   torch::manual_seed(cfg.train.seed);
   auto model = build_model(spec, cfg.model.checkpointing);
+  offload_activations(*model, cfg.model.activation_offload, device);  // Note [Activation offload]
   // The offload engine's device side: weights in the compute dtype (fp32 residual stream, Note
   // [fp32 residual stream]), gradients in the compute dtype, no master, no optimizer state.
   model->to(device, dtype);
@@ -73,14 +75,21 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   const double tok_s = double(B * T) / med;
   const double n = double(spec.num_params_unpadded());
   const double tflops = 6.0 * n * tok_s / 1e12;
+  const int64_t offload_per_step =
+      model->activation_offload() ? model->activation_offload()->bytes() / std::max<int64_t>(cfg.train.steps, 1) : 0;
+  const std::string offloaded =
+      model->activation_offload()
+          ? strprintf(", activations of %lld layers to the host (%s a step)", (long long)cfg.model.activation_offload,
+                      format_bytes(double(offload_per_step)).c_str())
+          : "";
   int64_t peak = 0;
   if (device.is_cuda() && accelerator()) peak = accelerator()->memory_stats(device.index()).peak_allocated;
   std::printf(
-      "forward+backward only: %s, B=%lld, T=%lld%s: %.1f ms per step, %s tok/s, %.0f model TFLOP/s (6 N per "
+      "forward+backward only: %s, B=%lld, T=%lld%s%s: %.1f ms per step, %s tok/s, %.0f model TFLOP/s (6 N per "
       "token, N = %s), peak device %s\n",
       spec.name.c_str(), static_cast<long long>(B), static_cast<long long>(T),
-      cfg.model.checkpointing ? ", checkpointing" : "", med * 1e3, format_count(tok_s).c_str(), tflops,
-      format_count(n).c_str(), format_bytes(double(peak)).c_str());
+      cfg.model.checkpointing ? ", checkpointing" : "", offloaded.c_str(), med * 1e3, format_count(tok_s).c_str(),
+      tflops, format_count(n).c_str(), format_bytes(double(peak)).c_str());
   if (!json_path.empty()) {
     nlohmann::json j = {{"bench", "step"},
                         {"model", spec.name},
@@ -88,6 +97,8 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
                         {"batch", B},
                         {"seq", T},
                         {"checkpointing", cfg.model.checkpointing},
+                        {"activation_offload", cfg.model.activation_offload},
+                        {"activation_offload_bytes_per_step", offload_per_step},
                         {"median_step_s", med},
                         {"tokens_per_s", tok_s},
                         {"model_tflops", tflops},

@@ -100,6 +100,9 @@ struct ModelConfig {
   std::optional<int64_t> n_dense;                         ///< AMX+MoE: dense layers before the MoE ones
   std::optional<double> capacity_factor, moe_aux_weight;  ///< ResNet-BK MoE (null = preset)
   bool checkpointing = false;  ///< recompute each decoder block in backward (activation checkpointing)
+  /// The first N decoder layers (-1: all) send their saved activations to pinned host memory instead
+  /// of recomputing them or keeping them on the GPU (Note [Activation offload]); 0 = none.
+  int64_t activation_offload = 0;
   std::string init_from;       ///< HF LLaMA directory: architecture from its config.json, weights from its safetensors
 };
 

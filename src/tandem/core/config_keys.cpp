@@ -188,6 +188,10 @@ const std::vector<Field>& fields() {
       opt_int_field("model.n_dense", "AMX+MoE: dense layers before the MoE layers (null = preset)", F(model.n_dense)),
       bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward",
                  F(model.checkpointing)),
+      int_field("model.activation_offload",
+                "the first N decoder layers (-1 = all) keep what backward needs in pinned host memory, copied while "
+                "the forward runs, instead of recomputing it (model.checkpointing) or keeping it on the GPU; 0 = none",
+                F(model.activation_offload)),
 
       string_field("model.init_from",
                    "HF LLaMA directory to start from (config.json + safetensors); overrides the preset",

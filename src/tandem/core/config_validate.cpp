@@ -22,6 +22,12 @@ void validate_data(const DataConfig& d) {
                d.synthetic_bytes);
 }
 
+void validate_model(const ModelConfig& m) {
+  TANDEM_CHECK(m.activation_offload >= -1,
+               "model.activation_offload must be -1 (every decoder layer), 0 (none) or a number of layers, got ",
+               m.activation_offload);
+}
+
 void validate_train(const TrainConfig& t) {
   TANDEM_CHECK(t.steps >= 0, "train.steps must be >= 0, got ", t.steps);
   TANDEM_CHECK(t.micro_batch > 0, "train.micro_batch must be > 0, got ", t.micro_batch);
@@ -44,8 +50,10 @@ void validate_optim(const OptimConfig& o) {
   TANDEM_CHECK(o.impl != OptimizerImpl::kFused || (o.state_dtype == StateDtype::kFp32 && adam),
                "optim.impl=fused runs adamw and adam with fp32 states only; use optim.impl=cpu for optim.type=",
                to_string(o.type), " and optim.state_dtype=", to_string(o.state_dtype));
-  TANDEM_CHECK(o.state_dtype != StateDtype::kInt8 || adam, "optim.state_dtype=int8 quantises Adam's moments; use it "
-               "with optim.type=adamw or adam, or optim.state_dtype=bf16 for optim.type=", to_string(o.type));
+  TANDEM_CHECK(o.state_dtype != StateDtype::kInt8 || adam,
+               "optim.state_dtype=int8 quantises Adam's moments; use it "
+               "with optim.type=adamw or adam, or optim.state_dtype=bf16 for optim.type=",
+               to_string(o.type));
   TANDEM_CHECK(o.momentum >= 0 && o.momentum < 1, "optim.momentum must be in [0, 1), got ", o.momentum);
   TANDEM_CHECK(o.dampening >= 0 && o.dampening <= 1, "optim.dampening must be in [0, 1], got ", o.dampening);
   TANDEM_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
@@ -157,6 +165,7 @@ void validate_combinations(const Config& c) {
 
 void validate_config(const Config& c) {
   validate_data(c.data);
+  validate_model(c.model);
   validate_train(c.train);
   validate_optim(c.optim);
   validate_scaler(c.scaler);

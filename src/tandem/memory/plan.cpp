@@ -104,6 +104,13 @@ int64_t layout_params(const ModelSpec& spec, const PlanLayout& layout) {
   return n;
 }
 
+int64_t offloaded_layers(const ModelSpec& spec, int64_t activation_offload, int64_t first, int64_t end) {
+  const int64_t n = activation_offload < 0 ? spec.n_layer : std::min(activation_offload, spec.n_layer);
+  // Block b (1 .. n_layer) is decoder layer b - 1; the offloaded ones are Blocks 1 .. n.
+  const int64_t lo = std::max<int64_t>(first, 1), hi = std::min(end, n + 1);
+  return std::max<int64_t>(hi - lo, 0);
+}
+
 MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                const PlanLayout& layout) {
   const int64_t first = layout.first, end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
@@ -177,16 +184,28 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
       if (b.update == UpdateSide::kGpu) largest_gpu = std::max(largest_gpu, b.params);
     add(kTierGpu, "fp32 master, GPU-updated blocks" + slices, 4 * shard(n_gpu));
     const int64_t dsb = device_state_bytes(cfg.optim.device_state_dtype, sd);  // Note [Device Adam]
-    add(kTierGpu, std::string("optimizer states m, v (") + (dsb == 2 ? "bf16" : "fp32") + "), GPU-updated blocks" + slices,
+    add(kTierGpu,
+        std::string("optimizer states m, v (") + (dsb == 2 ? "bf16" : "fp32") + "), GPU-updated blocks" + slices,
         2 * dsb * shard(n_gpu));
     add(kTierGpu, "update scratch (the largest GPU-updated block's gradient in fp32)", 4 * shard(largest_gpu));
   }
   const auto a = activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, cfg.model.checkpointing);
   const int64_t in_flight = layout.in_flight();
-  add(kTierGpu,
-      std::string("activations (checkpointing ") + (cfg.model.checkpointing ? "on" : "off") +
-          (in_flight > 1 ? strprintf(", %lld micro-batches in flight)", (long long)in_flight) : ")"),
-      a.activations(L, in_flight));
+  const int64_t n_off = offloaded_layers(spec, cfg.model.activation_offload, first, end);
+  const std::string flight = in_flight > 1 ? strprintf(", %lld micro-batches in flight", (long long)in_flight) : "";
+  if (n_off == 0) {
+    add(kTierGpu, std::string("activations (checkpointing ") + (cfg.model.checkpointing ? "on" : "off") + flight + ")",
+        a.activations(L, in_flight));
+  } else {  // Note [Activation offload]: one offloaded layer's tensors on the GPU at a time, as a recompute's
+    const int64_t whole =
+        activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, false).kept_per_layer;
+    add(kTierGpu,
+        strprintf("activations (checkpointing %s, %lld of %lld layers offloaded%s)",
+                  cfg.model.checkpointing ? "on" : "off", (long long)n_off, (long long)L, flight.c_str()),
+        a.kept_per_layer * (L - n_off) * in_flight + std::max(a.layer_working, whole));
+    add(host, strprintf("activations of %lld offloaded layers (model.activation_offload)", (long long)n_off),
+        whole * n_off * in_flight);
+  }
   if (has_head) add(kTierGpu, "logits and loss", a.logits * (layout.stages > 1 ? in_flight : 1));
   if (layout.stages > 1) {  // a send not yet complete and a receive, activation-sized
     const long double act = static_cast<long double>(cfg.train.micro_batch) * seq_len * spec.d_model * w;
@@ -201,14 +220,16 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   // Host: the CPU-updated Blocks' optimizer side (the head's when the stage holds it).
   if (n_cpu > 0) {
     add(host, master + ", CPU-updated blocks" + slices, mb * shard(n_cpu));
-    const std::string states = "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), ";
+    const std::string states =
+        "optimizer states m, v (" + st + (sd == StateDtype::kInt8 ? " with a scale per 2048" : "") + "), ";
     if (n_cpu > n_nvme)
       add(host, states + "CPU-updated blocks" + (n_nvme > 0 ? " off the NVMe tier" : "") + slices,
           2 * state_buffer_bytes(sd, shard(n_cpu - n_nvme)));
     if (n_nvme > 0) {
       add(kTierNvme, states + strprintf("%lld blocks", (long long)plan.nvme_blocks) + slices,
           2 * state_buffer_bytes(sd, shard(n_nvme)));
-      add(host, strprintf("NVMe bounce slots (%lld, the largest NVMe-tier block's states)", (long long)kNvmeBounceSlots),
+      add(host,
+          strprintf("NVMe bounce slots (%lld, the largest NVMe-tier block's states)", (long long)kNvmeBounceSlots),
           kNvmeBounceSlots * 2 * state_buffer_bytes(sd, shard(largest_nvme)));
     }
   }

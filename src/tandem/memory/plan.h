@@ -113,6 +113,9 @@ struct MemoryPlan {
 MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                const PlanLayout& layout = {});
 
+/// Note [Activation offload]: how many of Blocks [first, end) are decoder layers among the first
+/// `activation_offload` (-1: all) whose activations go to the host.
+int64_t offloaded_layers(const ModelSpec& spec, int64_t activation_offload, int64_t first, int64_t end);
 /// The decoder layers among the layout's Blocks.
 int64_t layout_layers(const ModelSpec& spec, const PlanLayout& layout);
 /// The layout's Blocks in forward order, the first `gpu_blocks` decoder layers (and the embedding

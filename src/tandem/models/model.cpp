@@ -4,6 +4,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "tandem/core/error.h"
@@ -121,7 +122,8 @@ torch::Tensor Model::forward(const torch::Tensor& tokens) { return forward_block
 
 torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, size_t end) {
   TANDEM_ASSERT(first < end && end <= blocks_.size(), "Blocks [", first, ", ", end, ") of ", blocks_.size());
-  const bool recompute = checkpointing_ && is_training() && torch::GradMode::is_enabled();
+  const bool training = is_training() && torch::GradMode::is_enabled();
+  const bool recompute = checkpointing_ && training;
   torch::Tensor x = input;
   for (size_t i = first; i < end; ++i) {
     auto& block = blocks_[i];
@@ -132,13 +134,47 @@ torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, si
     // A host-run Block computes under the device's autocast, moved to the CPU (its weights are
     // bf16 host copies; activations may arrive in fp32 from the device's norms).
     const HostAutocast cast(host && !home.is_cpu() && at::autocast::is_autocast_enabled(home.type()), home.type());
-    if (recompute && block->kind() == BlockKind::kLayer)
-      x = checkpointed_forward(*block, x);
-    else
+    const bool offload = training && i < offloaded_blocks_.size() && offloaded_blocks_[i];
+    if (offload) {
+      const ActivationOffloadScope scope(*activation_offload_);
       x = block->forward(x);
+    } else if (recompute && block->kind() == BlockKind::kLayer) {
+      x = checkpointed_forward(*block, x);
+    } else {
+      x = block->forward(x);
+    }
     if (host) x = cross_device(x, home);
   }
   return x;
+}
+
+void Model::set_activation_offload(std::shared_ptr<const ActivationOffload> offload, std::vector<bool> blocks) {
+  const bool any = std::find(blocks.begin(), blocks.end(), true) != blocks.end();
+  TANDEM_CHECK(!any || activation_offload_available(),
+               "model.activation_offload needs tandem's own autograd engine, which the tandem program installs; "
+               "inside Python use torch.autograd.graph.save_on_cpu instead, or set model.activation_offload=0");
+  TANDEM_ASSERT(!any || offload != nullptr, "activation offload flags without an offload");
+  TANDEM_ASSERT(blocks.size() <= blocks_.size(), blocks.size(), " flags for ", blocks_.size(), " Blocks");
+  for (size_t i = 0; i < blocks.size(); ++i)
+    TANDEM_ASSERT(!blocks[i] || blocks_[i]->kind() == BlockKind::kLayer, "only decoder layers offload: ", i);
+  activation_offload_ = any ? std::move(offload) : nullptr;
+  offloaded_blocks_ = any ? std::move(blocks) : std::vector<bool>{};
+}
+
+void offload_activations(Model& model, int64_t layers, const c10::Device& device) {
+  if (layers == 0) return;
+  const int64_t n_layer = model.spec().n_layer;
+  TANDEM_CHECK(!device.is_cpu(), "model.activation_offload=", layers,
+               " copies activations from the GPU to the host; on the CPU they are in host memory already: set "
+               "model.activation_offload=0");
+  TANDEM_CHECK(layers <= n_layer, "model.activation_offload=", layers, " but the model has ", n_layer,
+               " decoder layers: set at most ", n_layer, " (or -1 for all)");
+  const int64_t n = layers < 0 ? n_layer : layers;
+  std::vector<bool> flags(model.blocks().size(), false);
+  int64_t taken = 0;
+  for (size_t i = 0; i < flags.size() && taken < n; ++i)
+    if (model.blocks()[i]->kind() == BlockKind::kLayer) flags[i] = true, ++taken;
+  model.set_activation_offload(std::make_shared<ActivationOffload>(), std::move(flags));
 }
 
 torch::Tensor Model::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tandem/models/activation_offload.h"
 #include "tandem/models/block.h"
 #include "tandem/models/block_sequence.h"
 #include "tandem/models/spec.h"
@@ -77,12 +78,21 @@ class Model : public torch::nn::Module, public BlockSequence {
   /// parameters are.
   void set_host_blocks(std::vector<bool> host) override { host_blocks_ = std::move(host); }
 
+  /// Note [Activation offload]: the decoder layers flagged here (by Block index) send what autograd
+  /// saves in their forward to pinned host memory through `offload` and are never recomputed;
+  /// empty = none. Needs install_autograd_engine's engine (activation_offload_available()).
+  void set_activation_offload(std::shared_ptr<const ActivationOffload> offload, std::vector<bool> blocks);
+  /// The offload of the flagged layers, or null when none is set.
+  const ActivationOffload* activation_offload() const { return activation_offload_.get(); }
+
  private:
   ModelSpec spec_;
   bool checkpointing_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::function<void(size_t)> before_block_;
   std::vector<bool> host_blocks_;
+  std::shared_ptr<const ActivationOffload> activation_offload_;
+  std::vector<bool> offloaded_blocks_;
   std::set<std::string> vocab_names_;  // the embedding's and lm_head's names: rows of the vocabulary
 };
 
@@ -90,6 +100,11 @@ class Model : public torch::nn::Module, public BlockSequence {
 /// waits only for the copy), a host-to-device copy leaves from pinned memory without blocking the
 /// host; the backward copies the gradient the other way. Same device: x itself.
 torch::Tensor cross_device(const torch::Tensor& x, c10::Device device);
+
+/// Note [Activation offload]: the first `layers` decoder layers of `model` (-1: all, 0: none) offload
+/// their activations; refused (UserError) on a CPU device, where they are in host memory already,
+/// and past the model's layer count.
+void offload_activations(Model& model, int64_t layers, const c10::Device& device);
 
 /// Builds the model for a spec, initialised from torch's current RNG; only Blocks [fill.first,
 /// fill.second) are filled (Note [Stage build]).

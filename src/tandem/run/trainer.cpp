@@ -180,7 +180,7 @@ DataSplits open_run_data(const RunPlan& plan) {
 }
 
 // The model with its first weights (the seed's, or model.init_from's for a new run), training.
-std::shared_ptr<Model> build_run_model(const RunPlan& plan, double& build_s) {
+std::shared_ptr<Model> build_run_model(const RunPlan& plan, const c10::Device& device, double& build_s) {
   const auto t_build = Clock::now();
   torch::manual_seed(plan.cfg.train.seed);
   // Note [Stage build]: a pipeline stage whose cut the config gives fills only its own Blocks.
@@ -188,6 +188,7 @@ std::shared_ptr<Model> build_run_model(const RunPlan& plan, double& build_s) {
   const auto fill = l.stages > 1 ? std::pair<size_t, size_t>(static_cast<size_t>(l.first), static_cast<size_t>(l.end))
                                  : std::pair<size_t, size_t>(0, std::numeric_limits<size_t>::max());
   auto model = build_model(plan.spec, plan.cfg.model.checkpointing, fill);
+  offload_activations(*model, plan.cfg.model.activation_offload, device);
   build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
   if (!plan.cfg.model.init_from.empty() && plan.resume_dir.empty()) {
     load_hf_weights(*model, plan.cfg.model.init_from);
@@ -245,7 +246,7 @@ TrainingRun::TrainingRun(RunContext& ctx, RunPlan plan)
       plan_(std::move(plan)),
       numerics_(cfg_.train, ctx.device),
       data_(open_run_data(plan_)),
-      model_(build_run_model(plan_, build_s_)),
+      model_(build_run_model(plan_, ctx.device, build_s_)),
       pipeline_(open_pipeline(*model_, plan_, ctx)),  // Note [Pipeline parallel]
       metrics_(plan_, ctx, plan_.offload ? "offload engine" : "GPU-resident"),
       trainable_(build_trainable(*model_, pipeline_, plan_, ctx, metrics_, build_s_)),

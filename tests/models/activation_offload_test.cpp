@@ -1,0 +1,174 @@
+// Activation offload (Note [Activation offload]): what autograd saves inside the offloaded decoder
+// layers goes through tandem's engine's hooks to the host and back, giving the gradients of
+// keeping it; parameters and small tensors stay; the refusals of bad settings. On the CPU the
+// hooks copy CPU tensors (host_tensors), so the path runs here; the GPU test runs it on CUDA.
+
+#include "tandem/models/activation_offload.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "../test_util.h"
+#include "tandem/core/device.h"
+#include "tandem/models/autocast.h"
+#include "tandem/models/model.h"
+#include "tandem/models/spec.h"
+
+namespace tandem {
+namespace {
+
+using test::error_of;
+
+ModelSpec small_spec() {
+  ModelSpec s = preset_spec("tiny");
+  s.n_layer = 3;
+  s.d_model = 64;
+  s.n_head = 4;
+  s.n_kv_head = 2;
+  s.d_ff = 160;
+  s.vocab_size = 96;
+  s.max_seq_len = 64;
+  return s;
+}
+
+std::vector<bool> every_layer(const Model& m) {
+  std::vector<bool> flags;
+  for (const auto& b : m.blocks()) flags.push_back(b->kind() == BlockKind::kLayer);
+  return flags;
+}
+
+// Loss and the gradients of every parameter after one forward and backward.
+std::pair<torch::Tensor, std::vector<torch::Tensor>> loss_and_grads(Model& m, const torch::Tensor& tokens,
+                                                                    const torch::Tensor& targets) {
+  m.zero_grad();
+  const auto loss = m.loss(m.forward(tokens), targets);
+  loss.backward();
+  std::vector<torch::Tensor> grads;
+  for (auto& [name, p] : m.hf_parameters()) grads.push_back(p.grad().clone());
+  return {loss.detach(), grads};
+}
+
+TEST(ActivationOffload, TheTestBinaryRunsTandemsEngine) { EXPECT_TRUE(activation_offload_available()); }
+
+TEST(ActivationOffload, GradientsEqualKeepingTheActivations) {
+  const ModelSpec s = small_spec();
+  for (const bool checkpointing : {false, true}) {
+    torch::manual_seed(5);
+    Model kept(s, false);
+    torch::manual_seed(5);
+    Model offloaded(s, checkpointing);  // offloaded layers are never recomputed
+    ActivationOffload::Options o;
+    o.min_bytes = 1024;
+    o.host_tensors = true;
+    auto offload = std::make_shared<ActivationOffload>(o);
+    offloaded.set_activation_offload(offload, every_layer(offloaded));
+    kept.train();
+    offloaded.train();
+    const auto tokens = torch::randint(0, s.vocab_size, {2, 33}, torch::kInt64);
+    const auto targets = torch::randint(0, s.vocab_size, {2, 33}, torch::kInt64);
+    const auto [la, ga] = loss_and_grads(kept, tokens, targets);
+    const auto [lb, gb] = loss_and_grads(offloaded, tokens, targets);
+    EXPECT_GT(offload->tensors(), 3 * 4) << "the layers' saved tensors did not go through the hooks";
+    EXPECT_GT(offload->bytes(), 3 * 2 * 33 * s.d_model * 4);
+    EXPECT_TRUE(torch::equal(la, lb)) << la.item<double>() << " against " << lb.item<double>();
+    ASSERT_EQ(ga.size(), gb.size());
+    for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(torch::equal(ga[i], gb[i])) << "parameter " << i;
+  }
+}
+
+TEST(ActivationOffload, NothingIsTakenOutsideTheOffloadedLayersOrWithoutGradients) {
+  const ModelSpec s = small_spec();
+  torch::manual_seed(2);
+  Model m(s, false);
+  ActivationOffload::Options o;
+  o.min_bytes = 0;
+  o.host_tensors = true;
+  auto offload = std::make_shared<ActivationOffload>(o);
+  std::vector<bool> flags(m.blocks().size(), false);  // no layer flagged: set_activation_offload keeps none
+  m.set_activation_offload(offload, flags);
+  EXPECT_EQ(m.activation_offload(), nullptr);
+  m.train();
+  const auto tokens = torch::randint(0, s.vocab_size, {1, 9}, torch::kInt64);
+  m.loss(m.forward(tokens), tokens).backward();
+  flags[1] = true;  // layer.0
+  m.set_activation_offload(offload, flags);
+  {
+    const torch::NoGradGuard no_grad;  // evaluation: nothing saved, nothing copied
+    m.forward(tokens);
+  }
+  EXPECT_EQ(offload->tensors(), 0);
+  m.loss(m.forward(tokens), tokens).backward();
+  EXPECT_GT(offload->tensors(), 0);
+}
+
+TEST(ActivationOffload, ParametersTheirCastsAndSmallTensorsStayWhereTheyAre) {
+  ActivationOffload::Options o;
+  o.min_bytes = 4096;
+  o.host_tensors = true;
+  const ActivationOffload offload(o);
+  const auto w = torch::randn({64, 64}).requires_grad_(true);  // a parameter
+  EXPECT_FALSE(offload.takes(w));
+  const auto big = torch::randn({64, 64}) * w;  // an activation
+  EXPECT_TRUE(offload.takes(big));
+  EXPECT_FALSE(offload.takes(torch::randn({8, 8}) * 2)) << "256 bytes under min_bytes";
+  EXPECT_FALSE(offload.takes(torch::randint(0, 9, {64, 64}, torch::kInt64))) << "not floating point";
+  EXPECT_FALSE(offload.takes(w.to(torch::kBFloat16))) << "a parameter's autocast copy";
+  EXPECT_FALSE(ActivationOffload().takes(big)) << "without host_tensors only CUDA tensors go";
+}
+
+TEST(ActivationOffload, RefusedOnTheCpuAndPastTheModelsLayers) {
+  const ModelSpec s = small_spec();
+  Model m(s, false);
+  EXPECT_NO_THROW(offload_activations(m, 0, torch::kCPU));
+  const std::string cpu = error_of([&] { offload_activations(m, 2, torch::kCPU); });
+  EXPECT_NE(cpu.find("set model.activation_offload=0"), std::string::npos) << cpu;
+  const std::string past = error_of([&] { offload_activations(m, 4, c10::Device(torch::kCUDA, 0)); });
+  EXPECT_NE(past.find("has 3 decoder layers"), std::string::npos) << past;
+  offload_activations(m, 2, c10::Device(torch::kCUDA, 0));  // only flags: nothing runs on the device here
+  ASSERT_NE(m.activation_offload(), nullptr);
+}
+
+TEST(ActivationOffloadGpu, GradientsEqualAndTheDeviceHoldsLess) {
+  if (!torch::cuda::is_available() || accelerator() == nullptr) GTEST_SKIP() << "no CUDA device";
+  ModelSpec s = small_spec();
+  s.d_model = 512;
+  s.n_head = 8;
+  s.n_kv_head = 4;
+  s.d_ff = 1408;
+  s.n_layer = 4;
+  s.max_seq_len = 1024;
+  const c10::Device cuda(torch::kCUDA, 0);
+  const auto tokens =
+      torch::randint(0, s.vocab_size, {4, 1024}, torch::TensorOptions().dtype(torch::kInt64).device(cuda));
+  std::vector<torch::Tensor> grads[2];
+  torch::Tensor losses[2];
+  int64_t peak[2] = {0, 0};
+  for (int offloaded = 0; offloaded < 2; ++offloaded) {
+    torch::manual_seed(9);
+    Model m(s, false);
+    m.to(cuda, torch::kBFloat16);
+    m.train();
+    if (offloaded) offload_activations(m, -1, cuda);
+    accelerator()->synchronize(0);
+    accelerator()->reset_peak_memory(0);
+    const int64_t before = accelerator()->memory_stats(0).allocated;
+    {
+      const AutocastGuard ac(torch::kCUDA, Precision::kBf16);
+      losses[offloaded] = m.loss(m.forward(tokens), tokens);
+    }
+    losses[offloaded].backward();
+    accelerator()->synchronize(0);
+    peak[offloaded] = accelerator()->memory_stats(0).peak_allocated - before;
+    for (auto& [name, p] : m.hf_parameters()) grads[offloaded].push_back(p.grad().cpu());
+    if (offloaded) EXPECT_GT(m.activation_offload()->bytes(), int64_t{4} * 4 * 1024 * 512 * 2 * 4);
+  }
+  EXPECT_TRUE(torch::equal(losses[0].cpu(), losses[1].cpu()));
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i])) << "parameter " << i;
+  EXPECT_LT(peak[1], peak[0]) << "offloading every layer did not lower the device's peak";
+}
+
+}  // namespace
+}  // namespace tandem
