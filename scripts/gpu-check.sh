@@ -59,6 +59,11 @@
 #          stages over the CPU and the GPU with the predicted step against the measured one;
 #   trainer transformers' Trainer on a Mistral-7B shape with tandem's OffloadAdamW, torchao's CPUOffloadOptimizer
 #          and DeepSpeed ZeRO-2 offload (bench/trainer_peers.py; TR_SHAPE, TR_BATCH, TR_SEQ, TR_SIDES, TR_LAYERS);
+#   actoff activation offload against recomputation (Note [Activation offload]): `tandem bench step` of OFFLOAD_BIG
+#          at BIG_BATCH with checkpointing and the saved tensors of N of its layers in pinned host memory for each N
+#          in ACT_LAYERS (default "0 8 16 24 32"; 0 is the checkpointed bound), and without checkpointing (every
+#          activation kept on the GPU, the floor) where it fits; then the engine exact (ACT_ENGINE, default
+#          "0 16": N per run) with BIG_SET.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add spec (speculating), int8, delayedN, bf16sr,
 #          bf16kahan and int8sr (bf16 masters);
@@ -300,6 +305,39 @@ if big_has deepspeed && install_wheels; then
     --steps 8 --warmup 3 --checkpointing --json "$OUT/big-deepspeed.jsonl" >"$OUT/big-deepspeed.log" 2>&1
   tail -2 "$OUT/big-deepspeed.log"
 fi
+fi
+
+if has actoff; then
+BIG=${OFFLOAD_BIG:-7B}
+actargs=(-p "$BIG" --set train.precision=bf16 --set train.micro_batch=${BIG_BATCH:-8} --set train.seq_len=2048
+         --set optim.lr=${BIG_LR:-3e-4})
+rm -f "$OUT/actoff.jsonl"
+echo "== $BIG: forward+backward, activations recomputed, offloaded or kept"
+for n in ${ACT_LAYERS:-0 8 16 24 32}; do
+  "$BUILD/tandem" bench step "${actargs[@]}" --set model.checkpointing=true --set model.activation_offload="$n" \
+    --steps 6 --json "$OUT/actoff.jsonl" >"$OUT/actoff-$n.log" 2>&1; tail -1 "$OUT/actoff-$n.log"
+done
+"$BUILD/tandem" bench step "${actargs[@]}" --set model.checkpointing=false --steps 6 --json "$OUT/actoff.jsonl" \
+  >"$OUT/actoff-keep.log" 2>&1; tail -1 "$OUT/actoff-keep.log"
+actset=()
+for kv in ${BIG_SET:-}; do actset+=(--set "$kv"); done
+for n in ${ACT_ENGINE:-0 16}; do
+  echo "== $BIG: offload engine exact, activations of $n layers offloaded"
+  "$BUILD/tandem" train "${actargs[@]}" --set model.checkpointing=true --set model.activation_offload="$n" \
+    --set train.eval_every=0 --set train.save_final=false --set train.progress=lines --steps "${BIG_STEPS:-12}" \
+    --set train.log_every=1 --set offload.optimizer=cpu --set offload.speculate=never "${actset[@]}" \
+    --run-dir "$OUT/actoff-engine-$n" >"$OUT/actoff-engine-$n.log" 2>&1 || tail -5 "$OUT/actoff-engine-$n.log"
+  grep -E "offload:|update split|error" "$OUT/actoff-engine-$n.log" | tail -3
+  python3 - "$OUT/actoff-engine-$n/metrics.jsonl" "$n" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+late = [r for r in rows if r["step"] >= 5]
+if late:
+    print("exact, %s layers offloaded: median step %.3f s over steps %d-%d, %.0f tokens/s, losses %s" % (
+        sys.argv[2], statistics.median(r["step_time_s"] for r in late), late[0]["step"], late[-1]["step"],
+        statistics.median(r["tokens_per_s"] for r in late), " ".join("%.3f" % r["loss"] for r in rows)))
+PY
+done
 fi
 
 if has curve; then

@@ -1,5 +1,4 @@
-// The test binary's entry point: GoogleTest's, with tandem's autograd engine installed as the
-// program's main installs it (Note [Activation offload]), and with two differences. When every test the filter
+// The test binary's entry point: GoogleTest's with two differences. When every test the filter
 // selected was skipped (a GPU suite on a machine without one), it exits 77, which CTest reads as
 // "skipped" (Note [One CTest per suite] in cmake/suite_tests.cmake); a filter that selects no test
 // at all (a renamed test that a CTest still names) fails instead of passing with nothing run. A
@@ -8,10 +7,7 @@
 
 #include <cstdio>
 
-#include "tandem/models/activation_offload.h"
-
 int main(int argc, char** argv) {
-  tandem::install_autograd_engine();
   testing::InitGoogleTest(&argc, argv);
   const int failed = RUN_ALL_TESTS();
   const testing::UnitTest& run = *testing::UnitTest::GetInstance();

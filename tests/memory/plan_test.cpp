@@ -550,7 +550,7 @@ namespace tandem {
 namespace {
 
 // Note [Activation offload]: the offloaded layers' activations leave the GPU's row for a host row
-// of their whole saved tensors; one offloaded layer's stay on the GPU at a time; a stage counts the
+// of their whole saved tensors; two offloaded layers' stay on the GPU (Note [Activation prefetch]); a stage counts the
 // offloaded layers among its own.
 TEST(MemoryPlan, OffloadedActivationsMoveToTheHost) {
   const ModelSpec s = preset_spec("7B");
@@ -565,12 +565,13 @@ TEST(MemoryPlan, OffloadedActivationsMoveToTheHost) {
   c.model.activation_offload = 6;
   const MemoryPlan six = plan_offload_memory(s, c, 2048, 0);
   EXPECT_EQ(row_bytes(six, kTierGpu, "activations (checkpointing on, 6 of 32 layers offloaded)"),
-            26 * ckpt.kept_per_layer + std::max(ckpt.layer_working, whole));
+            26 * ckpt.kept_per_layer + std::max(ckpt.layer_working, 2 * whole));
   EXPECT_EQ(row_bytes(six, kTierPinned, "activations of 6 offloaded layers"), 6 * whole);
   c.model.activation_offload = -1;
   EXPECT_EQ(row_bytes(plan_offload_memory(s, c, 2048, 0), kTierPinned, "activations of 32 offloaded layers"),
             32 * whole);
   // Two stages: embedding + layers 0..15 | layers 16..31 + head; the first 20 layers offloaded.
+  EXPECT_EQ(offloaded_activation_bytes(s, c, 2048), 32 * whole) << "what the run reserves is the host row";
   EXPECT_EQ(offloaded_layers(s, 20, 0, 17), 16);
   EXPECT_EQ(offloaded_layers(s, 20, 17, 34), 4);
   EXPECT_EQ(offloaded_layers(s, 0, 0, 34), 0);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -51,7 +52,11 @@ std::pair<torch::Tensor, std::vector<torch::Tensor>> loss_and_grads(Model& m, co
   return {loss.detach(), grads};
 }
 
-TEST(ActivationOffload, TheTestBinaryRunsTandemsEngine) { EXPECT_TRUE(activation_offload_available()); }
+TEST(ActivationOffload, AskingForItInstallsTandemsEngineInACppProgram) {
+  EXPECT_TRUE(use_tandem_autograd_engine());
+  EXPECT_TRUE(activation_offload_available());
+  EXPECT_TRUE(use_tandem_autograd_engine());  // a second call keeps it
+}
 
 TEST(ActivationOffload, GradientsEqualKeepingTheActivations) {
   const ModelSpec s = small_spec();
@@ -69,13 +74,19 @@ TEST(ActivationOffload, GradientsEqualKeepingTheActivations) {
     offloaded.train();
     const auto tokens = torch::randint(0, s.vocab_size, {2, 33}, torch::kInt64);
     const auto targets = torch::randint(0, s.vocab_size, {2, 33}, torch::kInt64);
-    const auto [la, ga] = loss_and_grads(kept, tokens, targets);
-    const auto [lb, gb] = loss_and_grads(offloaded, tokens, targets);
-    EXPECT_GT(offload->tensors(), 3 * 4) << "the layers' saved tensors did not go through the hooks";
-    EXPECT_GT(offload->bytes(), 3 * 2 * 33 * s.d_model * 4);
-    EXPECT_TRUE(torch::equal(la, lb)) << la.item<double>() << " against " << lb.item<double>();
-    ASSERT_EQ(ga.size(), gb.size());
-    for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(torch::equal(ga[i], gb[i])) << "parameter " << i;
+    // Two steps: the first outside the host arena's slab, the second in it (Note [Activation host arena]).
+    for (int step = 0; step < 2; ++step) {
+      const auto [la, ga] = loss_and_grads(kept, tokens, targets);
+      const auto [lb, gb] = loss_and_grads(offloaded, tokens, targets);
+      EXPECT_GT(offload->tensors(), 3 * 4) << "the layers' saved tensors did not go through the hooks";
+      EXPECT_GT(offload->bytes(), 3 * 2 * 33 * s.d_model * 4);
+      EXPECT_TRUE(torch::equal(la, lb)) << la.item<double>() << " against " << lb.item<double>();
+      ASSERT_EQ(ga.size(), gb.size());
+      for (size_t i = 0; i < ga.size(); ++i) EXPECT_TRUE(torch::equal(ga[i], gb[i])) << "parameter " << i;
+    }
+    EXPECT_GT(offload->arena().capacity(), 0);
+    EXPECT_LT(offload->arena().fallback_bytes(), offload->bytes()) << "the second step did not use the slab";
+    EXPECT_EQ(offload->arena().live(), 0) << "saved tensors outlived their backward";
   }
 }
 
@@ -152,18 +163,30 @@ TEST(ActivationOffloadGpu, GradientsEqualAndTheDeviceHoldsLess) {
     m.to(cuda, torch::kBFloat16);
     m.train();
     if (offloaded) offload_activations(m, -1, cuda);
-    accelerator()->synchronize(0);
-    accelerator()->reset_peak_memory(0);
-    const int64_t before = accelerator()->memory_stats(0).allocated;
-    {
-      const AutocastGuard ac(torch::kCUDA, Precision::kBf16);
-      losses[offloaded] = m.loss(m.forward(tokens), tokens);
+    // Three steps, the gradients summed: the first offloaded one outside the host arena's slab, the
+    // others in it, each overwriting the step before once its copies back have ended.
+    for (int step = 0; step < 3; ++step) {
+      accelerator()->synchronize(0);
+      accelerator()->reset_peak_memory(0);
+      const int64_t before = accelerator()->memory_stats(0).allocated;
+      {
+        const AutocastGuard ac(torch::kCUDA, Precision::kBf16);
+        losses[offloaded] = m.loss(m.forward(tokens), tokens);
+      }
+      losses[offloaded].backward();
+      accelerator()->synchronize(0);
+      peak[offloaded] = std::max(peak[offloaded], accelerator()->memory_stats(0).peak_allocated - before);
     }
-    losses[offloaded].backward();
-    accelerator()->synchronize(0);
-    peak[offloaded] = accelerator()->memory_stats(0).peak_allocated - before;
     for (auto& [name, p] : m.hf_parameters()) grads[offloaded].push_back(p.grad().cpu());
-    if (offloaded) EXPECT_GT(m.activation_offload()->bytes(), int64_t{4} * 4 * 1024 * 512 * 2 * 4);
+    if (offloaded) {
+      const ActivationOffload& o = *m.activation_offload();
+      EXPECT_GT(o.bytes(), int64_t{3} * 4 * 4 * 1024 * 512 * 2 * 4);
+      EXPECT_GE(o.arena().capacity(), o.bytes() / 3) << "the slab holds a step";
+      EXPECT_LE(o.arena().fallback_bytes(), o.bytes() / 3) << "steps after the first left the slab";
+      // Note [Activation prefetch]: every offloaded layer's tensors but the first one the backward
+      // meets (layer 3 of 4) are copied back ahead.
+      EXPECT_GE(o.fetched_ahead(), o.tensors() / 2) << o.fetched_ahead() << " of " << o.tensors();
+    }
   }
   EXPECT_TRUE(torch::equal(losses[0].cpu(), losses[1].cpu()));
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i])) << "parameter " << i;

@@ -14,6 +14,8 @@
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/pinned.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
@@ -38,7 +40,9 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
   torch::manual_seed(cfg.train.seed);
   auto model = build_model(spec, cfg.model.checkpointing);
-  offload_activations(*model, cfg.model.activation_offload, device);  // Note [Activation offload]
+  offload_activations(*model, cfg.model.activation_offload, device, pinned_slabs());  // Note [Activation offload]
+  if (const auto* offload = model->activation_offload())
+    offload->arena().reserve(offloaded_activation_bytes(spec, cfg, T));
   // The offload engine's device side: weights in the compute dtype (fp32 residual stream, Note
   // [fp32 residual stream]), gradients in the compute dtype, no master, no optimizer state.
   model->to(device, dtype);
@@ -79,8 +83,13 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
       model->activation_offload() ? model->activation_offload()->bytes() / std::max<int64_t>(cfg.train.steps, 1) : 0;
   const std::string offloaded =
       model->activation_offload()
-          ? strprintf(", activations of %lld layers to the host (%s a step)", (long long)cfg.model.activation_offload,
-                      format_bytes(double(offload_per_step)).c_str())
+          ? strprintf(", activations of %lld layers to the host (%s a step, %lld of %lld tensors back ahead, host slab %s, "
+                      "%s outside it)",
+                      (long long)cfg.model.activation_offload, format_bytes(double(offload_per_step)).c_str(),
+                      (long long)model->activation_offload()->fetched_ahead(),
+                      (long long)model->activation_offload()->tensors(),
+                      format_bytes(double(model->activation_offload()->arena().capacity())).c_str(),
+                      format_bytes(double(model->activation_offload()->arena().fallback_bytes())).c_str())
           : "";
   int64_t peak = 0;
   if (device.is_cuda() && accelerator()) peak = accelerator()->memory_stats(device.index()).peak_allocated;
@@ -99,6 +108,7 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
                         {"checkpointing", cfg.model.checkpointing},
                         {"activation_offload", cfg.model.activation_offload},
                         {"activation_offload_bytes_per_step", offload_per_step},
+                        {"activation_host_slab_bytes", model->activation_offload() ? model->activation_offload()->arena().capacity() : 0},
                         {"median_step_s", med},
                         {"tokens_per_s", tok_s},
                         {"model_tflops", tflops},

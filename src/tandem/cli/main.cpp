@@ -23,7 +23,6 @@
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
 #include "tandem/core/strings.h"
-#include "tandem/models/activation_offload.h"
 #include "tandem/parallel/comm.h"
 
 namespace {
@@ -69,7 +68,6 @@ constexpr const char* kUsage =
     "  tandem inspect -p 7B --partition  the pipeline partitioner's profile and plan on this machine";
 
 int main(int argc, char** argv) {
-  tandem::install_autograd_engine();  // before any backward (Note [Activation offload])
   CLI::App app{kUsage, "tandem"};
   app.set_version_flag("--version", std::string("tandem ") + TANDEM_VERSION);
   app.require_subcommand(0, 1);

@@ -77,4 +77,8 @@ torch::Tensor host_tensor(int64_t n, torch::ScalarType dtype, HostMemory memory)
       torch::TensorOptions().dtype(dtype));
 }
 
+std::function<torch::Tensor(int64_t)> pinned_slabs() {
+  return [](int64_t bytes) { return host_tensor(bytes, torch::kUInt8, HostMemory::kPinned); };
+}
+
 }  // namespace tandem

@@ -19,6 +19,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+
 namespace tandem {
 
 /// Whether a host buffer is page-locked for asynchronous copies.
@@ -29,5 +31,8 @@ enum class HostMemory { kPageable, kPinned };
 /// pin is a UserError naming the size and the way out (offload.pin_memory=false, or a smaller host
 /// tier per the plan).
 torch::Tensor host_tensor(int64_t n, torch::ScalarType dtype, HostMemory memory);
+
+/// Pinned byte slabs of host_tensor for activation offload's arena (Note [Activation host arena]).
+std::function<torch::Tensor(int64_t bytes)> pinned_slabs();
 
 }  // namespace tandem

@@ -111,6 +111,13 @@ int64_t offloaded_layers(const ModelSpec& spec, int64_t activation_offload, int6
   return std::max<int64_t>(hi - lo, 0);
 }
 
+int64_t offloaded_activation_bytes(const ModelSpec& spec, const Config& cfg, int64_t seq_len, const PlanLayout& layout) {
+  const int64_t end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
+  const int64_t n_off = offloaded_layers(spec, cfg.model.activation_offload, layout.first, end);
+  const auto whole = activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, false).kept_per_layer;
+  return whole * n_off * layout.in_flight();
+}
+
 MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t seq_len, int64_t gpu_blocks,
                                const PlanLayout& layout) {
   const int64_t first = layout.first, end = layout.end < 0 ? spec.n_layer + 2 : layout.end;
@@ -196,15 +203,16 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
   if (n_off == 0) {
     add(kTierGpu, std::string("activations (checkpointing ") + (cfg.model.checkpointing ? "on" : "off") + flight + ")",
         a.activations(L, in_flight));
-  } else {  // Note [Activation offload]: one offloaded layer's tensors on the GPU at a time, as a recompute's
+  } else {  // Note [Activation prefetch]: two offloaded layers' tensors on the GPU, the one in its backward and
+            // the next, copied back ahead
     const int64_t whole =
         activation_cost(spec, cfg.train.micro_batch, seq_len, cfg.train.precision, false).kept_per_layer;
     add(kTierGpu,
         strprintf("activations (checkpointing %s, %lld of %lld layers offloaded%s)",
                   cfg.model.checkpointing ? "on" : "off", (long long)n_off, (long long)L, flight.c_str()),
-        a.kept_per_layer * (L - n_off) * in_flight + std::max(a.layer_working, whole));
+        a.kept_per_layer * (L - n_off) * in_flight + std::max(a.layer_working, 2 * whole));
     add(host, strprintf("activations of %lld offloaded layers (model.activation_offload)", (long long)n_off),
-        whole * n_off * in_flight);
+        offloaded_activation_bytes(spec, cfg, seq_len, layout));
   }
   if (has_head) add(kTierGpu, "logits and loss", a.logits * (layout.stages > 1 ? in_flight : 1));
   if (layout.stages > 1) {  // a send not yet complete and a receive, activation-sized

@@ -116,6 +116,10 @@ MemoryPlan plan_offload_memory(const ModelSpec& spec, const Config& cfg, int64_t
 /// Note [Activation offload]: how many of Blocks [first, end) are decoder layers among the first
 /// `activation_offload` (-1: all) whose activations go to the host.
 int64_t offloaded_layers(const ModelSpec& spec, int64_t activation_offload, int64_t first, int64_t end);
+/// The host bytes those layers' saved tensors take (the plan's host row; the run reserves them,
+/// Note [Activation host arena]).
+int64_t offloaded_activation_bytes(const ModelSpec& spec, const Config& cfg, int64_t seq_len,
+                                   const PlanLayout& layout = {});
 /// The decoder layers among the layout's Blocks.
 int64_t layout_layers(const ModelSpec& spec, const PlanLayout& layout);
 /// The layout's Blocks in forward order, the first `gpu_blocks` decoder layers (and the embedding

@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <c10/util/strides.h>
+
 #include <memory>
 
 namespace tandem {
@@ -16,9 +18,9 @@ namespace tandem {
 // without it, everything the layer's ops save stays on the GPU until its backward. Offloading
 // trades that recompute (or that memory) for PCIe traffic: the chosen layers run their forward
 // normally, and each tensor autograd saves inside them (ActivationOffload::takes) is copied to
-// pinned host memory on a copy stream of its own as soon as the compute stream has made it, its
-// device memory then free for the allocator once the copy ends (the storage is recorded on the copy
-// stream); its backward copies it back on the compute stream, after that copy's event. The values
+// pinned host memory (cut from a step's slab, Note [Activation host arena]) on a copy stream of its
+// own as soon as the compute stream has made it, its device memory then free for the allocator once
+// the copy ends (the storage is recorded on the copy stream); its backward copies it back on the compute stream, after that copy's event. The values
 // are the same bytes, so gradients are bit for bit those of keeping the tensors
 // (ActivationOffload.GradientsEqualKeepingTheActivations). A layer's saved tensors are several times
 // its input (about 1.35 GB a layer at 13B, B=4, T=2048 against 84 MB), so it pays only for the layers
@@ -27,14 +29,28 @@ namespace tandem {
 //
 // LibTorch calls saved-tensor hooks only through its autograd engine's
 // get_default_saved_variable_hooks, which the base engine answers with none and torch's Python
-// engine with the Python hooks. tandem's engine (install_autograd_engine) is the base engine with
+// engine with the Python hooks. tandem's engine (use_tandem_autograd_engine) is the base engine with
 // that one method answering the ActivationOffloadScope active on the calling thread; a saved tensor
-// outside every scope costs one thread-local read. Inside Python torch's engine stays the default,
-// so the feature is refused there (activation_offload_available).
+// outside every scope costs one thread-local read. It becomes the default only when a model asks
+// for offload and only where the base engine is the default (a C++ program: a process that has run
+// a backward on the base engine keeps its idle threads). Inside Python torch's engine stays the
+// default, so the feature is refused there (activation_offload_available).
+
+// Note [Activation prefetch]
+// A backward that copied its saved tensors back when it needed them (unpack) would run each copy on
+// the compute stream, the kernels waiting behind it: a 13B layer's 1.35 GB at about 50 GB/s is 27
+// ms, twice the recompute it replaces. So the copies back run ahead on a stream of their own
+// (fetch_stream): each pack enlists its HostCopy under its Block, and the first unpack of Block b
+// issues the copies of b's tensors (if not yet issued) and of the offloaded Block before it, which
+// the backward reaches next; an unpack then only makes the compute stream wait for its own copy's
+// event. The device holds at most two offloaded Blocks' tensors beside what it computes (the plan
+// counts them), and only the first offloaded Block the backward meets waits for its copies in full.
+// A tensor unpacked a second time (a retained graph) is copied again, on the compute stream.
 
 namespace {
 
 thread_local const ActivationOffload* t_scope = nullptr;
+thread_local int64_t t_block = 0;
 
 // A parameter's autocast copy: made by a cast whose input is a leaf's gradient accumulator.
 bool is_parameter_cast(const at::Tensor& t) {
@@ -45,60 +61,77 @@ bool is_parameter_cast(const at::Tensor& t) {
          fn->name().find("ToCopyBackward") != std::string::npos;
 }
 
+}  // namespace
+
+struct HostCopy {
+  at::Tensor host;                      // the saved tensor's bytes on the host
+  c10::Device device{at::kCPU};         // where it came from
+  int64_t block = 0;
+  std::optional<c10::Event> copied;     // the copy to the host ended (on copy_stream)
+  bool fetch_issued = false;
+  at::Tensor fetched;                   // its copy back, made on fetch_stream, until unpacked
+  std::optional<c10::Event> fetch_done;
+};
+
+namespace {
+
 class HostSavedTensor final : public torch::autograd::SavedVariableHooks {
  public:
-  explicit HostSavedTensor(const ActivationOffload& offload) : offload_(offload) {}
+  HostSavedTensor(const ActivationOffload& offload, int64_t block) : offload_(offload), block_(block) {}
 
   void call_pack_hook(const at::Tensor& t) override {
     if (!offload_.takes(t)) {
       kept_ = t;
       return;
     }
-    device_ = t.device();
+    copy_ = std::make_shared<HostCopy>();
+    HostCopy& c = *copy_;
+    c.device = t.device();
+    c.block = block_;
     // The saved tensor's own layout where it is dense (a transposed view stays transposed), so its
     // backward runs the kernels it would have run; otherwise contiguous.
-    const auto host_options = t.options().device(at::kCPU).pinned_memory(t.is_cuda());
-    host_ = t.is_non_overlapping_and_dense() ? at::empty_strided(t.sizes(), t.strides(), host_options)
-                                             : at::empty(t.sizes(), host_options);
+    const bool dense = t.is_non_overlapping_and_dense();
+    const c10::DimVector strides = dense ? c10::DimVector(t.strides()) : c10::contiguous_strides(t.sizes());
     if (t.is_cuda()) {
-      const c10::impl::VirtualGuardImpl guard(device_.type());
-      const c10::Stream copy = offload_.copy_stream(device_);
-      c10::Event made(device_.type());
-      made.record(guard.getStream(device_));
+      const c10::impl::VirtualGuardImpl guard(c.device.type());
+      const c10::Stream copy = offload_.copy_stream(c.device);
+      c.host = offload_.arena().take(t.sizes(), strides, t.scalar_type(), copy);
+      c10::Event made(c.device.type());
+      made.record(guard.getStream(c.device));
       copy.wait(made);
       {
         const c10::StreamGuard on_copy(copy);
-        host_.copy_(t, /*non_blocking=*/true);
+        c.host.copy_(t, /*non_blocking=*/true);
       }
       guard.recordDataPtrOnStream(t.storage().data_ptr(), copy);
-      copied_.emplace(device_.type());
-      copied_->record(copy);
+      offload_.arena().used_on(c.host, copy);
+      c.copied.emplace(c.device.type());
+      c.copied->record(copy);
+      offload_.enlist(block_, copy_);
     } else {
-      host_.copy_(t);
+      c.host = offload_.arena().take(t.sizes(), strides, t.scalar_type(), std::nullopt);
+      c.host.copy_(t);
     }
     offload_.count(static_cast<int64_t>(t.numel() * t.element_size()));
   }
 
   at::Tensor call_unpack_hook() override {
     if (kept_.defined()) return kept_;
-    if (!device_.is_cuda()) return host_;
-    const c10::impl::VirtualGuardImpl guard(device_.type());
-    guard.getStream(device_).wait(*copied_);
-    return host_.to(device_, /*non_blocking=*/true);
+    if (!copy_->device.is_cuda()) return copy_->host;
+    return offload_.fetch(*copy_);
   }
 
  private:
   const ActivationOffload& offload_;
-  at::Tensor kept_;  // not taken: saved as autograd would
-  at::Tensor host_;  // taken: its copy on the host
-  c10::Device device_{at::kCPU};
-  std::optional<c10::Event> copied_;
+  int64_t block_;
+  at::Tensor kept_;                  // not taken: saved as autograd would
+  std::shared_ptr<HostCopy> copy_;   // taken
 };
 
 struct TandemEngine final : torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     if (t_scope == nullptr) return nullptr;
-    return std::make_unique<HostSavedTensor>(*t_scope);
+    return std::make_unique<HostSavedTensor>(*t_scope, t_block);
   }
 };
 
@@ -110,9 +143,25 @@ torch::autograd::Engine& tandem_engine() {
 
 }  // namespace
 
-void install_autograd_engine() { torch::autograd::set_default_engine_stub(&tandem_engine); }
+bool use_tandem_autograd_engine() {
+  static std::mutex mu;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (&torch::autograd::Engine::get_default_engine() == &torch::autograd::Engine::get_base_engine())
+    torch::autograd::set_default_engine_stub(&tandem_engine);
+  return activation_offload_available();
+}
 
 bool activation_offload_available() { return &torch::autograd::Engine::get_default_engine() == &tandem_engine(); }
+
+namespace {
+HostArena::Allocator default_slab(bool pinned) {
+  return [pinned](int64_t bytes) { return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned)); };
+}
+}  // namespace
+
+ActivationOffload::ActivationOffload(Options o)
+    : options_(std::move(o)),
+      arena_(options_.host_slab ? options_.host_slab : default_slab(!options_.host_tensors), !options_.host_tensors) {}
 
 bool ActivationOffload::takes(const at::Tensor& t) const {
   if (!t.defined() || !t.is_floating_point()) return false;
@@ -122,17 +171,82 @@ bool ActivationOffload::takes(const at::Tensor& t) const {
   return !is_parameter_cast(t);
 }
 
+namespace {
+c10::Stream pool_stream(std::optional<c10::Stream>& kept, const c10::Device& device) {
+  if (!kept || kept->device() != device)
+    kept = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+  return *kept;
+}
+}  // namespace
+
 c10::Stream ActivationOffload::copy_stream(const c10::Device& device) const {
   const std::lock_guard<std::mutex> lock(mu_);
-  if (!stream_ || stream_->device() != device)
-    stream_ = c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, /*isHighPriority=*/false);
-  return *stream_;
+  return pool_stream(stream_, device);
 }
 
-ActivationOffloadScope::ActivationOffloadScope(const ActivationOffload& offload) : outer_(t_scope) {
+c10::Stream ActivationOffload::fetch_stream(const c10::Device& device) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return pool_stream(fetch_stream_, device);
+}
+
+void ActivationOffload::enlist(int64_t block, const std::shared_ptr<HostCopy>& copy) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  waiting_[block].push_back(copy);
+}
+
+void ActivationOffload::prefetch_block(int64_t block, bool ahead) const {
+  auto it = waiting_.find(block);
+  if (it == waiting_.end()) return;
+  for (const auto& weak : it->second) {
+    const auto c = weak.lock();
+    if (!c || c->fetch_issued) continue;
+    const c10::Stream fetch = pool_stream(fetch_stream_, c->device);
+    fetch.wait(*c->copied);
+    {
+      const c10::StreamGuard on_fetch(fetch);
+      c->fetched = c->host.to(c->device, /*non_blocking=*/true);
+    }
+    arena_.used_on(c->host, fetch);
+    c->fetch_done.emplace(c->device.type());
+    c->fetch_done->record(fetch);
+    c->fetch_issued = true;
+    if (ahead) ahead_.fetch_add(1);
+  }
+  waiting_.erase(it);
+}
+
+at::Tensor ActivationOffload::fetch(HostCopy& c) const {
+  const c10::impl::VirtualGuardImpl guard(c.device.type());
+  const c10::Stream compute = guard.getStream(c.device);
+  {
+    const std::lock_guard<std::mutex> lock(mu_);
+    prefetch_block(c.block, false);
+    // The offloaded Block the backward reaches next: the nearest one before this.
+    auto before = waiting_.lower_bound(c.block);
+    if (before != waiting_.begin()) prefetch_block(std::prev(before)->first, true);
+    if (c.fetched.defined()) {
+      compute.wait(*c.fetch_done);
+      at::Tensor out = std::move(c.fetched);
+      c.fetched = at::Tensor();
+      guard.recordDataPtrOnStream(out.storage().data_ptr(), compute);
+      return out;
+    }
+  }
+  compute.wait(*c.copied);  // unpacked again: copied back on the compute stream
+  at::Tensor out = c.host.to(c.device, /*non_blocking=*/true);
+  arena_.used_on(c.host, compute);
+  return out;
+}
+
+ActivationOffloadScope::ActivationOffloadScope(const ActivationOffload& offload, int64_t block)
+    : outer_(t_scope), outer_block_(t_block) {
   t_scope = &offload;
+  t_block = block;
 }
 
-ActivationOffloadScope::~ActivationOffloadScope() { t_scope = outer_; }
+ActivationOffloadScope::~ActivationOffloadScope() {
+  t_scope = outer_;
+  t_block = outer_block_;
+}
 
 }  // namespace tandem

@@ -7,29 +7,43 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
+
+#include "tandem/models/host_arena.h"
 
 namespace tandem {
 
-/// Makes tandem's autograd engine the process's default: LibTorch's engine with one addition, the
-/// saved-tensor hooks of an ActivationOffloadScope. Call once at program start, before any
-/// backward (the CLI's and the test binary's main do). Not called inside Python, where torch's own
-/// engine is the default and activation offload is refused.
-void install_autograd_engine();
+/// Makes tandem's autograd engine the process's default where LibTorch's base engine is (a C++
+/// program): LibTorch's engine with one addition, the saved-tensor hooks of an
+/// ActivationOffloadScope. Inside Python torch's own engine is the default and stays so. Returns
+/// whether tandem's engine is the default now; Model::set_activation_offload calls it, so only a
+/// program that offloads activations runs it.
+bool use_tandem_autograd_engine();
 
-/// Whether install_autograd_engine's engine is the default, i.e. activation offload can run here.
+/// Whether tandem's engine is the default, i.e. activation offload can run here.
 bool activation_offload_available();
 
-/// What one model's offloaded Blocks sent to the host, and the copy stream they use.
+/// One saved tensor's copy on the host, its events and its copy back (activation_offload.cpp).
+struct HostCopy;
+
+/// What one model's offloaded Blocks sent to the host, the streams they use and the copies back
+/// that run ahead of the backward (Note [Activation prefetch]).
 class ActivationOffload {
  public:
   struct Options {
     int64_t min_bytes = int64_t{1} << 20;  ///< smaller saved tensors stay where they are
     bool host_tensors = false;             ///< tests: CPU tensors are copied too (on a CPU-only machine)
+    /// Makes the host slab the saved tensors are cut from (Note [Activation host arena]): the
+    /// trainer passes memory/pinned.h's host_tensor; empty = LibTorch's pinned allocator
+    /// (pageable with host_tensors).
+    HostArena::Allocator host_slab;
   };
-  ActivationOffload() = default;
-  explicit ActivationOffload(Options o) : options_(o) {}
+  ActivationOffload() : ActivationOffload(Options{}) {}
+  explicit ActivationOffload(Options o);
 
   /// Whether a tensor that autograd saves is sent to the host: a floating-point CUDA tensor (or a
   /// CPU one with host_tensors) of at least min_bytes that is neither a parameter nor a parameter's
@@ -38,8 +52,21 @@ class ActivationOffload {
 
   /// The stream the device-to-host copies of `device` run on (one from the pool, kept).
   c10::Stream copy_stream(const c10::Device& device) const;
+  /// The stream the copies back to `device` run on, ahead of the backward.
+  c10::Stream fetch_stream(const c10::Device& device) const;
+
+  /// A tensor of Block `block` went to the host in `copy` (pack): its copy back starts when the
+  /// backward reaches the Block after it, or this Block (Note [Activation prefetch]).
+  void enlist(int64_t block, const std::shared_ptr<HostCopy>& copy) const;
+  /// The device tensor of `copy` for its backward (unpack), on the calling thread's current stream.
+  at::Tensor fetch(HostCopy& copy) const;
+
+  /// The host memory the saved tensors go to.
+  HostArena& arena() const { return arena_; }
 
   int64_t tensors() const { return tensors_.load(); }
+  /// Tensors whose copy back was issued before their Block's backward needed it.
+  int64_t fetched_ahead() const { return ahead_.load(); }
   int64_t bytes() const { return bytes_.load(); }
   void count(int64_t bytes) const {
     tensors_.fetch_add(1);
@@ -48,21 +75,28 @@ class ActivationOffload {
 
  private:
   Options options_;
+  mutable HostArena arena_;
+  // Copies back of a Block's tensors (with mu_ held): issued once, on fetch_stream.
+  void prefetch_block(int64_t block, bool ahead) const;
+
   mutable std::mutex mu_;
-  mutable std::optional<c10::Stream> stream_;  // of one CUDA device: a model trains on one
-  mutable std::atomic<int64_t> tensors_{0}, bytes_{0};
+  mutable std::optional<c10::Stream> stream_, fetch_stream_;  // of one CUDA device: a model trains on one
+  mutable std::map<int64_t, std::vector<std::weak_ptr<HostCopy>>> waiting_;  // by Block, not yet fetched
+  mutable std::atomic<int64_t> tensors_{0}, bytes_{0}, ahead_{0};
 };
 
-/// While alive, the tensors autograd saves on this thread go through `offload` (those it takes).
+/// While alive, the tensors autograd saves on this thread go through `offload` (those it takes),
+/// as tensors of Block `block`.
 class ActivationOffloadScope {
  public:
-  explicit ActivationOffloadScope(const ActivationOffload& offload);
+  explicit ActivationOffloadScope(const ActivationOffload& offload, int64_t block = 0);
   ~ActivationOffloadScope();
   ActivationOffloadScope(const ActivationOffloadScope&) = delete;
   ActivationOffloadScope& operator=(const ActivationOffloadScope&) = delete;
 
  private:
   const ActivationOffload* outer_;
+  int64_t outer_block_;
 };
 
 }  // namespace tandem

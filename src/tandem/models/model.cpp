@@ -136,7 +136,7 @@ torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, si
     const HostAutocast cast(host && !home.is_cpu() && at::autocast::is_autocast_enabled(home.type()), home.type());
     const bool offload = training && i < offloaded_blocks_.size() && offloaded_blocks_[i];
     if (offload) {
-      const ActivationOffloadScope scope(*activation_offload_);
+      const ActivationOffloadScope scope(*activation_offload_, static_cast<int64_t>(i));
       x = block->forward(x);
     } else if (recompute && block->kind() == BlockKind::kLayer) {
       x = checkpointed_forward(*block, x);
@@ -150,8 +150,8 @@ torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, si
 
 void Model::set_activation_offload(std::shared_ptr<const ActivationOffload> offload, std::vector<bool> blocks) {
   const bool any = std::find(blocks.begin(), blocks.end(), true) != blocks.end();
-  TANDEM_CHECK(!any || activation_offload_available(),
-               "model.activation_offload needs tandem's own autograd engine, which the tandem program installs; "
+  TANDEM_CHECK(!any || use_tandem_autograd_engine(),
+               "model.activation_offload needs tandem's own autograd engine, which only a C++ program can run; "
                "inside Python use torch.autograd.graph.save_on_cpu instead, or set model.activation_offload=0");
   TANDEM_ASSERT(!any || offload != nullptr, "activation offload flags without an offload");
   TANDEM_ASSERT(blocks.size() <= blocks_.size(), blocks.size(), " flags for ", blocks_.size(), " Blocks");
@@ -161,7 +161,7 @@ void Model::set_activation_offload(std::shared_ptr<const ActivationOffload> offl
   offloaded_blocks_ = any ? std::move(blocks) : std::vector<bool>{};
 }
 
-void offload_activations(Model& model, int64_t layers, const c10::Device& device) {
+void offload_activations(Model& model, int64_t layers, const c10::Device& device, HostArena::Allocator host_slab) {
   if (layers == 0) return;
   const int64_t n_layer = model.spec().n_layer;
   TANDEM_CHECK(!device.is_cpu(), "model.activation_offload=", layers,
@@ -174,7 +174,9 @@ void offload_activations(Model& model, int64_t layers, const c10::Device& device
   int64_t taken = 0;
   for (size_t i = 0; i < flags.size() && taken < n; ++i)
     if (model.blocks()[i]->kind() == BlockKind::kLayer) flags[i] = true, ++taken;
-  model.set_activation_offload(std::make_shared<ActivationOffload>(), std::move(flags));
+  ActivationOffload::Options options;
+  options.host_slab = std::move(host_slab);
+  model.set_activation_offload(std::make_shared<ActivationOffload>(std::move(options)), std::move(flags));
 }
 
 torch::Tensor Model::loss(const torch::Tensor& logits, const torch::Tensor& targets) const {

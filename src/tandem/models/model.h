@@ -80,7 +80,7 @@ class Model : public torch::nn::Module, public BlockSequence {
 
   /// Note [Activation offload]: the decoder layers flagged here (by Block index) send what autograd
   /// saves in their forward to pinned host memory through `offload` and are never recomputed;
-  /// empty = none. Needs install_autograd_engine's engine (activation_offload_available()).
+  /// empty = none. Makes tandem's autograd engine the default (use_tandem_autograd_engine); refused in Python.
   void set_activation_offload(std::shared_ptr<const ActivationOffload> offload, std::vector<bool> blocks);
   /// The offload of the flagged layers, or null when none is set.
   const ActivationOffload* activation_offload() const { return activation_offload_.get(); }
@@ -103,8 +103,9 @@ torch::Tensor cross_device(const torch::Tensor& x, c10::Device device);
 
 /// Note [Activation offload]: the first `layers` decoder layers of `model` (-1: all, 0: none) offload
 /// their activations; refused (UserError) on a CPU device, where they are in host memory already,
-/// and past the model's layer count.
-void offload_activations(Model& model, int64_t layers, const c10::Device& device);
+/// and past the model's layer count. `host_slab` makes the host memory they go to (Note [Activation
+/// host arena]; memory/pinned.h's pinned_slabs() in a run); empty = LibTorch's pinned allocator.
+void offload_activations(Model& model, int64_t layers, const c10::Device& device, HostArena::Allocator host_slab = {});
 
 /// Builds the model for a spec, initialised from torch's current RNG; only Blocks [fill.first,
 /// fill.second) are filled (Note [Stage build]).

@@ -19,6 +19,8 @@
 #include "tandem/data/loader.h"
 #include "tandem/engine/param_store.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/pinned.h"
+#include "tandem/memory/plan.h"
 #include "tandem/models/model.h"
 #include "tandem/optim/optimizer.h"
 #include "tandem/parallel/comm.h"
@@ -188,7 +190,9 @@ std::shared_ptr<Model> build_run_model(const RunPlan& plan, const c10::Device& d
   const auto fill = l.stages > 1 ? std::pair<size_t, size_t>(static_cast<size_t>(l.first), static_cast<size_t>(l.end))
                                  : std::pair<size_t, size_t>(0, std::numeric_limits<size_t>::max());
   auto model = build_model(plan.spec, plan.cfg.model.checkpointing, fill);
-  offload_activations(*model, plan.cfg.model.activation_offload, device);
+  offload_activations(*model, plan.cfg.model.activation_offload, device, pinned_slabs());
+  if (const auto* offload = model->activation_offload())  // Note [Activation host arena]
+    offload->arena().reserve(offloaded_activation_bytes(plan.spec, plan.cfg, plan.seq_len, plan.layout));
   build_s = std::chrono::duration<double>(Clock::now() - t_build).count();
   if (!plan.cfg.model.init_from.empty() && plan.resume_dir.empty()) {
     load_hf_weights(*model, plan.cfg.model.init_from);
