@@ -43,8 +43,10 @@ namespace tandem {
 // (fetch_stream): each pack enlists its HostCopy under its Block, and the first unpack of Block b
 // issues the copies of b's tensors (if not yet issued) and of the offloaded Block before it, which
 // the backward reaches next; an unpack then only makes the compute stream wait for its own copy's
-// event. The device holds at most two offloaded Blocks' tensors beside what it computes (the plan
-// counts them), and only the first offloaded Block the backward meets waits for its copies in full.
+// event. The last offloaded Block, which the backward meets first, starts its copies back when the
+// forward ends (Model::forward_blocks calls forward_ended), while the backward runs the Blocks after
+// it. The device holds at most two offloaded Blocks' tensors beside what it computes (the plan
+// counts them).
 // A tensor unpacked a second time (a retained graph) is copied again, on the compute stream.
 
 namespace {
@@ -213,6 +215,11 @@ void ActivationOffload::prefetch_block(int64_t block, bool ahead) const {
     if (ahead) ahead_.fetch_add(1);
   }
   waiting_.erase(it);
+}
+
+void ActivationOffload::forward_ended() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  if (!waiting_.empty()) prefetch_block(waiting_.rbegin()->first, true);
 }
 
 at::Tensor ActivationOffload::fetch(HostCopy& c) const {

@@ -60,6 +60,9 @@ class ActivationOffload {
   void enlist(int64_t block, const std::shared_ptr<HostCopy>& copy) const;
   /// The device tensor of `copy` for its backward (unpack), on the calling thread's current stream.
   at::Tensor fetch(HostCopy& copy) const;
+  /// The forward has ended: the copies back of the last offloaded Block start now, for the
+  /// backward reaches it first (Note [Activation prefetch]).
+  void forward_ended() const;
 
   /// The host memory the saved tensors go to.
   HostArena& arena() const { return arena_; }

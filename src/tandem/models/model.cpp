@@ -145,6 +145,7 @@ torch::Tensor Model::forward_blocks(const torch::Tensor& input, size_t first, si
     }
     if (host) x = cross_device(x, home);
   }
+  if (training && activation_offload_) activation_offload_->forward_ended();  // Note [Activation prefetch]
   return x;
 }
 
