@@ -62,8 +62,8 @@
 #   actoff activation offload against recomputation (Note [Activation offload]): `tandem bench step` of OFFLOAD_BIG
 #          at BIG_BATCH with checkpointing and the saved tensors of N of its layers in pinned host memory for each N
 #          in ACT_LAYERS (default "0 8 16 24 32"; 0 is the checkpointed bound), and without checkpointing (every
-#          activation kept on the GPU, the floor) where it fits; then the engine exact (ACT_ENGINE, default
-#          "0 16": N per run) with BIG_SET.
+#          activation kept on the GPU, the floor; ACT_KEEP=0 leaves it out) where it fits; then the engine exact
+#          (ACT_ENGINE, default "0 16": N per run) with BIG_SET.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add spec (speculating), int8, delayedN, bf16sr,
 #          bf16kahan and int8sr (bf16 masters);
@@ -317,11 +317,13 @@ for n in ${ACT_LAYERS:-0 8 16 24 32}; do
   "$BUILD/tandem" bench step "${actargs[@]}" --set model.checkpointing=true --set model.activation_offload="$n" \
     --steps 6 --json "$OUT/actoff.jsonl" >"$OUT/actoff-$n.log" 2>&1; tail -1 "$OUT/actoff-$n.log"
 done
-"$BUILD/tandem" bench step "${actargs[@]}" --set model.checkpointing=false --steps 6 --json "$OUT/actoff.jsonl" \
-  >"$OUT/actoff-keep.log" 2>&1; tail -1 "$OUT/actoff-keep.log"
+if [[ ${ACT_KEEP:-1} == 1 ]]; then  # ACT_KEEP=0 leaves out the run that keeps every activation
+  "$BUILD/tandem" bench step "${actargs[@]}" --set model.checkpointing=false --steps 6 --json "$OUT/actoff.jsonl" \
+    >"$OUT/actoff-keep.log" 2>&1; tail -1 "$OUT/actoff-keep.log"
+fi
 actset=()
 for kv in ${BIG_SET:-}; do actset+=(--set "$kv"); done
-for n in ${ACT_ENGINE:-0 16}; do
+for n in ${ACT_ENGINE-0 16}; do
   echo "== $BIG: offload engine exact, activations of $n layers offloaded"
   "$BUILD/tandem" train "${actargs[@]}" --set model.checkpointing=true --set model.activation_offload="$n" \
     --set train.eval_every=0 --set train.save_final=false --set train.progress=lines --steps "${BIG_STEPS:-12}" \

@@ -25,9 +25,11 @@ ActivationCost activation_cost(const ModelSpec& s, int64_t B, int64_t T, Precisi
   // a huge estimate (refused with its numbers), never an overflowed one.
   const long double act = p == Precision::kFp32 ? 4 : 2;  // bytes of an activation element under autocast
   const long double tokens = static_cast<long double>(B) * T, d = s.d_model;
-  // Tensors saved for backward per token of one decoder layer (counted from the layer's ops):
-  // residual inputs and norm statistics in fp32, normalised inputs, q/k/v and their rotated
-  // copies, attention output, gate/up/activation/product of the SwiGLU.
+  // Tensors saved for backward per token of one decoder layer (counted from what the layer's ops
+  // save, ActivationOffload.ThePlansEstimateIsWhatALayerSaves): the two residual inputs and the two
+  // normalised outputs in fp32; the normalised inputs cast once per product (q, k, v, gate, up) and
+  // the attention output before o, in the compute dtype; the rotated q and k, v, the attention
+  // output; gate/up/activation/product of the SwiGLU.
   const bool decoder = s.arch == Arch::kDecoder;
   const long double kv = decoder ? static_cast<long double>(s.n_kv_head) * s.head_dim() : 0;
   const long double q = decoder ? static_cast<long double>(s.n_head) * s.head_dim() : 0;
@@ -38,7 +40,7 @@ ActivationCost activation_cost(const ModelSpec& s, int64_t B, int64_t T, Precisi
   // ResNet-BK: norms and projections, fp32 sweeps (a, b, c, and complex r, s, G per head), and
   // top_k expert inputs and SwiGLU intermediates per token (capacity slack not counted).
   const long double per_token_layer =
-      decoder ? 2 * 4 * d + act * (2 * d + 3 * (q + 2 * kv) + q) + act * 4 * s.padded_d_ff() + scores
+      decoder ? 4 * 4 * d + act * (6 * d + 2 * q + 2 * kv) + act * 4 * s.padded_d_ff() + scores
       : s.arch == Arch::kResNetBk
           ? 2 * 4 * d + act * 2 * d + s.n_head * (3 * 4 + 3 * 8 + 2 * 4) + s.top_k * act * (d + 4.0L * s.d_ff)
           : 4 * d + act * (d + 2.0L * s.padded_d_ff());

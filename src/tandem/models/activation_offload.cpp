@@ -10,6 +10,8 @@
 #include <c10/util/strides.h>
 
 #include <memory>
+#include <mutex>
+#include <sstream>
 
 namespace tandem {
 
@@ -36,6 +38,14 @@ namespace tandem {
 // a backward on the base engine keeps its idle threads). Inside Python torch's engine stays the
 // default, so the feature is refused there (activation_offload_available).
 
+// Note [One copy per saved tensor]
+// Ops save the same tensor more than once: a layer's normalised input for each of the q, k and v
+// products (and gate and up), an RMSNorm's input for its square and its product, the rope tables
+// for q and k. Copied each time, a 13B layer sent a quarter more bytes over the link than it holds.
+// So a pack first looks among the last kRecent copies of this forward for one of the same storage
+// (still alive, so its address cannot have been reused), offset, shape, strides, dtype and version,
+// and shares it; the copy back is kept on the device until every sharer has unpacked it.
+
 // Note [Activation prefetch]
 // A backward that copied its saved tensors back when it needed them (unpack) would run each copy on
 // the compute stream, the kernels waiting behind it: a 13B layer's 1.35 GB at about 50 GB/s is 27
@@ -54,13 +64,24 @@ namespace {
 thread_local const ActivationOffload* t_scope = nullptr;
 thread_local int64_t t_block = 0;
 
-// A parameter's autocast copy: made by a cast whose input is a leaf's gradient accumulator.
-bool is_parameter_cast(const at::Tensor& t) {
-  const auto& fn = t.grad_fn();
-  if (!fn || fn->num_inputs() != 1 || fn->next_edges().size() != 1) return false;
-  const auto& e = fn->next_edge(0);
-  return e.function && dynamic_cast<torch::autograd::AccumulateGrad*>(e.function.get()) != nullptr &&
-         fn->name().find("ToCopyBackward") != std::string::npos;
+// A parameter seen through casts and views (its autocast copy, its transpose for a matmul, a view
+// of either): the walk from the tensor's grad_fn through one-input cast and view nodes ends at a
+// leaf's gradient accumulator. Those are on the device for the whole step anyway.
+bool is_parameter_derived(const at::Tensor& t) {
+  static constexpr const char* kPassThrough[] = {"ToCopyBackward", "TBackward",      "TransposeBackward",
+                                                 "ViewBackward",   "PermuteBackward", "ExpandBackward",
+                                                 "AliasBackward",  "UnsafeViewBackward"};
+  const torch::autograd::Node* fn = t.grad_fn().get();
+  for (int depth = 0; fn != nullptr && depth < 6; ++depth) {
+    if (dynamic_cast<const torch::autograd::AccumulateGrad*>(fn) != nullptr) return depth > 0;
+    if (fn->next_edges().size() != 1) return false;
+    const std::string name = fn->name();
+    bool through = false;
+    for (const char* p : kPassThrough) through = through || name.find(p) != std::string::npos;
+    if (!through) return false;
+    fn = fn->next_edge(0).function.get();
+  }
+  return false;
 }
 
 }  // namespace
@@ -73,6 +94,20 @@ struct HostCopy {
   bool fetch_issued = false;
   at::Tensor fetched;                   // its copy back, made on fetch_stream, until unpacked
   std::optional<c10::Event> fetch_done;
+  int64_t unpacks_left = 1;             // saved tensors sharing this copy, not yet unpacked
+  // What it is a copy of (Note [One copy per saved tensor]): that storage while it lives, at this
+  // place and version.
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  int64_t offset = 0, version = 0;
+  c10::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+
+  bool copies(const at::Tensor& t) const {
+    const auto alive = storage.lock();
+    return alive && alive.get() == t.storage().unsafeGetStorageImpl() && offset == t.storage_offset() &&
+           version == static_cast<int64_t>(t._version()) && dtype == t.scalar_type() && t.sizes() == sizes &&
+           t.strides() == strides;
+  }
 };
 
 namespace {
@@ -86,10 +121,18 @@ class HostSavedTensor final : public torch::autograd::SavedVariableHooks {
       kept_ = t;
       return;
     }
+    copy_ = offload_.shared_copy(t);  // the same tensor saved again: one copy
+    if (copy_) return;
     copy_ = std::make_shared<HostCopy>();
     HostCopy& c = *copy_;
     c.device = t.device();
     c.block = block_;
+    c.storage = t.storage().getWeakStorageImpl();
+    c.offset = t.storage_offset();
+    c.version = static_cast<int64_t>(t._version());
+    c.dtype = t.scalar_type();
+    c.sizes = t.sizes().vec();
+    c.strides = t.strides().vec();
     // The saved tensor's own layout where it is dense (a transposed view stays transposed), so its
     // backward runs the kernels it would have run; otherwise contiguous.
     const bool dense = t.is_non_overlapping_and_dense();
@@ -114,7 +157,8 @@ class HostSavedTensor final : public torch::autograd::SavedVariableHooks {
       c.host = offload_.arena().take(t.sizes(), strides, t.scalar_type(), std::nullopt);
       c.host.copy_(t);
     }
-    offload_.count(static_cast<int64_t>(t.numel() * t.element_size()));
+    offload_.count(t);
+    offload_.remember(copy_);
   }
 
   at::Tensor call_unpack_hook() override {
@@ -135,21 +179,40 @@ struct TandemEngine final : torch::autograd::Engine {
     if (t_scope == nullptr) return nullptr;
     return std::make_unique<HostSavedTensor>(*t_scope, t_block);
   }
+
+  // LibTorch starts an engine's device threads under one once-flag for the whole process (a static
+  // in initialize_device_threads_pool): after the base engine has run a backward on the GPU, a
+  // second engine would get none, and its first backward on the GPU fails ("device_ready_queues_"
+  // assert). So tandem's engine claims that flag if no engine has, and otherwise starts its own
+  // threads, once, before it becomes the default.
+  void ensure_device_threads() {
+    std::call_once(threads_once_, [this] {
+      initialize_device_threads_pool();
+      if (device_ready_queues_.empty()) start_device_threads();
+    });
+  }
+
+ private:
+  std::once_flag threads_once_;
 };
 
-torch::autograd::Engine& tandem_engine() {
+TandemEngine& tandem_engine_impl() {
   // Never destroyed: its device threads may still wait on their queues when the process exits.
   static auto* engine = new TandemEngine();
   return *engine;
 }
+
+torch::autograd::Engine& tandem_engine() { return tandem_engine_impl(); }
 
 }  // namespace
 
 bool use_tandem_autograd_engine() {
   static std::mutex mu;
   const std::lock_guard<std::mutex> lock(mu);
-  if (&torch::autograd::Engine::get_default_engine() == &torch::autograd::Engine::get_base_engine())
+  if (&torch::autograd::Engine::get_default_engine() == &torch::autograd::Engine::get_base_engine()) {
+    tandem_engine_impl().ensure_device_threads();
     torch::autograd::set_default_engine_stub(&tandem_engine);
+  }
   return activation_offload_available();
 }
 
@@ -170,7 +233,7 @@ bool ActivationOffload::takes(const at::Tensor& t) const {
   if (!(t.is_cuda() || (options_.host_tensors && t.is_cpu()))) return false;
   if (static_cast<int64_t>(t.numel() * t.element_size()) < options_.min_bytes) return false;
   if (t.is_leaf() && t.requires_grad()) return false;  // a parameter
-  return !is_parameter_cast(t);
+  return !is_parameter_derived(t);
 }
 
 namespace {
@@ -189,6 +252,42 @@ c10::Stream ActivationOffload::copy_stream(const c10::Device& device) const {
 c10::Stream ActivationOffload::fetch_stream(const c10::Device& device) const {
   const std::lock_guard<std::mutex> lock(mu_);
   return pool_stream(fetch_stream_, device);
+}
+
+void ActivationOffload::count(const at::Tensor& t) const {
+  const auto bytes = static_cast<int64_t>(t.numel() * t.element_size());
+  tensors_.fetch_add(1);
+  bytes_.fetch_add(bytes);
+  if (!options_.log) return;
+  std::ostringstream line;
+  line << (t.grad_fn() ? t.grad_fn()->name() : std::string("leaf")) << " " << t.scalar_type() << " " << t.sizes() << " "
+       << bytes;
+  const std::lock_guard<std::mutex> lock(mu_);
+  log_.push_back(line.str());
+}
+
+std::vector<std::string> ActivationOffload::saved_log() const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  return log_;
+}
+
+std::shared_ptr<HostCopy> ActivationOffload::shared_copy(const at::Tensor& t) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it) {
+    auto c = it->lock();
+    if (c && c->copies(t)) {
+      ++c->unpacks_left;
+      shared_.fetch_add(1);
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+void ActivationOffload::remember(const std::shared_ptr<HostCopy>& copy) const {
+  const std::lock_guard<std::mutex> lock(mu_);
+  recent_.push_back(copy);
+  if (recent_.size() > kRecent) recent_.erase(recent_.begin());
 }
 
 void ActivationOffload::enlist(int64_t block, const std::shared_ptr<HostCopy>& copy) const {
@@ -219,6 +318,7 @@ void ActivationOffload::prefetch_block(int64_t block, bool ahead) const {
 
 void ActivationOffload::forward_ended() const {
   const std::lock_guard<std::mutex> lock(mu_);
+  recent_.clear();
   if (!waiting_.empty()) prefetch_block(waiting_.rbegin()->first, true);
 }
 
@@ -233,8 +333,8 @@ at::Tensor ActivationOffload::fetch(HostCopy& c) const {
     if (before != waiting_.begin()) prefetch_block(std::prev(before)->first, true);
     if (c.fetched.defined()) {
       compute.wait(*c.fetch_done);
-      at::Tensor out = std::move(c.fetched);
-      c.fetched = at::Tensor();
+      at::Tensor out = c.fetched;
+      if (--c.unpacks_left <= 0) c.fetched = at::Tensor();  // the last sharer's unpack
       guard.recordDataPtrOnStream(out.storage().data_ptr(), compute);
       return out;
     }

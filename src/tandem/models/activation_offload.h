@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tandem/models/host_arena.h"
@@ -41,13 +42,15 @@ class ActivationOffload {
     /// trainer passes memory/pinned.h's host_tensor; empty = LibTorch's pinned allocator
     /// (pageable with host_tensors).
     HostArena::Allocator host_slab;
+    bool log = false;  ///< keep a line per taken tensor (saved_log): what made it, its dtype and shape
   };
   ActivationOffload() : ActivationOffload(Options{}) {}
   explicit ActivationOffload(Options o);
 
   /// Whether a tensor that autograd saves is sent to the host: a floating-point CUDA tensor (or a
-  /// CPU one with host_tensors) of at least min_bytes that is neither a parameter nor a parameter's
-  /// autocast copy (those are on the device for the whole step anyway).
+  /// CPU one with host_tensors) of at least min_bytes that is neither a parameter nor one seen
+  /// through casts and views (its autocast copy, its transpose for a matmul): those are on the
+  /// device for the whole step anyway.
   bool takes(const at::Tensor& t) const;
 
   /// The stream the device-to-host copies of `device` run on (one from the pool, kept).
@@ -60,6 +63,14 @@ class ActivationOffload {
   void enlist(int64_t block, const std::shared_ptr<HostCopy>& copy) const;
   /// The device tensor of `copy` for its backward (unpack), on the calling thread's current stream.
   at::Tensor fetch(HostCopy& copy) const;
+  /// A copy already made of this very tensor in this forward (Note [One copy per saved tensor]),
+  /// now shared by one more saved tensor; null when there is none.
+  std::shared_ptr<HostCopy> shared_copy(const at::Tensor& t) const;
+  /// A copy made in this forward, for shared_copy to find.
+  void remember(const std::shared_ptr<HostCopy>& copy) const;
+  /// Saved tensors that shared an earlier copy instead of making their own.
+  int64_t shared() const { return shared_.load(); }
+
   /// The forward has ended: the copies back of the last offloaded Block start now, for the
   /// backward reaches it first (Note [Activation prefetch]).
   void forward_ended() const;
@@ -68,13 +79,12 @@ class ActivationOffload {
   HostArena& arena() const { return arena_; }
 
   int64_t tensors() const { return tensors_.load(); }
+  /// With Options::log, a line per tensor taken so far: "<op that made it> <dtype> [sizes] <bytes>".
+  std::vector<std::string> saved_log() const;
   /// Tensors whose copy back was issued before their Block's backward needed it.
   int64_t fetched_ahead() const { return ahead_.load(); }
   int64_t bytes() const { return bytes_.load(); }
-  void count(int64_t bytes) const {
-    tensors_.fetch_add(1);
-    bytes_.fetch_add(bytes);
-  }
+  void count(const at::Tensor& t) const;
 
  private:
   Options options_;
@@ -85,6 +95,10 @@ class ActivationOffload {
   mutable std::mutex mu_;
   mutable std::optional<c10::Stream> stream_, fetch_stream_;  // of one CUDA device: a model trains on one
   mutable std::map<int64_t, std::vector<std::weak_ptr<HostCopy>>> waiting_;  // by Block, not yet fetched
+  mutable std::vector<std::string> log_;
+  static constexpr size_t kRecent = 32;
+  mutable std::vector<std::weak_ptr<HostCopy>> recent_;  // this forward's last copies
+  mutable std::atomic<int64_t> shared_{0};
   mutable std::atomic<int64_t> tensors_{0}, bytes_{0}, ahead_{0};
 };
 
