@@ -25,9 +25,9 @@ namespace tandem {
 // the copy ends (the storage is recorded on the copy stream); its backward copies it back on the compute stream, after that copy's event. The values
 // are the same bytes, so gradients are bit for bit those of keeping the tensors
 // (ActivationOffload.GradientsEqualKeepingTheActivations). A layer's saved tensors are several times
-// its input (about 2.1 GB a layer at 13B, B=4, T=2048 against 168 MB: 31.02 GiB for 16 layers on an H200), so it pays only for the layers
-// whose copies fit beside the forward's compute on the link: the first layers, whose tensors
-// come back last in the backward.
+// its input (about 2.1 GB a layer at 13B, B=4, T=2048 against 168 MB: 31.02 GiB for 16 layers on an
+// H200), so it pays only for the layers whose copies fit beside the forward's compute on the link:
+// the first layers, whose tensors come back last in the backward.
 //
 // LibTorch calls saved-tensor hooks only through its autograd engine's
 // get_default_saved_variable_hooks, which the base engine answers with none and torch's Python
