@@ -61,7 +61,7 @@
 #          and DeepSpeed ZeRO-2 offload (bench/trainer_peers.py; TR_SHAPE, TR_BATCH, TR_SEQ, TR_SIDES, TR_LAYERS);
 #   actoff activation offload against recomputation (Note [Activation offload]): `tandem bench step` of OFFLOAD_BIG
 #          at BIG_BATCH with checkpointing and the saved tensors of N of its layers in pinned host memory for each N
-#          in ACT_LAYERS (default "0 8 16 24 32"; 0 is the checkpointed bound), and without checkpointing (every
+#          in ACT_LAYERS (default "0 8 16 24 32"; 0 is the checkpointed bound; auto: Note [Automatic activation offload]), and without checkpointing (every
 #          activation kept on the GPU, the floor; ACT_KEEP=0 leaves it out) where it fits; then the engine exact
 #          (ACT_ENGINE, default "0 16": N per run) with BIG_SET.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16

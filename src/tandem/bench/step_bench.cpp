@@ -14,6 +14,7 @@
 #include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/activation_choice.h"
 #include "tandem/memory/pinned.h"
 #include "tandem/memory/plan.h"
 #include "tandem/models/autocast.h"
@@ -23,9 +24,12 @@
 
 namespace tandem {
 
-int run_step_bench(const Config& cfg, const std::string& json_path, const std::string& model_json) {
-  const torch::Device device = resolve_device(cfg.train.device);
-  const ModelSpec spec = resolve_model_spec(cfg.model);
+int run_step_bench(const Config& given, const std::string& json_path, const std::string& model_json) {
+  const torch::Device device = resolve_device(given.train.device);
+  const ModelSpec spec = resolve_model_spec(given.model);
+  const int64_t T = given.train.seq_len > 0 ? given.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
+  // Note [Automatic activation offload]; the host room is not checked here.
+  const Config cfg = resolve_activation_offload(given, spec, T, device, -1);
   TANDEM_CHECK(cfg.train.steps >= 3, "bench step needs --steps >= 3 (two untimed), got ", cfg.train.steps);
   if (!json_path.empty()) {  // refused before anything runs, not found unwritable after the timing
     std::ofstream probe(json_path, std::ios::app);
@@ -33,7 +37,6 @@ int run_step_bench(const Config& cfg, const std::string& json_path, const std::s
   }
   if (!model_json.empty()) write_file_atomic(model_json, hf_config_json(spec));
   const int64_t B = cfg.train.micro_batch;
-  const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(spec.max_seq_len, 2048);
   const auto dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
                      : cfg.train.precision == Precision::kFp16 ? torch::kHalf
                                                                : torch::kFloat32;

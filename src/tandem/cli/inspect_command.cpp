@@ -14,6 +14,7 @@
 #include "tandem/core/fs.h"
 #include "tandem/core/strings.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/activation_choice.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/host_fit.h"
 #include "tandem/memory/plan.h"
@@ -155,7 +156,14 @@ std::string decoder_parts_line(const ModelSpec& s) {
 }  // namespace
 
 int run_inspect(const ResolvedConfig& resolved, const InspectOptions& opts) {
-  const Config& cfg = resolved.config;
+  Config cfg = resolved.config;
+  if (cfg.model.activation_offload == ModelConfig::kAutoActivationOffload) {  // Note [Automatic activation offload]
+    const std::string why = activation_offload_excluded(cfg);
+    std::printf("model.activation_offload=auto: %s; the figures below offload none\n",
+                why.empty() ? "the count is chosen when the run starts, from the device and the link timed then"
+                            : ("none, " + why).c_str());
+    cfg.model.activation_offload = 0;
+  }
   const ModelSpec s = spec_for(cfg);
   if (!opts.hf_config.empty()) write_file_atomic(opts.hf_config, hf_config_json(s));
   const int64_t T = cfg.train.seq_len > 0 ? cfg.train.seq_len : std::min<int64_t>(s.max_seq_len, 2048);

@@ -101,8 +101,10 @@ struct ModelConfig {
   std::optional<double> capacity_factor, moe_aux_weight;  ///< ResNet-BK MoE (null = preset)
   bool checkpointing = false;  ///< recompute each decoder block in backward (activation checkpointing)
   /// The first N decoder layers (-1: all) send their saved activations to pinned host memory instead
-  /// of recomputing them or keeping them on the GPU (Note [Activation offload]); 0 = none.
+  /// of recomputing them or keeping them on the GPU (Note [Activation offload]); 0 = none;
+  /// kAutoActivationOffload ("auto"): as many as the link hides (Note [Automatic activation offload]).
   int64_t activation_offload = 0;
+  static constexpr int64_t kAutoActivationOffload = -2;
   std::string init_from;       ///< HF LLaMA directory: architecture from its config.json, weights from its safetensors
 };
 

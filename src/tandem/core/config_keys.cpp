@@ -74,6 +74,18 @@ Field int_field(std::string name, std::string doc, Get get) {
   return {name, "int", std::move(doc), [get, name](Config& c, const std::string& v) { get(c) = parse_int(name, v); },
           [get](const Config& c) { return std::to_string(get(const_cast<Config&>(c))); }};
 }
+/// An integer key that also takes "auto", stored as `auto_value` and written back as "auto".
+template <typename Get>
+Field int_or_auto_field(std::string name, std::string doc, Get get, int64_t auto_value) {
+  return {name, "int|auto", std::move(doc),
+          [get, name, auto_value](Config& c, const std::string& v) {
+            get(c) = to_lower(trim(v)) == "auto" ? auto_value : parse_int(name, v);
+          },
+          [get, auto_value](const Config& c) {
+            const int64_t x = get(const_cast<Config&>(c));
+            return x == auto_value ? std::string("auto") : std::to_string(x);
+          }};
+}
 template <typename Get>
 Field uint_field(std::string name, std::string doc, Get get) {
   return {name, "int", std::move(doc),
@@ -188,10 +200,11 @@ const std::vector<Field>& fields() {
       opt_int_field("model.n_dense", "AMX+MoE: dense layers before the MoE layers (null = preset)", F(model.n_dense)),
       bool_field("model.checkpointing", "activation checkpointing: recompute each decoder block in backward",
                  F(model.checkpointing)),
-      int_field("model.activation_offload",
-                "the first N decoder layers (-1 = all) keep what backward needs in pinned host memory, copied while "
-                "the forward runs, instead of recomputing it (model.checkpointing) or keeping it on the GPU; 0 = none",
-                F(model.activation_offload)),
+      int_or_auto_field("model.activation_offload",
+                        "the first N decoder layers (-1 = all) keep what backward needs in pinned host memory, copied "
+                        "while the forward runs, instead of recomputing it (model.checkpointing) or keeping it on the "
+                        "GPU; 0 = none; auto = as many as the host link hides under the step, timed at start",
+                        F(model.activation_offload), ModelConfig::kAutoActivationOffload),
 
       string_field("model.init_from",
                    "HF LLaMA directory to start from (config.json + safetensors); overrides the preset",

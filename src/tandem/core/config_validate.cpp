@@ -23,8 +23,8 @@ void validate_data(const DataConfig& d) {
 }
 
 void validate_model(const ModelConfig& m) {
-  TANDEM_CHECK(m.activation_offload >= -1,
-               "model.activation_offload must be -1 (every decoder layer), 0 (none) or a number of layers, got ",
+  TANDEM_CHECK(m.activation_offload >= ModelConfig::kAutoActivationOffload,
+               "model.activation_offload must be auto, -1 (every decoder layer), 0 (none) or a number of layers, got ",
                m.activation_offload);
 }
 

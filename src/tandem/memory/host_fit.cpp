@@ -31,6 +31,9 @@ HostDemand host_demand(const ModelSpec& spec, const Config& cfg, int64_t seq_len
   HostDemand d;
   if (!cpu_device) {
     d.rows.emplace_back("fp32 model built on the host before it moves to the GPU", 4 * spec.num_params());
+    if (cfg.model.activation_offload != 0)  // Note [Activation host arena]: reserved while the model is built
+      d.rows.emplace_back("activations of the offloaded layers (model.activation_offload, pinned)",
+                          offloaded_activation_bytes(spec, cfg, seq_len));
     return d;
   }
   const auto e =

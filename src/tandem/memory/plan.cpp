@@ -105,6 +105,8 @@ int64_t layout_params(const ModelSpec& spec, const PlanLayout& layout) {
 }
 
 int64_t offloaded_layers(const ModelSpec& spec, int64_t activation_offload, int64_t first, int64_t end) {
+  TANDEM_ASSERT(activation_offload != ModelConfig::kAutoActivationOffload,
+                "model.activation_offload=auto must be resolved before the plan (resolve_activation_offload)");
   const int64_t n = activation_offload < 0 ? spec.n_layer : std::min(activation_offload, spec.n_layer);
   // Block b (1 .. n_layer) is decoder layer b - 1; the offloaded ones are Blocks 1 .. n.
   const int64_t lo = std::max<int64_t>(first, 1), hi = std::min(end, n + 1);

@@ -164,6 +164,7 @@ void Model::set_activation_offload(std::shared_ptr<const ActivationOffload> offl
 
 void offload_activations(Model& model, int64_t layers, const c10::Device& device, HostArena::Allocator host_slab) {
   if (layers == 0) return;
+  TANDEM_ASSERT(layers >= -1, "model.activation_offload=auto must be resolved first (resolve_activation_offload)");
   const int64_t n_layer = model.spec().n_layer;
   TANDEM_CHECK(!device.is_cpu(), "model.activation_offload=", layers,
                " copies activations from the GPU to the host; on the CPU they are in host memory already: set "

@@ -10,6 +10,7 @@
 #include "tandem/core/strings.h"
 #include "tandem/io/checkpoint.h"
 #include "tandem/io/hf.h"
+#include "tandem/memory/activation_choice.h"
 #include "tandem/memory/host_fit.h"
 #include "tandem/parallel/comm.h"
 #include "tandem/parallel/pipeline_profile.h"
@@ -59,6 +60,21 @@ void plan_offload(RunPlan& plan, Config& cfg, const RunContext& ctx) {
       plan_gpu_blocks(plan.spec, cfg, plan.seq_len, ctx.device, &plan.split_range, ctx.ranks, plan.layout);
   if (cfg.offload.host_ring == -1) cfg.offload.host_ring = 0;  // no plan to choose from (the CPU as the device)
   agree_on_offload_plan(ctx, plan.gpu_blocks, plan.split_range, cfg.offload, plan.layout);
+}
+
+// Note [Automatic activation offload]: the count of this rank's host room and link, rank 0's on
+// every rank, before the fits are checked with it.
+void resolve_auto_activation_offload(Config& cfg, const ModelSpec& spec, int64_t seq_len, const RunContext& ctx,
+                                     int64_t available) {
+  if (cfg.model.activation_offload != ModelConfig::kAutoActivationOffload) return;
+  Config without = cfg;
+  without.model.activation_offload = 0;
+  const int64_t room =
+      available > 0 ? available - host_demand(spec, without, seq_len, !ctx.device.is_cuda()).total() : -1;
+  int64_t n = resolve_activation_offload(cfg, spec, seq_len, ctx.device, std::max<int64_t>(room, -1))
+                  .model.activation_offload;
+  if (ctx.comm) n = std::stoll(ctx.comm->broadcast_string("activation_offload", std::to_string(n)));
+  cfg.model.activation_offload = n;
 }
 
 }  // namespace
@@ -115,12 +131,13 @@ RunPlan resolve_run_plan(Config cfg, const TrainOptions& options, const RunConte
   // Note [Host fit]: refused before anything is read or allocated when the host cannot hold the run
   // (the offload engine's plan is checked in plan_gpu_blocks).
   const bool cpu_device = !ctx.device.is_cuda();
+  const int64_t available = (cfg.offload.host_memory_gib > 0
+                                 ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
+                                 : host_available_bytes()) /
+                            ranks.local_world_size;
+  resolve_auto_activation_offload(cfg, spec, plan.seq_len, ctx, available);
   if (!plan.offload && !cut_later) {
-    const int64_t available = cfg.offload.host_memory_gib > 0
-                                  ? static_cast<int64_t>(cfg.offload.host_memory_gib * double(1 << 30))
-                                  : host_available_bytes();
-    check_host_fits(host_demand(spec, cfg, plan.seq_len, cpu_device), available / ranks.local_world_size, spec, cfg,
-                    cpu_device);
+    check_host_fits(host_demand(spec, cfg, plan.seq_len, cpu_device), available, spec, cfg, cpu_device);
     if (!cpu_device && accelerator())
       check_gpu_fit(spec, cfg, plan.seq_len, accelerator()->memory_stats(ctx.device_index).total, plan.layout);
   }
