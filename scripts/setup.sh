@@ -65,13 +65,15 @@ else
   fi
   # Test-only: tests/io/hf_transformers_test.cpp compares tandem with transformers itself;
   # tests/python/test_tokenizers_parity.py compares its tokenizers with `tokenizers` and `sentencepiece`;
+  # tests/python/test_tokenizer_converters.py makes Llama 3's tokenizer.json with transformers'
+  # TikTokenConverter, which needs `tiktoken`;
   # tests/python/test_serve.py drives `tandem serve` with the official `openai` client;
   # tests/python/test_trainer.py runs transformers' Trainer (which needs accelerate).
   # The test command also builds the package's wheel here without build isolation (scikit-build-core).
-  if ((TESTS)) && ! .venv/bin/python -c "import transformers, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit_build_core, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
-    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, accelerate, safetensors, pytest, tokenizers, sentencepiece, openai, scikit-build-core)"
+  if ((TESTS)) && ! .venv/bin/python -c "import transformers, accelerate, safetensors, pytest, tokenizers, sentencepiece, tiktoken, openai, scikit_build_core, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS_VERSION' else 1)" 2>/dev/null; then
+    say "installing the tests' Python packages into .venv (transformers==$TRANSFORMERS_VERSION, accelerate, safetensors, pytest, tokenizers, sentencepiece, tiktoken, openai, scikit-build-core)"
     .venv/bin/pip install -q --disable-pip-version-check "transformers==$TRANSFORMERS_VERSION" accelerate safetensors pytest \
-      tokenizers sentencepiece openai scikit-build-core
+      tokenizers sentencepiece tiktoken openai scikit-build-core
   fi
   prefix=$(.venv/bin/python -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
 fi

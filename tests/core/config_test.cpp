@@ -66,8 +66,9 @@ TEST(Config, BadValuesAreUserErrors) {
   apply_override(t, "offload.trace_steps=0");
   EXPECT_NE(error_of([&] { validate_config(t); }).find("offload.trace_steps"), std::string::npos);
   Config m;
-  apply_override(m, "model.activation_offload=-2");
-  EXPECT_NE(error_of([&] { validate_config(m); }).find("model.activation_offload must be -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { apply_override(m, "model.activation_offload=-2"); }).find("write auto"), std::string::npos);
+  apply_override(m, "model.activation_offload=-3");
+  EXPECT_NE(error_of([&] { validate_config(m); }).find("model.activation_offload must be auto, -1"), std::string::npos);
   apply_override(m, "model.activation_offload=-1");
   validate_config(m);
   Config r;

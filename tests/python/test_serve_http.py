@@ -1,9 +1,11 @@
 """Every connection to `tandem serve` gets an HTTP answer, and a stop loses nothing in flight
 (Note [Graceful drain]): SIGTERM under load with the `openai` client (every request answered, every
 stream ended by its finish or an error event), the drain timeout cutting what still runs, 429 over
-capacity, 413 for a body over --max-body-mib (unread when the client asks first), 405 for a wrong
-method."""
+capacity, 413 for a body over --max-body-mib (unread when the client asks first; a chunked one too),
+405 for a wrong method (an unknown one too), and connections read as they come when idle ones hold
+the server's threads (Note [Connection pool])."""
 
+import http.client
 import json
 import signal
 import socket
@@ -162,3 +164,68 @@ def test_a_body_over_the_limit_gets_413_and_a_wrong_method_405(model_dir):
         assert e.value.code == 405 and e.value.headers["Allow"] == "GET"
     finally:
         assert s.stop() == 0
+
+
+def test_a_chunked_body_over_the_limit_gets_413_and_an_unknown_method_405(model_dir):
+    s = Server(model_dir, "--max-body-mib", "1")
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        body = json.dumps({"prompt": "x" * (1536 << 10), "max_tokens": 1}).encode()
+        pieces = (body[i:i + 65536] for i in range(0, len(body), 65536))
+        c.request("POST", "/v1/completions", body=pieces, encode_chunked=True,
+                  headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        r = c.getresponse()
+        answer = json.loads(r.read())
+        assert r.status == 413 and "--max-body-mib" in answer["error"]["message"], (r.status, answer)
+        # Note [Body limit]: the rest of the chunks were read and dropped, so the connection serves on.
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "the", "max_tokens": 1}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200, (r.status, r.read())
+        r.read()
+        # A chunked body within the limit is served.
+        small = json.dumps({"prompt": "the model", "max_tokens": 1}).encode()
+        c.request("POST", "/v1/completions", body=iter([small[:5], small[5:]]), encode_chunked=True,
+                  headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())["choices"], r.status
+        c.close()
+        # A method HTTP has no name for, on a served path: 405 with Allow, as a wrong method.
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        c.request("FOO", "/v1/chat/completions")
+        r = c.getresponse()
+        assert r.status == 405 and r.getheader("Allow") == "POST", r.status
+        assert "use POST" in json.loads(r.read())["error"]["message"]
+        c.close()
+    finally:
+        assert s.stop() == 0
+
+
+def test_requests_are_read_at_once_while_idle_connections_hold_the_threads(model_dir):
+    # 1 + 1 + 8 = 10 threads to start with (serve_command); 24 idle connections hold more than that.
+    s = Server(model_dir, "--max-batch", "1", "--max-queue", "1")
+    idle = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(24)]
+    try:
+        time.sleep(0.5)  # each is taken by a worker, which waits for a request line (5 s)
+        client = s.client()
+        t0 = time.time()
+        for _ in range(4):
+            assert client.completions.create(model="", prompt="the", max_tokens=1).choices
+        took = time.time() - t0
+        assert took < 4, f"4 requests took {took:.1f} s behind idle connections"
+        # A stop now answers what is in flight and refuses the rest; none is closed unanswered.
+        signalled = threading.Event()
+        threads, outcomes = load(s, 8, 40, signalled.is_set)
+        time.sleep(1.0)
+        s.proc.send_signal(signal.SIGTERM)
+        signalled.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert s.proc.wait(timeout=60) == 0, "".join(s.lines[-20:])
+        kinds = [o for o, _ in outcomes]
+        assert kinds and set(kinds) <= {"ok", "503", "429"}, [k for k in kinds if k not in ("ok", "503", "429")][:5]
+    finally:
+        for c in idle:
+            c.close()
+        if s.proc.poll() is None:
+            s.stop()

@@ -79,7 +79,14 @@ template <typename Get>
 Field int_or_auto_field(std::string name, std::string doc, Get get, int64_t auto_value) {
   return {name, "int|auto", std::move(doc),
           [get, name, auto_value](Config& c, const std::string& v) {
-            get(c) = to_lower(trim(v)) == "auto" ? auto_value : parse_int(name, v);
+            if (to_lower(trim(v)) == "auto") {
+              get(c) = auto_value;
+              return;
+            }
+            const int64_t x = parse_int(name, v);
+            TANDEM_CHECK(x != auto_value, "'", name, "' takes auto or a number, and ", x,
+                         " stands for auto inside: write auto");
+            get(c) = x;
           },
           [get, auto_value](const Config& c) {
             const int64_t x = get(const_cast<Config&>(c));

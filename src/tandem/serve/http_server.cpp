@@ -7,8 +7,10 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <vector>
 
+#include "tandem/core/connection_pool.h"
 #include "tandem/core/error.h"
 #include "tandem/core/http_listener.h"
 #include "tandem/monitor/prometheus.h"
@@ -79,6 +81,16 @@ bool same_key(const std::string& a, const std::string& b) {  // constant time in
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+const char* route_of(ApiEndpoint endpoint) {
+  return endpoint == ApiEndpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+}
+
+// The path of a request line's target, for a request cpp-httplib refused to parse (its path unset).
+std::string target_path(const httplib::Request& req) {
+  const std::string& t = req.path.empty() ? req.target : req.path;
+  return t.substr(0, t.find('?'));
 }
 
 }  // namespace
@@ -152,8 +164,10 @@ struct HttpServer::Impl {
       throw ApiError(401, "invalid_request_error", "incorrect or missing API key: send 'Authorization: Bearer <key>'",
                      "", "invalid_api_key");
   }
-  void generation(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  bool respond(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res, std::optional<uint64_t>& id);
+  bool read_body(const httplib::Request& req, const httplib::ContentReader& read, httplib::Response& res,
+                 std::string& body);
+  void generation(ApiEndpoint endpoint, const httplib::Request& req, const std::string& body, httplib::Response& res);
+  bool respond(ApiEndpoint endpoint, const std::string& body, httplib::Response& res, std::optional<uint64_t>& id);
   void not_served(const httplib::Request& req, httplib::Response& res);
   void whole(const StreamState& st, httplib::Response& res);
   void streamed(std::shared_ptr<StreamState> st, httplib::Response& res);
@@ -161,8 +175,9 @@ struct HttpServer::Impl {
   std::string metrics();
 };
 
-void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  const std::string route = endpoint == ApiEndpoint::kCompletions ? "/v1/completions" : "/v1/chat/completions";
+void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& req, const std::string& body,
+                                  httplib::Response& res) {
+  const std::string route = route_of(endpoint);
   try {
     check_key(req);
     admit();
@@ -173,7 +188,7 @@ void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& 
   std::optional<uint64_t> id;
   bool streaming = false;
   try {
-    streaming = respond(endpoint, req, res, id);
+    streaming = respond(endpoint, body, res, id);
     count(route, res.status);
   } catch (const ApiError& e) {
     send_error(route, res, e);
@@ -185,10 +200,10 @@ void HttpServer::Impl::generation(ApiEndpoint endpoint, const httplib::Request& 
 
 // Submits the request and answers it: whole, or as a stream (returns true: the stream's releaser
 // ends it). `id` is set once the backend holds the request.
-bool HttpServer::Impl::respond(ApiEndpoint endpoint, const httplib::Request& req, httplib::Response& res,
+bool HttpServer::Impl::respond(ApiEndpoint endpoint, const std::string& body, httplib::Response& res,
                                std::optional<uint64_t>& id) {
   auto st = std::make_shared<StreamState>();
-  st->request = parse_completion_request(endpoint, req.body);
+  st->request = parse_completion_request(endpoint, body);
   const std::string model = backend.model_id();
   if (!st->request.model.empty() && st->request.model != model)
     throw ApiError(404, "invalid_request_error",
@@ -293,8 +308,40 @@ int64_t HttpServer::Impl::cut_active() {
   return cut;
 }
 
+// Note [Body limit]
+// A body over --max-body-mib is answered 413 and never held. A client that asks first (Expect:
+// 100-continue, as curl does for large bodies) never sends it. A Content-Length over the limit is
+// discarded by cpp-httplib as it is read, without a handler. A chunked body carries no length, so
+// the generation routes read their bodies themselves: past the limit, what arrives is counted and
+// dropped, and the answer is 413 once the body has ended, so that the connection stays in step for
+// its next request (cpp-httplib 0.11 gives a handler no way to close it; a Content-Length body
+// over the limit is read to its end in the same way).
+bool HttpServer::Impl::read_body(const httplib::Request& req, const httplib::ContentReader& read,
+                                 httplib::Response& res, std::string& body) {
+  const auto limit = static_cast<size_t>(options.max_body_bytes);
+  bool over = false;
+  const bool ended = read([&](const char* data, size_t n) {
+    if (!over && body.size() + n <= limit) {
+      body.append(data, n);
+    } else if (!over) {
+      over = true;
+      std::string().swap(body);
+    }
+    return true;
+  });
+  if (ended && !over) return true;
+  res.status = over || res.status == 413 ? 413 : 400;
+  if (res.status == 413) {
+    not_served(req, res);
+  } else {
+    send_error(target_path(req), res, ApiError(400, "invalid_request_error", "the request body could not be read"));
+  }
+  return false;
+}
+
 // What no handler answered, as an OpenAI error body: an unknown route (404), a known route with
-// the other method (405 with Allow), a body over --max-body-mib (413; read by no handler).
+// another method (405 with Allow; also a method cpp-httplib does not know, which it refuses as
+// 400), a body over --max-body-mib (413, Note [Body limit]).
 void HttpServer::Impl::not_served(const httplib::Request& req, httplib::Response& res) {
   if (!res.body.empty()) return;
   static const std::map<std::string, std::string> kAllowed = {{"/v1/completions", "POST"},
@@ -302,7 +349,11 @@ void HttpServer::Impl::not_served(const httplib::Request& req, httplib::Response
                                                               {"/v1/models", "GET"},
                                                               {"/health", "GET"},
                                                               {"/metrics", "GET"}};
-  const auto route = kAllowed.find(req.path);
+  const auto route = kAllowed.find(target_path(req));
+  static const std::set<std::string> kParsed = {"GET",     "HEAD",    "POST",  "PUT",   "DELETE",
+                                                "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI"};
+  if (res.status == 400 && route != kAllowed.end() && !req.method.empty() && kParsed.count(req.method) == 0)
+    res.status = 404;  // an unknown method on a served path: answered as a wrong one
   std::string what;
   if (res.status == 404 && route != kAllowed.end()) {
     res.status = 405;
@@ -334,14 +385,15 @@ std::string HttpServer::Impl::metrics() {
 HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
     : impl_(std::make_unique<Impl>(backend, std::move(options))) {
   auto& im = *impl_;
-  const int threads = std::max(4, im.options.threads);
-  im.server.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  im.server.Post("/v1/completions", [&im](const httplib::Request& req, httplib::Response& res) {
-    im.generation(ApiEndpoint::kCompletions, req, res);
-  });
-  im.server.Post("/v1/chat/completions", [&im](const httplib::Request& req, httplib::Response& res) {
-    im.generation(ApiEndpoint::kChatCompletions, req, res);
-  });
+  // Note [Connection pool]: every connection is read as it comes, up to four times the threads.
+  const size_t threads = static_cast<size_t>(std::max(4, im.options.threads));
+  im.server.new_task_queue = [threads] { return new_connection_pool(threads, std::min<size_t>(4 * threads, 4096)); };
+  for (const auto endpoint : {ApiEndpoint::kCompletions, ApiEndpoint::kChatCompletions})
+    im.server.Post(route_of(endpoint), [&im, endpoint](const httplib::Request& req, httplib::Response& res,
+                                                       const httplib::ContentReader& read) {
+      std::string body;
+      if (im.read_body(req, read, res, body)) im.generation(endpoint, req, body, res);
+    });
   im.server.Get("/v1/models", [&im](const httplib::Request& req, httplib::Response& res) {
     try {
       im.check_key(req);
@@ -360,8 +412,7 @@ HttpServer::HttpServer(CompletionBackend& backend, HttpServerOptions options)
     res.set_content(im.metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
   im.server.set_error_handler([&im](const httplib::Request& req, httplib::Response& res) { im.not_served(req, res); });
-  // A body over the limit is answered 413 and never held: a client that asks first (Expect:
-  // 100-continue, as curl does for large bodies) never sends it; another's bytes are discarded as read.
+  // Note [Body limit]: a Content-Length over the limit is discarded as read, or never sent when asked first.
   im.server.set_payload_max_length(static_cast<size_t>(im.options.max_body_bytes));
   im.server.set_expect_100_continue_handler([&im](const httplib::Request& req, httplib::Response& res) {
     const auto length = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);

@@ -42,7 +42,7 @@ struct HttpServerOptions {
   std::string host = "127.0.0.1";  ///< loopback unless told (--host 0.0.0.0 exposes it)
   int port = 8000;                 ///< 0 = any free port (tests)
   std::string api_key;             ///< "" = none; else every /v1 request needs "Authorization: Bearer <key>"
-  int threads = 64;                ///< connections served at once (streams hold one each)
+  int threads = 64;                ///< workers to start with (a stream holds one); up to 4x as connections come
   int64_t max_body_bytes = int64_t{16} << 20;  ///< a larger request body is answered 413 (--max-body-mib)
 };
 
