@@ -82,6 +82,20 @@ def load(server, clients, max_tokens, until):
     return threads, outcomes
 
 
+def stop_under_load(s, clients, max_tokens, load_s):
+    """`clients` closed-loop clients for `load_s` seconds, then SIGTERM: their outcomes, once the
+    server has exited with 0."""
+    signalled = threading.Event()
+    threads, outcomes = load(s, clients, max_tokens, signalled.is_set)
+    time.sleep(load_s)
+    s.proc.send_signal(signal.SIGTERM)
+    signalled.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert s.proc.wait(timeout=60) == 0, "".join(s.lines[-20:])
+    return [o for o, _ in outcomes]
+
+
 def test_sigterm_under_load_answers_every_request_and_exits_0(model_dir):
     s = Server(model_dir, "--max-batch", "4", "--max-queue", "64")
     signalled = threading.Event()
@@ -112,15 +126,7 @@ def test_sigterm_under_load_answers_every_request_and_exits_0(model_dir):
 
 def test_the_drain_timeout_cuts_what_still_runs_with_an_answer(model_dir):
     s = Server(model_dir, "--max-batch", "1", "--max-queue", "64", "--drain-timeout", "0.3")
-    signalled = threading.Event()
-    threads, outcomes = load(s, 12, 900, signalled.is_set)
-    time.sleep(1.5)
-    s.proc.send_signal(signal.SIGTERM)
-    signalled.set()
-    for t in threads:
-        t.join()
-    assert s.proc.wait(timeout=60) == 0, "".join(s.lines[-20:])
-    kinds = [o for o, _ in outcomes]
+    kinds = stop_under_load(s, 12, 900, 1.5)
     assert set(kinds) <= {"ok", "503", "cut"}, [k for k in kinds if k not in ("ok", "503", "cut")][:5]
     assert "cut" in kinds or "503" in kinds, kinds
     assert any("the drain timeout cut" in line for line in s.lines), "".join(s.lines[-10:])
@@ -214,15 +220,7 @@ def test_requests_are_read_at_once_while_idle_connections_hold_the_threads(model
         took = time.time() - t0
         assert took < 4, f"4 requests took {took:.1f} s behind idle connections"
         # A stop now answers what is in flight and refuses the rest; none is closed unanswered.
-        signalled = threading.Event()
-        threads, outcomes = load(s, 8, 40, signalled.is_set)
-        time.sleep(1.0)
-        s.proc.send_signal(signal.SIGTERM)
-        signalled.set()
-        for t in threads:
-            t.join(timeout=60)
-        assert s.proc.wait(timeout=60) == 0, "".join(s.lines[-20:])
-        kinds = [o for o, _ in outcomes]
+        kinds = stop_under_load(s, 8, 40, 1.0)
         assert kinds and set(kinds) <= {"ok", "503", "429"}, [k for k in kinds if k not in ("ok", "503", "429")][:5]
     finally:
         for c in idle:
