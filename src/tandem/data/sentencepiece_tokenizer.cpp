@@ -62,7 +62,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_file(const 
   t->bpe_ = sp_bpe_for_model(proto, path);
   t->unigram_ = sp_unigram_for_model(proto, path);
   for (const auto& p : proto.pieces)
-    if (p.type == SpModelProto::kUserDefined) t->user_pieces_.push_back(p.piece);
+    if (p.type == SpModelProto::kUserDefined) t->user_pieces_.add(p.piece, 0);
   return t;
 }
 
@@ -89,10 +89,7 @@ void SentencePieceTokenizer::choose_bos_eos(const SpecialTokenNames& names) {
 
 std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, SpecialTokens special) const {
   std::vector<int> ids;
-  const auto user_piece = [&] {
-    return std::any_of(user_pieces_.begin(), user_pieces_.end(),
-                       [&](const std::string& p) { return text.find(p) != std::string_view::npos; });
-  };
+  const auto user_piece = [&] { return !user_pieces_.empty() && user_pieces_.find(text, 0).has_value(); };
   if (bpe_ && !user_piece()) {  // Note [SentencePiece model as BPE]
     const auto bpe_ids = bpe_->encode(text, SpecialTokens::kOmit);
     ids.assign(bpe_ids.begin(), bpe_ids.end());

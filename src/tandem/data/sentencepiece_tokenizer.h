@@ -7,6 +7,7 @@
 
 #include "tandem/data/sp_bpe_tokenizer.h"
 #include "tandem/data/sp_unigram.h"
+#include "tandem/data/string_matcher.h"
 #include "tandem/data/tokenizer.h"
 
 namespace tandem {
@@ -56,7 +57,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   /// model as BPE]): encodes a text holding none of `user_pieces_`; else null.
   std::unique_ptr<SpBpeTokenizer> bpe_;
   std::unique_ptr<SpUnigram> unigram_;  // Note [SentencePiece unigram]: encodes every text; null: not unigram
-  std::vector<std::string> user_pieces_;
+  StringMatcher user_pieces_;  // the model's user-defined pieces: one pass over a text finds any
   std::string path_;
   SentencePieceTemplate template_;
   std::optional<TokenId> bos_, eos_;
