@@ -25,17 +25,23 @@ namespace {
 
 using test::error_of;
 
-ModelSpec small_spec() {
-  ModelSpec s = preset_spec("tiny");
-  s.n_layer = 3;
-  s.d_model = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.d_ff = 160;
+// A preset's family (tied embeddings for tiny, not for 13B) at another size, a 96-token vocabulary.
+struct Shape {
+  int64_t layers, d_model, heads, kv_heads, d_ff, max_seq_len;
+};
+ModelSpec shaped(const char* preset, const Shape& sh) {
+  ModelSpec s = preset_spec(preset);
+  s.n_layer = sh.layers;
+  s.d_model = sh.d_model;
+  s.n_head = sh.heads;
+  s.n_kv_head = sh.kv_heads;
+  s.d_ff = sh.d_ff;
   s.vocab_size = 96;
-  s.max_seq_len = 64;
+  s.max_seq_len = sh.max_seq_len;
   return s;
 }
+
+ModelSpec small_spec() { return shaped("tiny", {3, 64, 4, 2, 160, 64}); }
 
 std::vector<bool> every_layer(const Model& m) {
   std::vector<bool> flags;
@@ -95,14 +101,7 @@ TEST(ActivationOffload, GradientsEqualKeepingTheActivations) {
 // The plan's host row for an offloaded layer (activation_cost without checkpointing) is what the
 // hooks take from one layer: a 13B layer's proportions (multi-head attention, SwiGLU of 2.7 d).
 TEST(ActivationOffload, ThePlansEstimateIsWhatALayerSaves) {
-  ModelSpec s = preset_spec("13B");
-  s.n_layer = 1;
-  s.d_model = 640;
-  s.n_head = 5;
-  s.n_kv_head = 5;
-  s.d_ff = 1728;
-  s.vocab_size = 96;
-  s.max_seq_len = 64;
+  const ModelSpec s = shaped("13B", {1, 640, 5, 5, 1728, 64});
   torch::manual_seed(4);
   Model m(s, false);
   ActivationOffload::Options o;
@@ -191,13 +190,7 @@ struct GpuRun {
 };
 
 GpuRun run_on_gpu(bool offloaded) {
-  ModelSpec s = small_spec();
-  s.d_model = 512;
-  s.n_head = 8;
-  s.n_kv_head = 4;
-  s.d_ff = 1408;
-  s.n_layer = 4;
-  s.max_seq_len = 1024;
+  const ModelSpec s = shaped("tiny", {4, 512, 8, 4, 1408, 1024});
   const c10::Device cuda(torch::kCUDA, 0);
   torch::manual_seed(9);
   const auto tokens =
