@@ -415,6 +415,29 @@ def test_a_sentencepiece_model_encodes_a_long_text_as_the_package(tmp_path, kind
         assert_same_ids(tok.encode(text), ref.encode(text), "the 1 MB text")
 
 
+# Models tandem leaves to Debian's libsentencepiece 0.1.97 whole (no encoder of its own stands for
+# them): BPE with SentencePiece's defaults (NFKC, whitespace collapsed, <unk> for unseen characters),
+# BPE with the text kept but no byte fallback, and a char model.
+SP_LIBRARY_KINDS = {
+    "bpe_defaults": dict(model_type="bpe", character_coverage=0.98, vocab_size=600),
+    "bpe_identity_no_fallback": dict(model_type="bpe", normalization_rule_name="identity",
+                                     remove_extra_whitespaces=False, character_coverage=0.98, vocab_size=600),
+    "char": dict(model_type="char", character_coverage=0.98, vocab_size=200),
+}
+
+
+@pytest.mark.skipif(spm is None, reason="the sentencepiece package is not installed")
+@pytest.mark.parametrize("kind", list(SP_LIBRARY_KINDS))
+def test_the_librarys_models_encode_as_the_package(tmp_path, kind):
+    path, ref = sentencepiece_model(tmp_path, **SP_LIBRARY_KINDS[kind])
+    tok = tandem.Tokenizer.open(path)
+    for text in SAMPLE + [DECOMPOSED, "a <sep> b"]:
+        assert_same_ids(tok.encode(text), ref.encode(text), text)
+        assert tok.decode(tok.encode(text)) == ref.decode(ref.encode(text))
+    text = mixed_text()
+    assert_same_ids(tok.encode(text), ref.encode(text), "the 1 MB text")
+
+
 @pytest.mark.skipif(spm is None or transformers is None, reason="needs sentencepiece and transformers")
 @pytest.mark.parametrize("shape", list(SP_BPE_SHAPES))
 def test_sentencepiece_style_bpe_equals_tokenizers(tmp_path, sp_bpe_pieces, shape):
