@@ -37,9 +37,7 @@ int run_step_bench(const Config& given, const std::string& json_path, const std:
   }
   if (!model_json.empty()) write_file_atomic(model_json, hf_config_json(spec));
   const int64_t B = cfg.train.micro_batch;
-  const auto dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
-                     : cfg.train.precision == Precision::kFp16 ? torch::kHalf
-                                                               : torch::kFloat32;
+  const auto dtype = compute_dtype(cfg.train.precision);
   if (device.is_cuda()) at::globalContext().setFloat32MatmulPrecision(cfg.train.tf32 ? "high" : "highest");
   torch::manual_seed(cfg.train.seed);
   auto model = build_model(spec, cfg.model.checkpointing);

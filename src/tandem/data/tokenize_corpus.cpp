@@ -453,7 +453,7 @@ std::vector<std::string> corpus_files(const std::vector<std::string>& inputs) {
 // So they run beside the encoding, on two threads of their own (std::async), one batch ahead and
 // one behind. Exceptions (an unreadable input, a full disk) come out of the futures in order.
 struct ReadBatch {
-  std::vector<Chunk> chunks;  // up to 4 tasks per pool thread; none: the inputs have ended
+  std::vector<Chunk> chunks;  // up to 8 tasks per pool thread; none: the inputs have ended
   int64_t bytes_read = 0;     // the reader's count after this batch, for the progress line
 };
 

@@ -5,13 +5,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
 
 #include "tandem/core/device.h"
 #include "tandem/core/error.h"
 #include "tandem/core/log.h"
+#include "tandem/core/stats.h"
 #include "tandem/core/strings.h"
 #include "tandem/memory/estimate.h"
 #include "tandem/memory/pinned.h"
+#include "tandem/models/autocast.h"
 
 namespace tandem {
 
@@ -46,15 +49,14 @@ double timed(const c10::Device& device, Fn fn) {
   const auto sync = [&] { accelerator()->synchronize(device.index()); };
   fn();
   sync();
-  double t[3];
-  for (double& x : t) {
+  std::vector<double> t;
+  for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
     fn();
     sync();
-    x = std::chrono::duration<double>(Clock::now() - t0).count();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::sort(t, t + 3);
-  return t[1];
+  return median(std::move(t));
 }
 
 }  // namespace
@@ -63,10 +65,7 @@ ActivationRates measure_activation_rates(const ModelSpec& spec, const Config& cf
                                          const c10::Device& device) {
   TANDEM_ASSERT(device.is_cuda() && accelerator(), "measure_activation_rates needs a GPU, got ", device.str());
   const torch::NoGradGuard no_grad;
-  const auto dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
-                     : cfg.train.precision == Precision::kFp16 ? torch::kHalf
-                                                               : torch::kFloat32;
-  const auto on = torch::TensorOptions().dtype(dtype).device(device);
+  const auto on = torch::TensorOptions().dtype(compute_dtype(cfg.train.precision)).device(device);
   const int64_t m = cfg.train.micro_batch * seq_len, k = spec.d_model, n = std::max(spec.d_ff, spec.d_model);
   const auto a = torch::randn({m, k}, on), b = torch::randn({k, n}, on);
   auto out = torch::empty({m, n}, on);

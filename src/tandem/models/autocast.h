@@ -16,6 +16,9 @@ inline std::optional<at::ScalarType> autocast_dtype(Precision p) {
   return p == Precision::kBf16 ? at::kBFloat16 : at::kHalf;
 }
 
+/// The dtype a run computes in for `p`: autocast's, or fp32.
+inline at::ScalarType compute_dtype(Precision p) { return autocast_dtype(p).value_or(at::kFloat); }
+
 /// Mixed-precision region for the forward pass; restores the previous state on exit.
 class AutocastGuard {
  public:

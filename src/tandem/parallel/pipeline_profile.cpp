@@ -47,10 +47,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-torch::ScalarType compute_dtype(Precision p) {
-  return p == Precision::kBf16 ? torch::kBFloat16 : p == Precision::kFp16 ? torch::kHalf : torch::kFloat32;
-}
-
 // The weights' dtype on a stage's device: the compute dtype under offload, else fp32 masters.
 torch::ScalarType weight_dtype(const Config& cfg) {
   return cfg.offload.optimizer == OffloadTarget::kCpu ? compute_dtype(cfg.train.precision) : torch::kFloat32;

@@ -13,6 +13,7 @@
 #include "tandem/engine/param_store.h"
 #include "tandem/memory/host_fit.h"
 #include "tandem/memory/plan.h"
+#include "tandem/models/autocast.h"
 #include "tandem/models/model.h"
 #include "tandem/parallel/comm.h"
 #include "tandem/run/placement_driver.h"
@@ -169,9 +170,7 @@ EngineOptions engine_options(const Config& cfg, std::pair<int64_t, int64_t> spli
 ParamStoreOptions store_options(const Config& cfg, const RunContext& ctx) {
   ParamStoreOptions so;
   so.device = ctx.device;
-  so.compute_dtype = cfg.train.precision == Precision::kBf16   ? torch::kBFloat16
-                     : cfg.train.precision == Precision::kFp16 ? torch::kHalf
-                                                               : torch::kFloat32;
+  so.compute_dtype = compute_dtype(cfg.train.precision);
   so.pin_memory = cfg.offload.pin_memory;
   so.host_state_dtype = cfg.optim.state_dtype == StateDtype::kBf16   ? torch::kBFloat16
                         : cfg.optim.state_dtype == StateDtype::kInt8 ? torch::kInt8
