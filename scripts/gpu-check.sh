@@ -66,7 +66,7 @@
 #          (ACT_ENGINE, default "0 16": N per run) with BIG_SET.
 #   curve  1B on real text for CURVE_STEPS (default 320): GPU-only, offload k = 0 exact and delayed (bf16
 #          states, host ring), one plot (bench/train_curves.py); CURVE_RUNS may add spec (speculating), int8, delayedN, bf16sr,
-#          bf16kahan and int8sr (bf16 masters);
+#          bf16kahan and int8sr (bf16 masters), int8st and int8srst (8-bit codes rounded stochastically);
 #   capacity the largest of CAP_LAYERS layers of LLaMA-30B's width one GPU trains with a bf16 master and 8-bit
 #          states (each size's plan kept), CAP_STEPS steps on real text, the GPU's peak memory in use;
 #   nvme   the NVMe tier (Note [NVMe tier]): `tandem bench nvme` on NVME_DIR's disk (the bound), then 7B (B=8,
@@ -348,7 +348,8 @@ if has curve; then
 # 4-slot host ring) exact, the same delayed, and (CURVE_RUNS may add) int8: exact with 8-bit host
 # states (Note [8-bit states]), delayedN: N exact updates, then delayed (offload.delayed_after=N),
 # bf16sr / bf16kahan: exact with a bf16 master (Note [bf16 master]), int8sr: both 8-bit states and a
-# stochastically rounded bf16 master (4 bytes a parameter on the host).
+# stochastically rounded bf16 master (4 bytes a parameter on the host), int8st: 8-bit states whose
+# codes are rounded stochastically (Note [8-bit stochastic codes]), int8srst: int8sr so rounded.
 # bench/train_curves.py tabulates them.
 make_corpus
 cur=(-p 1B --set train.precision=bf16 --set train.micro_batch=8 --set train.seq_len=1024 --steps "${CURVE_STEPS:-320}"
@@ -367,7 +368,9 @@ for c in ${CURVE_RUNS:-gpu exact delayed}; do
   # Note [bf16 master]: bf16sr / bf16kahan with the bf16 host states above, int8sr with 8-bit ones.
   [[ $c == bf16sr || $c == int8sr ]] && extra+=(--set optim.master_dtype=bf16 --set optim.master_rounding=stochastic)
   [[ $c == bf16kahan ]] && extra+=(--set optim.master_dtype=bf16 --set optim.master_rounding=kahan)
-  [[ $c == int8sr ]] && extra+=(--set optim.state_dtype=int8)
+  [[ $c == int8sr || $c == int8srst ]] && extra+=(--set optim.state_dtype=int8)
+  [[ $c == int8srst ]] && extra+=(--set optim.master_dtype=bf16 --set optim.master_rounding=stochastic)
+  [[ $c == int8st || $c == int8srst ]] && extra+=(--set optim.state_dtype=int8 --set optim.state_rounding=stochastic)
   echo "== curve: 1B $c"
   "$BUILD/tandem" train "${cur[@]}" "${extra[@]}" --run-dir "$OUT/curve-$c" >"$OUT/curve-$c.log" 2>&1 || tail -5 "$OUT/curve-$c.log"
   grep -E "recipe|lr |offload:|done" "$OUT/curve-$c.log" | head -4

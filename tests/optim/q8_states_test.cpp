@@ -1,6 +1,8 @@
 // 8-bit Adam states (Note [8-bit states]): the codes' precision and range, the kernels of every SIMD
-// level against the scalar reference bit for bit, the update against dequantise + fp32 update +
-// quantise, non-finite tiles and rollback, and AdamW with 8-bit states tracking fp32 states.
+// level against the scalar reference bit for bit (codes rounded to nearest and stochastically), the
+// update against dequantise + fp32 update + quantise, non-finite tiles and rollback, AdamW with
+// 8-bit states tracking fp32 states, and stochastic codes following a shrinking v that nearest
+// codes hold (Note [8-bit stochastic codes]).
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,6 +13,7 @@
 
 #include "../test_util.h"
 #include "tandem/core/thread_pool.h"
+#include "tandem/kernels/bf16_rounding.h"
 #include "tandem/optim/cpu_update.h"
 #include "tandem/optim/q8_codes.h"
 
@@ -92,9 +95,11 @@ std::string first_difference(const Q8Buffers& a, const Q8Buffers& b) {
   return "";
 }
 
-UpdateHyper adamw(int64_t step, UpdateRule rule = UpdateRule::kAdamW) {
+UpdateHyper adamw(int64_t step, UpdateRule rule = UpdateRule::kAdamW, Rounding rounding = Rounding::kNearestEven) {
   UpdateHyper h;
   h.rule = rule;
+  h.rounding = rounding;
+  h.seed = 0x5EEDu;
   h.lr = 1e-2;
   h.beta1 = 0.9;
   h.beta2 = 0.95;
@@ -164,20 +169,75 @@ TEST(Q8States, EverySimdLevelMatchesTheScalarReferenceBitForBit) {
   for (int64_t n : {1, 7, 2049, 200003})
     for (UpdateRule rule : {UpdateRule::kAdamW, UpdateRule::kAdam})
       for (Dtype gd : {Dtype::kF32, Dtype::kBF16})
-        for (const bool wide : {false, true}) {
-          const Q8Buffers start(n, gd, 11 + n, wide);
-          Q8Buffers ref = start.clone();
-          for (int64_t step = 1; step <= 3; ++step)
-            cpu_update({ref.span()}, adamw(step, rule), nullptr, &pool, CpuIsa::kScalar);
-          EXPECT_FALSE(torch::equal(ref.master, start.master));
-          EXPECT_FALSE(torch::equal(ref.mq, start.mq) && torch::equal(ref.ms, start.ms));
-          for (CpuIsa isa : isas) {
-            Q8Buffers fast = start.clone();
-            for (int64_t step = 1; step <= 3; ++step) cpu_update({fast.span()}, adamw(step, rule), nullptr, &pool, isa);
-            EXPECT_EQ(first_difference(fast, ref), "")
-                << to_string(isa) << " n=" << n << " rule=" << int(rule) << " grad=" << int(gd) << " wide=" << wide;
+        for (const bool wide : {false, true})
+          for (const Rounding rounding : {Rounding::kNearestEven, Rounding::kStochastic}) {
+            const Q8Buffers start(n, gd, 11 + n, wide);
+            Q8Buffers ref = start.clone();
+            for (int64_t step = 1; step <= 3; ++step)
+              cpu_update({ref.span()}, adamw(step, rule, rounding), nullptr, &pool, CpuIsa::kScalar);
+            EXPECT_FALSE(torch::equal(ref.master, start.master));
+            EXPECT_FALSE(torch::equal(ref.mq, start.mq) && torch::equal(ref.ms, start.ms));
+            for (CpuIsa isa : isas) {
+              Q8Buffers fast = start.clone();
+              for (int64_t step = 1; step <= 3; ++step)
+                cpu_update({fast.span()}, adamw(step, rule, rounding), nullptr, &pool, isa);
+              EXPECT_EQ(first_difference(fast, ref), "") << to_string(isa) << " n=" << n << " rule=" << int(rule)
+                                                         << " grad=" << int(gd) << " wide=" << wide
+                                                         << " stochastic=" << (rounding == Rounding::kStochastic);
+            }
           }
-        }
+}
+
+// Note [8-bit stochastic codes]: a value between two codes becomes the upper one with the probability
+// of its distance from the lower, so the mean of its codes is the value; a code's own value stays.
+TEST(Q8States, StochasticCodesAreTheValueOnAverage) {
+  const float scale = 1.0f, inv = q8::inverse(scale);
+  for (const float x : {0.3f, 0.61f, 0.0123f, 1.7e-4f}) {
+    double m_sum = 0, u_sum = 0;
+    const int draws = 20000;
+    for (int i = 0; i < draws; ++i) {
+      const uint32_t r = detail::random_bits(static_cast<uint32_t>(i), 77u);
+      m_sum += q8::decode_m(q8::encode_m(-x, inv, false, r), scale);
+      u_sum += q8::decode_u(q8::encode_u(x, inv, false, r), scale);
+    }
+    EXPECT_NEAR(-m_sum / draws, x, x * 4e-3) << x;
+    EXPECT_NEAR(u_sum / draws, x, x * 4e-3) << x;
+    // Nearest rounding misses by up to half a code: these values sit away from their codes.
+    const float nearest = q8::decode_u(q8::encode_u(x, inv), scale);
+    EXPECT_GT(std::fabs(nearest - x), x * 4e-3) << x;
+  }
+  const float exact = q8::decode_m(q8::encode_m(0.40625f, inv), scale);  // 1.625 * 2^-2: a code
+  for (uint32_t r : {0u, 1u, 0xFFFFFFFFu, 0x8000FFFFu}) EXPECT_EQ(q8::decode_m(q8::encode_m(exact, inv, false, r), scale), exact);
+}
+
+// The failure that stochastic codes mend: gradients fall to half of what v has seen, so v should
+// shrink to a quarter. Rounded to nearest, each step's change of sqrt(v) (under 2.5 % at beta2 =
+// 0.95) falls short of half a code once it is small enough, and v stays near three quarters; rounded
+// stochastically, the block's mean v follows the fp32 states'. One element of the block keeps the
+// scale fixed (its gradient steady at 16, v at 256).
+TEST(Q8States, StochasticCodesFollowAShrinkingVThatNearestCodesHold) {
+  const int64_t n = q8::kBlock;
+  const auto run = [&](Rounding rounding) {
+    Q8Buffers b(n, Dtype::kF32, 21);
+    auto m = torch::zeros({n}), v = torch::ones({n});
+    v[0] = 256.0f;
+    q8::encode(m.data_ptr<float>(), v.data_ptr<float>(), n, b.mq.data_ptr<int8_t>() + 1, b.vq.data_ptr<uint8_t>() + 1,
+               b.ms.data_ptr<float>() + 1, b.vs.data_ptr<float>() + 1);
+    auto g = b.grad.slice(0, 1);
+    g.fill_(0.5f);
+    g[0] = 16.0f;
+    for (int64_t step = 1; step <= 100; ++step) {
+      UpdateHyper h = adamw(step, UpdateRule::kAdamW, rounding);
+      h.grad_scale = 1.0;
+      h.lr = 0.0;  // the states alone
+      cpu_update({b.span()}, h);
+    }
+    return b.decoded().second.slice(0, 1).mean().item<double>();
+  };
+  const double fp32 = 0.25 + 0.75 * std::pow(0.95, 100);  // v's recurrence from 1 with g^2 = 0.25
+  const double nearest = run(Rounding::kNearestEven), stochastic = run(Rounding::kStochastic);
+  EXPECT_GT(nearest, 2.0 * fp32) << "nearest codes held v at " << nearest;
+  EXPECT_NEAR(stochastic, fp32, 0.05 * fp32);
 }
 
 // One update equals: decode the states, the fp32 kernel on them, encode the new states.

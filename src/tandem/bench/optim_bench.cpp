@@ -157,6 +157,7 @@ struct Variant {
   bool out;
   bool check_finite = true;  // "unchecked": the caller has already checked the gradients
   MasterKind master = MasterKind::kFp32;
+  Rounding rounding = Rounding::kNearestEven;  // of bf16 states and 8-bit codes
 };
 
 const Variant kVariants[] = {
@@ -170,6 +171,8 @@ const Variant kVariants[] = {
     {"AdamW bf16 grads, bf16 states, unchecked", Dtype::kBF16, Dtype::kBF16, false, false},
     {"AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false},
     {"AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true},
+    {"AdamW bf16 grads, int8 states (stochastic codes), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
+     MasterKind::kFp32, Rounding::kStochastic},
     {"AdamW bf16 grads, bf16 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kBF16, true, true,
      MasterKind::kBf16Stochastic},
     {"AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8, true, true,
@@ -238,6 +241,7 @@ void bench_kernels(Session& run, Buffers& b, const std::vector<CpuIsa>& isas) {
         continue;
       const UpdateSpan s = span_of(b, var);
       UpdateHyper h = hyper(var.check_finite);
+      h.rounding = var.rounding;
       const int bytes = bytes_per_element(UpdateRule::kAdamW, var.grad, var.state, var.out,
                                           var.master == MasterKind::kBf16Stochastic ? 2 : 4);
       run.keep(time_it("tandem", std::string(var.name) + " [" + to_string(isa) + "]", b.n, bytes, run.o, [&](int step) {

@@ -36,7 +36,7 @@ enum class StateDtype { kFp32, kBf16, kInt8 };
 /// Host bytes of one optimizer-state buffer of n elements in this precision (int8: the codes and a
 /// 4-byte scale per 2048 elements).
 int64_t state_buffer_bytes(StateDtype d, int64_t n);
-/// optim.state_rounding: how bf16 states are rounded.
+/// optim.state_rounding: how bf16 states and 8-bit codes are rounded (Note [8-bit stochastic codes]).
 enum class StateRounding { kNearest, kStochastic };
 /// optim.device_state_dtype: the offload engine's GPU-updated Blocks' m and v (Note [Device Adam]);
 /// auto: bf16 where optim.state_dtype is bf16 or int8, fp32 otherwise.

@@ -272,7 +272,7 @@ const std::vector<Field>& fields() {
           "optimizer state precision: fp32 | bf16 (CPU kernels) | int8 (Adam's host states in the offload "
           "engine, a scale per 2048 elements: 2 bytes a parameter instead of 8)",
           F(optim.state_dtype)),
-      enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states: nearest (even) | stochastic",
+      enum_field<StateRounding>("optim.state_rounding", "rounding of bf16 states and 8-bit codes: nearest (even) | stochastic",
                                 F(optim.state_rounding)),
       enum_field<DeviceStateDtype>(
           "optim.device_state_dtype",

@@ -59,7 +59,7 @@ struct UpdateHyper {
   bool nesterov = false;    ///< SGD only
   int64_t step = 1;         ///< 1-based count including this update (bias correction, SGD's first step)
   double grad_scale = 1.0;  ///< multiplies every gradient first: 1/loss-scale times the clip coefficient
-  Rounding rounding = Rounding::kNearestEven;  ///< for bf16 states
+  Rounding rounding = Rounding::kNearestEven;  ///< for bf16 states and 8-bit codes
   uint64_t seed = 0;                           ///< for stochastic rounding
   /// Scan each tile's gradients for NaN/Inf before writing it (see UpdateReport). Off only where
   /// the caller has already checked these gradients (e.g. the GPU's found_inf): the scan costs a

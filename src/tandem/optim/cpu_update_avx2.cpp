@@ -111,13 +111,17 @@ struct Avx2Lanes {
     return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(q8::kVBase)), 19)),
                          scale);
   }
-  // The code of each lane's value / scale: its top bits rounded to nearest even, less the base.
-  static __m256i code(__m256i b, int shift, uint32_t half, uint32_t base, int top) {
+  // The code of each lane's value / scale: its top bits, `bias` added, less the base.
+  static __m256i code_with(__m256i b, int shift, __m256i bias, uint32_t base, int top) {
     const __m128i n = _mm_cvtsi32_si128(shift);
-    const __m256i odd = _mm256_and_si256(_mm256_srl_epi32(b, n), _mm256_set1_epi32(1));
-    b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(half)), odd));
+    b = _mm256_add_epi32(b, bias);
     const __m256i c = _mm256_sub_epi32(_mm256_srl_epi32(b, n), _mm256_set1_epi32(static_cast<int>(base)));
     return _mm256_min_epi32(_mm256_max_epi32(c, _mm256_setzero_si256()), _mm256_set1_epi32(top));
+  }
+  // Rounded to nearest even.
+  static __m256i code(__m256i b, int shift, uint32_t half, uint32_t base, int top) {
+    const __m256i odd = _mm256_and_si256(_mm256_srl_epi32(b, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(1));
+    return code_with(b, shift, _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(half)), odd), base, top);
   }
   // Eight 32-bit lanes of byte values, in order, as eight bytes at q.
   static void store_bytes(void* q, __m256i c) {
@@ -127,14 +131,26 @@ struct Avx2Lanes {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q),
                      _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
   }
-  static void encode_m8(int8_t* q, F m, F inv) {
+  // m's codes from the codes of |m| / scale: negated where m is negative.
+  static void store_m8(int8_t* q, F m, __m256i c) {
     const __m256i bits = _mm256_castps_si256(m);
-    const F a = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)));
-    const __m256i c = code(_mm256_castps_si256(_mm256_mul_ps(a, inv)), 20, 0x7FFFFu, q8::kMBase, 127);
     store_bytes(q, _mm256_blendv_epi8(c, _mm256_sub_epi32(_mm256_setzero_si256(), c), _mm256_srai_epi32(bits, 31)));
   }
+  static __m256i abs_scaled(F m, F inv) {
+    const F a = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(m), _mm256_set1_epi32(0x7FFFFFFF)));
+    return _mm256_castps_si256(_mm256_mul_ps(a, inv));
+  }
+  static void encode_m8(int8_t* q, F m, F inv) { store_m8(q, m, code(abs_scaled(m, inv), 20, 0x7FFFFu, q8::kMBase, 127)); }
   static void encode_u8(uint8_t* q, F u, F inv) {
     store_bytes(q, code(_mm256_castps_si256(_mm256_mul_ps(u, inv)), 19, 0x3FFFFu, q8::kVBase, 255));
+  }
+  // Note [8-bit stochastic codes]: q8::m_random_addend and u_random_addend of one hash a lane.
+  static void encode8_sr(int8_t* mq, uint8_t* vq, F m, F u, F m_inv, F u_inv, uint32_t idx, uint32_t seed) {
+    const __m256i r = random(idx, seed);
+    const __m256i m_add = _mm256_slli_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0xFFFF)), 4);
+    const __m256i u_add = _mm256_slli_epi32(_mm256_srli_epi32(r, 16), 3);
+    store_m8(mq, m, code_with(abs_scaled(m, m_inv), 20, m_add, q8::kMBase, 127));
+    store_bytes(vq, code_with(_mm256_castps_si256(_mm256_mul_ps(u, u_inv)), 19, u_add, q8::kVBase, 255));
   }
   // The largest |x| of each lane so far, compared as the integers of the bits (q8::max_abs).
   static F max_abs(F acc, F x) {

@@ -110,23 +110,40 @@ struct Avx512Lanes {
     return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(c, _mm512_set1_epi32(q8::kVBase)), 19)),
                          scale);
   }
-  // The code of each lane's value / scale: its top bits rounded to nearest even, less the base.
-  static __m512i code(__m512i b, int shift, uint32_t half, uint32_t base, int top) {
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(1));
-    b = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(half)), odd));
+  // The code of each lane's value / scale: its top bits, `bias` added, less the base.
+  static __m512i code_with(__m512i b, int shift, __m512i bias, uint32_t base, int top) {
+    b = _mm512_add_epi32(b, bias);
     const __m512i c = _mm512_sub_epi32(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(static_cast<int>(base)));
     return _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(top));
   }
-  static void encode_m8(int8_t* q, F m, F inv) {
+  // Rounded to nearest even.
+  static __m512i code(__m512i b, int shift, uint32_t half, uint32_t base, int top) {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, shift), _mm512_set1_epi32(1));
+    return code_with(b, shift, _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(half)), odd), base, top);
+  }
+  // m's codes from the codes of |m| / scale: negated where m is negative.
+  static void store_m8(int8_t* q, F m, __m512i c) {
     const __m512i bits = _mm512_castps_si512(m);
-    const F a = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
-    __m512i c = code(_mm512_castps_si512(_mm512_mul_ps(a, inv)), 20, 0x7FFFFu, q8::kMBase, 127);
     c = _mm512_mask_sub_epi32(c, _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512()), _mm512_setzero_si512(), c);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
   }
+  static __m512i abs_scaled(F m, F inv) {
+    const F a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(m), _mm512_set1_epi32(0x7FFFFFFF)));
+    return _mm512_castps_si512(_mm512_mul_ps(a, inv));
+  }
+  static void encode_m8(int8_t* q, F m, F inv) { store_m8(q, m, code(abs_scaled(m, inv), 20, 0x7FFFFu, q8::kMBase, 127)); }
   static void encode_u8(uint8_t* q, F u, F inv) {
     const __m512i c = code(_mm512_castps_si512(_mm512_mul_ps(u, inv)), 19, 0x3FFFFu, q8::kVBase, 255);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c));
+  }
+  // Note [8-bit stochastic codes]: q8::m_random_addend and u_random_addend of one hash a lane.
+  static void encode8_sr(int8_t* mq, uint8_t* vq, F m, F u, F m_inv, F u_inv, uint32_t idx, uint32_t seed) {
+    const __m512i r = random(idx, seed);
+    const __m512i m_add = _mm512_slli_epi32(_mm512_and_si512(r, _mm512_set1_epi32(0xFFFF)), 4);
+    const __m512i u_add = _mm512_slli_epi32(_mm512_srli_epi32(r, 16), 3);
+    store_m8(mq, m, code_with(abs_scaled(m, m_inv), 20, m_add, q8::kMBase, 127));
+    const __m512i c = code_with(_mm512_castps_si512(_mm512_mul_ps(u, u_inv)), 19, u_add, q8::kVBase, 255);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(vq), _mm512_cvtepi32_epi8(c));
   }
   // The largest |x| of each lane so far, compared as the integers of the bits (q8::max_abs).
   static F max_abs(F acc, F x) {

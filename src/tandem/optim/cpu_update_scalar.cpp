@@ -48,6 +48,11 @@ struct ScalarLanes {
   static F decode_u8(const uint8_t* q, F scale) { return q8::decode_u(*q, scale); }
   static void encode_m8(int8_t* q, F m, F inv) { *q = q8::encode_m(m, inv); }
   static void encode_u8(uint8_t* q, F u, F inv) { *q = q8::encode_u(u, inv); }
+  static void encode8_sr(int8_t* mq, uint8_t* vq, F m, F u, F m_inv, F u_inv, uint32_t idx, uint32_t seed) {
+    const uint32_t r = random_bits(idx, seed);
+    *mq = q8::encode_m(m, m_inv, false, r);
+    *vq = q8::encode_u(u, u_inv, false, r);
+  }
   static F max_abs(F acc, F x) { return q8::max_abs(&x, 1) > acc ? q8::max_abs(&x, 1) : acc; }
   static float lanes_max(F acc) { return acc; }
 };
