@@ -1,8 +1,9 @@
 """tandem's SentencePiece encoders against the `sentencepiece` package, in one invocation.
 
 The parity tests' models (tests/python/test_tokenizers_parity.py SP_KINDS: a BPE model with Llama
-2's settings and three unigram models), trained here, and their 1 MB mix of scripts, emoji and
-whitespace edge cases:
+2's settings, three unigram models, BPE with SentencePiece's defaults, BPE without byte fallback and a
+char model; --kinds picks some), trained here, and their 1 MB mix of scripts, emoji and whitespace
+edge cases:
 - one text: tandem.Tokenizer.encode against SentencePieceProcessor.encode, the best of --repeats;
 - a corpus of --files copies of it: `tandem tokenize --threads N` (the tokens/s it prints: reading,
   encoding and writing, without the process's start and the model's load) against the package's
@@ -48,6 +49,7 @@ def main():
     ap.add_argument("--files", type=int, default=64)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kinds", default=",".join(parity.SP_KINDS), help="models of SP_KINDS, comma-separated")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp())
     text = parity.mixed_text().replace("<sep>", "<se p>")  # no user-defined piece: tandem's own encoders
@@ -57,8 +59,8 @@ def main():
         (corpus / f"{i:03d}.txt").write_text(text)
     rows = []
     print(f"text: {len(text.encode()) / 2**20:.2f} MiB; corpus: {a.files} files; machine: {os.cpu_count()} cores")
-    for kind, options in parity.SP_KINDS.items():
-        path, ref = parity.sentencepiece_model(tmp, **options)
+    for kind in a.kinds.split(","):
+        path, ref = parity.sentencepiece_model(tmp, **parity.SP_KINDS[kind])
         tok = tandem.Tokenizer.open(path)
         t_ours, ours = best_of(a.repeats, lambda: tok.encode(text))
         t_ref, theirs = best_of(a.repeats, lambda: ref.encode(text))

@@ -12,6 +12,7 @@
 #include "tandem/core/config.h"
 #include "tandem/formats/deepspeed.h"
 #include "tandem/data/sp_model_proto.h"
+#include "tandem/data/sp_char.h"
 #include "tandem/data/sp_unigram.h"
 #include "tandem/data/token_file.h"
 #include "tandem/formats/safetensors.h"
@@ -66,9 +67,13 @@ TEST(FuzzRegression, SentencePieceModels) {
       auto model = parse_sp_model_proto(bytes, "fuzz.model");
       model.model_type = 1, model.treat_whitespace_as_suffix = false;
       const auto unigram = sp_unigram_for_model(model, "fuzz.model");
-      for (const std::string text : {std::string(), std::string("  Hello \t world  "),
-                                     std::string("caf\xC3\xA9 \xF0\x9F\x98\x80 <sep> \xFF\xC3"), bytes.substr(0, 96)})
+      model.model_type = 4;
+      const auto chars = sp_char_for_model(model, "fuzz.model");
+      for (const std::string& text : {std::string(), std::string("  Hello \t world  "),
+                                      std::string("caf\xC3\xA9 \xF0\x9F\x98\x80 <sep> \xFF\xC3"), bytes.substr(0, 96)}) {
         (void)unigram->encode(text);
+        (void)chars->encode(text);
+      }
     });
   });
 }

@@ -188,6 +188,12 @@ SP_KINDS = {
                              add_dummy_prefix=False, character_coverage=0.98, vocab_size=600),
     "unigram_spaces_kept": dict(model_type="unigram", normalization_rule_name="identity",
                                 remove_extra_whitespaces=False, character_coverage=0.98, vocab_size=320),
+    # BPE with SentencePiece's defaults (NFKC, whitespace collapsed, <unk> for unseen characters),
+    # BPE with the text kept but no byte fallback, and a char model.
+    "bpe_defaults": dict(model_type="bpe", character_coverage=0.98, vocab_size=600),
+    "bpe_identity_no_fallback": dict(model_type="bpe", normalization_rule_name="identity",
+                                     remove_extra_whitespaces=False, character_coverage=0.98, vocab_size=600),
+    "char": dict(model_type="char", character_coverage=0.98, vocab_size=200),
 }
 
 
@@ -404,38 +410,16 @@ def mixed_text(size=1 << 20, seed=2):
 @pytest.mark.skipif(spm is None, reason="the sentencepiece package is not installed")
 @pytest.mark.parametrize("kind", list(SP_KINDS))
 def test_a_sentencepiece_model_encodes_a_long_text_as_the_package(tmp_path, kind):
-    # Llama 2's kind of model is encoded as SentencePiece-style BPE (Note [SentencePiece model as
-    # BPE]), the unigram models by tandem's own encoder (Note [SentencePiece unigram]), a text holding
-    # a user-defined piece by the library.
+    # BPE models are encoded as SentencePiece-style BPE (Note [SentencePiece model as BPE]), the
+    # unigram models by tandem's own encoder (Note [SentencePiece unigram]), the char model by its
+    # own (Note [SentencePiece char model]), a text holding a user-defined piece of a BPE or char
+    # model by the library.
     path, ref = sentencepiece_model(tmp_path, **SP_KINDS[kind])
     tok = tandem.Tokenizer.open(path)
     with_piece = mixed_text()
     assert "<sep>" in with_piece
     for text in (with_piece, with_piece.replace("<sep>", "<se p>")):
         assert_same_ids(tok.encode(text), ref.encode(text), "the 1 MB text")
-
-
-# Models tandem leaves to Debian's libsentencepiece 0.1.97 whole (no encoder of its own stands for
-# them): BPE with SentencePiece's defaults (NFKC, whitespace collapsed, <unk> for unseen characters),
-# BPE with the text kept but no byte fallback, and a char model.
-SP_LIBRARY_KINDS = {
-    "bpe_defaults": dict(model_type="bpe", character_coverage=0.98, vocab_size=600),
-    "bpe_identity_no_fallback": dict(model_type="bpe", normalization_rule_name="identity",
-                                     remove_extra_whitespaces=False, character_coverage=0.98, vocab_size=600),
-    "char": dict(model_type="char", character_coverage=0.98, vocab_size=200),
-}
-
-
-@pytest.mark.skipif(spm is None, reason="the sentencepiece package is not installed")
-@pytest.mark.parametrize("kind", list(SP_LIBRARY_KINDS))
-def test_the_librarys_models_encode_as_the_package(tmp_path, kind):
-    path, ref = sentencepiece_model(tmp_path, **SP_LIBRARY_KINDS[kind])
-    tok = tandem.Tokenizer.open(path)
-    for text in SAMPLE + [DECOMPOSED, "a <sep> b"]:
-        assert_same_ids(tok.encode(text), ref.encode(text), text)
-        assert tok.decode(tok.encode(text)) == ref.decode(ref.encode(text))
-    text = mixed_text()
-    assert_same_ids(tok.encode(text), ref.encode(text), "the 1 MB text")
 
 
 @pytest.mark.skipif(spm is None or transformers is None, reason="needs sentencepiece and transformers")

@@ -5,9 +5,7 @@
 
 #include "tandem/core/error.h"
 #include "tandem/core/strings.h"
-#include "tandem/data/sp_model_bpe.h"
 #include "tandem/data/sp_model_proto.h"
-#include "tandem/data/sp_unigram.h"
 
 #ifdef TANDEM_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -60,6 +58,7 @@ std::unique_ptr<SentencePieceTokenizer> SentencePieceTokenizer::from_file(const 
   t->choose_bos_eos(names);
   const SpModelProto proto = parse_sp_model_proto(t->sp_->sp.serialized_model_proto(), path);
   t->bpe_ = sp_bpe_for_model(proto, path);
+  t->char_ = sp_char_for_model(proto, path);
   t->unigram_ = sp_unigram_for_model(proto, path);
   for (const auto& p : proto.pieces)
     if (p.type == SpModelProto::kUserDefined) t->user_pieces_.add(p.piece, 0);
@@ -91,8 +90,10 @@ std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, Speci
   std::vector<int> ids;
   const auto user_piece = [&] { return !user_pieces_.empty() && user_pieces_.find(text, 0).has_value(); };
   if (bpe_ && !user_piece()) {  // Note [SentencePiece model as BPE]
-    const auto bpe_ids = bpe_->encode(text, SpecialTokens::kOmit);
+    const auto bpe_ids = bpe_->encode(text);
     ids.assign(bpe_ids.begin(), bpe_ids.end());
+  } else if (char_ && !user_piece()) {  // Note [SentencePiece char model]
+    ids = char_->encode(text);
   } else if (unigram_) {  // Note [SentencePiece unigram]
     ids = unigram_->encode(text);
   } else {

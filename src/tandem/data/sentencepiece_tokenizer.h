@@ -1,11 +1,14 @@
 #pragma once
-// SentencePiece models (tokenizer.model: Llama 2, Mistral, Gemma, T5 ...) through the library
-// itself (Debian's libsentencepiece-dev); a build without it refuses them with the fix.
+// SentencePiece models (tokenizer.model: Llama 2, Mistral, Gemma, T5 ...): read through the library
+// itself (Debian's libsentencepiece-dev), encoded by tandem's own encoders of unigram, BPE and char
+// models where they stand for the model (sp_unigram.h, sp_model_bpe.h, sp_char.h); a build without
+// the library refuses them with the fix.
 
 #include <memory>
 #include <string>
 
-#include "tandem/data/sp_bpe_tokenizer.h"
+#include "tandem/data/sp_char.h"
+#include "tandem/data/sp_model_bpe.h"
 #include "tandem/data/sp_unigram.h"
 #include "tandem/data/string_matcher.h"
 #include "tandem/data/tokenizer.h"
@@ -19,7 +22,7 @@ struct SentencePieceTemplate {
   bool add_eos = false;
 };
 
-/// A SentencePiece model (BPE or unigram) read from tokenizer.model.
+/// A SentencePiece model (unigram, BPE, char or word) read from tokenizer.model.
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   /// Loads `path`; UserError naming the file and the fix when it is not a SentencePiece model.
@@ -53,9 +56,11 @@ class SentencePieceTokenizer final : public Tokenizer {
   void choose_bos_eos(const SpecialTokenNames& names);
 
   std::unique_ptr<Processor> sp_;
-  /// The model read as SentencePiece-style BPE, where it can stand for it (Note [SentencePiece
-  /// model as BPE]): encodes a text holding none of `user_pieces_`; else null.
-  std::unique_ptr<SpBpeTokenizer> bpe_;
+  /// A BPE model read as SentencePiece-style BPE (Note [SentencePiece model as BPE]) and a char
+  /// model's encoder (Note [SentencePiece char model]): each encodes a text holding none of
+  /// `user_pieces_`; null for other models.
+  std::unique_ptr<SpModelBpe> bpe_;
+  std::unique_ptr<SpChar> char_;
   std::unique_ptr<SpUnigram> unigram_;  // Note [SentencePiece unigram]: encodes every text; null: not unigram
   StringMatcher user_pieces_;  // the model's user-defined pieces: one pass over a text finds any
   std::string path_;

@@ -1,6 +1,7 @@
 #include "tandem/data/sp_model_proto.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "tandem/core/error.h"
@@ -133,6 +134,21 @@ SpModelProto parse_sp_model_proto(std::string_view bytes, const std::string& sou
     return true;
   });
   return m;
+}
+
+std::vector<int> sp_byte_ids(const SpModelProto& m, const std::string& source) {
+  if (!m.byte_fallback) return {};
+  std::vector<int> ids(256, -1);
+  for (size_t id = 0; id < m.pieces.size(); ++id) {
+    const auto& p = m.pieces[id];
+    unsigned byte = 0;
+    if (p.type == SpModelProto::kByte && p.piece.size() == 6 && std::sscanf(p.piece.c_str(), "<0x%2X>", &byte) == 1 &&
+        byte < 256)
+      ids[byte] = static_cast<int>(id);
+  }
+  for (const int id : ids)
+    TANDEM_CHECK(id >= 0, source, " falls back to bytes but lacks a byte piece; the model file is damaged");
+  return ids;
 }
 
 }  // namespace tandem

@@ -31,4 +31,8 @@ struct SpModelProto {
 /// are not one.
 SpModelProto parse_sp_model_proto(std::string_view bytes, const std::string& source);
 
+/// The ids of the pieces <0x00> ... <0xFF> by byte where the model falls back to bytes; empty where
+/// it does not. UserError naming `source` when one of them is missing.
+std::vector<int> sp_byte_ids(const SpModelProto& model, const std::string& source);
+
 }  // namespace tandem

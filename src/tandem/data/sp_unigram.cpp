@@ -1,28 +1,14 @@
 #include "tandem/data/sp_unigram.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <limits>
 #include <map>
-#include <optional>
 
 #include "tandem/core/error.h"
 #include "tandem/data/tokenizer.h"
 
 namespace tandem {
 
-// Note [SentencePiece normalization]
-// A model's normalizer_spec holds its normalization compiled (precompiled_charsmap): four bytes
-// giving the size of a double-array trie (darts-clone's layout, 32-bit units), the trie, then
-// NUL-terminated replacement strings. Walking the trie over the input's bytes gives every mapped
-// prefix with the offset of its replacement; the longest one applies (NFKC's compositions, case
-// folds of nmt_nfkc_cf), else the character stays. A unit's fields: bit 8 "has a leaf" (the value
-// sits in the unit reached by label 0), bits 0-7 and 31 the label, the rest the offset to the
-// children (shifted by 8 when bit 9 is set); a value unit holds it in bits 0-30. Whitespace then
-// follows the spec's three switches; a text of whitespace alone normalizes to nothing. A user-defined
-// piece is matched before the map, the longest first, and passes unchanged.
-//
 // Note [SentencePiece unigram]
 // libsentencepiece 0.1.97 (Debian's) encodes a unigram model 3 to 4.5 times slower than the
 // `sentencepiece` package 0.2.3, and sums path scores in float, which over a long text loses the
@@ -44,115 +30,9 @@ namespace tandem {
 
 namespace {
 
-constexpr char kSpaceSymbol[] = "\xE2\x96\x81";  // U+2581
-constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 constexpr float kUnknownPenalty = 10.0f;
 
-// The bytes a character takes by its first byte, as SentencePiece steps through a normalized text
-// (a stray continuation byte 1, F8-FF 4).
-size_t char_length(uint8_t c) { return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-
-uint32_t unit_offset(uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); }
-uint32_t unit_label(uint32_t u) { return u & ((1u << 31) | 0xFFu); }
-bool unit_has_leaf(uint32_t u) { return ((u >> 8) & 1u) != 0; }
-uint32_t unit_value(uint32_t u) { return u & ((1u << 31) - 1); }
-
 }  // namespace
-
-SpNormalizer::SpNormalizer(const SpModelProto& m, const std::string& source)
-    : add_dummy_prefix_(m.add_dummy_prefix),
-      remove_extra_whitespaces_(m.remove_extra_whitespaces),
-      escape_whitespaces_(m.escape_whitespaces) {
-  for (const auto& p : m.pieces)
-    if (p.type == SpModelProto::kUserDefined && !p.piece.empty()) {
-      user_pieces_.add(p.piece, 0);
-    }
-  const std::string& blob = m.charsmap;
-  if (blob.empty()) return;  // identity
-  uint32_t trie_bytes = 0;
-  TANDEM_CHECK(blob.size() >= 4, source, ": the compiled normalization is cut short; the model file is damaged");
-  std::memcpy(&trie_bytes, blob.data(), 4);
-  TANDEM_CHECK(trie_bytes % 4 == 0 && trie_bytes >= 4 && trie_bytes <= blob.size() - 4, source,
-               ": the compiled normalization's trie does not fit in it; the model file is damaged");
-  units_.resize(trie_bytes / 4);
-  std::memcpy(units_.data(), blob.data() + 4, trie_bytes);
-  replacements_ = blob.substr(4 + trie_bytes);
-  replacements_.push_back('\0');  // every offset ends at a NUL even if the last one lacks it
-}
-
-std::pair<std::string_view, size_t> SpNormalizer::prefix(std::string_view text) const {
-  size_t matched = 0;
-  uint32_t value = 0;
-  if (!units_.empty()) {
-    uint32_t pos = unit_offset(units_[0]);
-    for (size_t i = 0; i < text.size(); ++i) {
-      const auto c = static_cast<uint8_t>(text[i]);
-      if (c == 0) break;
-      pos ^= c;
-      if (pos >= units_.size()) break;
-      const uint32_t u = units_[pos];
-      if (unit_label(u) != c) break;
-      pos ^= unit_offset(u);
-      if (pos >= units_.size()) break;
-      if (unit_has_leaf(u)) {
-        matched = i + 1;
-        value = unit_value(units_[pos]);
-      }
-    }
-  }
-  if (matched > 0 && value < replacements_.size()) return {std::string_view(replacements_.c_str() + value), matched};
-  const int n = utf8_scan(text, 0);  // a malformed character: U+FFFD for its first byte
-  if (n <= 0) return {std::string_view(kReplacement, 3), 1};
-  return {text.substr(0, static_cast<size_t>(n)), static_cast<size_t>(n)};
-}
-
-std::string SpNormalizer::normalize(std::string_view text) const {
-  // The piece at `at`: a user-defined piece starting there, as written (the next one is sought once
-  // and again only when passed), else the map's.
-  std::optional<StringMatcher::Match> user;
-  bool sought = false;
-  const auto piece_at = [&](size_t at) -> std::pair<std::string_view, size_t> {
-    if (!user_pieces_.empty() && (!sought || (user && user->start < at))) {
-      user = user_pieces_.find(text, at);
-      sought = true;
-    }
-    if (user && user->start == at) return {text.substr(at, user->end - at), user->end - at};
-    return prefix(text.substr(at));
-  };
-  std::string out;
-  size_t at = 0;
-  if (remove_extra_whitespaces_) {  // leading whitespace
-    while (at < text.size()) {
-      const auto [s, n] = piece_at(at);
-      if (s != " ") break;
-      at += n;
-    }
-  }
-  if (at == text.size()) return out;
-  out.reserve(text.size() + text.size() / 4 + 3);
-  if (add_dummy_prefix_) out += escape_whitespaces_ ? kSpaceSymbol : " ";
-  bool previous_space = remove_extra_whitespaces_;
-  while (at < text.size()) {
-    auto [s, n] = piece_at(at);
-    at += n;
-    if (previous_space)
-      while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
-    if (s.empty()) continue;
-    for (const char c : s) {
-      if (c == ' ' && escape_whitespaces_)
-        out += kSpaceSymbol;
-      else
-        out.push_back(c);
-    }
-    previous_space = remove_extra_whitespaces_ && s.back() == ' ';
-  }
-  if (remove_extra_whitespaces_) {  // trailing whitespace
-    const std::string_view space = escape_whitespaces_ ? kSpaceSymbol : " ";
-    while (out.size() >= space.size() && out.compare(out.size() - space.size(), space.size(), space) == 0)
-      out.resize(out.size() - space.size());
-  }
-  return out;
-}
 
 SpUnigram::SpUnigram(const SpModelProto& m, const std::string& source) : normalizer_(m, source) {
   // As libsentencepiece: the highest score starts at FLT_MIN (the least positive float), so with the
@@ -174,17 +54,7 @@ SpUnigram::SpUnigram(const SpModelProto& m, const std::string& source) : normali
   TANDEM_CHECK(unk_ >= 0, source, " is a unigram model without an unknown piece; the model file is damaged");
   unk_score_ = min_score - kUnknownPenalty;
   build_trie(matched);
-  if (!m.byte_fallback) return;
-  byte_ids_.assign(256, -1);
-  for (size_t id = 0; id < m.pieces.size(); ++id) {
-    const auto& p = m.pieces[id];
-    unsigned byte = 0;
-    if (p.type == SpModelProto::kByte && p.piece.size() == 6 && std::sscanf(p.piece.c_str(), "<0x%2X>", &byte) == 1 &&
-        byte < 256)
-      byte_ids_[byte] = static_cast<int>(id);
-  }
-  for (const int id : byte_ids_)
-    TANDEM_CHECK(id >= 0, source, " falls back to bytes but lacks a byte piece; the model file is damaged");
+  byte_ids_ = sp_byte_ids(m, source);
 }
 
 // The trie built with a map per node, then laid out flat: node v's edges in byte order at
@@ -228,7 +98,7 @@ void SpUnigram::best_paths(std::string_view text, BestPath* best) const {
   best[0].start = 0;
   for (size_t at = 0; at < n;) {
     // Every character start is reached (by the unknown piece at least).
-    const size_t len = std::min(char_length(static_cast<uint8_t>(text[at])), n - at);
+    const size_t len = std::min(sp_char_length(static_cast<uint8_t>(text[at])), n - at);
     const double here = best[at].score;
     bool single = false;
     for (size_t end = at + 1, node = size_t(root_[static_cast<uint8_t>(text[at])]); node != size_t(-1); ++end) {

@@ -10,30 +10,9 @@
 #include <vector>
 
 #include "tandem/data/sp_model_proto.h"
-#include "tandem/data/string_matcher.h"
+#include "tandem/data/sp_normalizer.h"
 
 namespace tandem {
-
-/// The normalization of a SentencePiece model: its compiled character map (a double-array trie
-/// from input bytes to replacements, longest match first), then whitespace: leading and repeated
-/// spaces dropped and trailing ones removed (remove_extra_whitespaces), a space put in front
-/// (add_dummy_prefix) and spaces written as U+2581 (escape_whitespaces).
-class SpNormalizer {
- public:
-  /// UserError naming `source` when the character map is malformed.
-  SpNormalizer(const SpModelProto& model, const std::string& source);
-  std::string normalize(std::string_view text) const;
-
- private:
-  /// The replacement of the longest mapped prefix of `text` and the bytes it consumes; without a
-  /// mapped prefix, the first character itself (U+FFFD and one byte for a malformed one).
-  std::pair<std::string_view, size_t> prefix(std::string_view text) const;
-
-  std::vector<uint32_t> units_;  // the trie's double array
-  std::string replacements_;     // NUL-terminated replacements, indexed by the trie's values
-  StringMatcher user_pieces_;    // the model's user-defined pieces, never normalized
-  bool add_dummy_prefix_, remove_extra_whitespaces_, escape_whitespaces_;
-};
 
 /// Encodes a text as the `sentencepiece` package 0.2.3 does with a unigram model.
 class SpUnigram {
