@@ -62,7 +62,7 @@ TEST(OptimBench, AParameterCountThatIsNotOneIsRefusedWithAnExample) {
   }
 }
 
-// Each size: the copy bandwidth, the thirteen tandem variants at the best level, a clipped step's
+// Each size: the copy bandwidth, the fourteen tandem variants at the best level, a clipped step's
 // retraction and redo as two passes and as one, LibTorch's two AdamWs.
 TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   BenchGuard guard;
@@ -86,7 +86,7 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       << out;
 
   const auto lines = json_lines(o.json_path);
-  ASSERT_EQ(lines.size(), 1u + 2 * 18) << "appended after what the file held";
+  ASSERT_EQ(lines.size(), 1u + 2 * 19) << "appended after what the file held";
   EXPECT_EQ(lines[0], json({{"earlier", true}}));
   struct Want {
     std::string impl, variant;
@@ -108,6 +108,7 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       tandem_variant("AdamW bf16 grads, bf16 states, unchecked", Dtype::kBF16, Dtype::kBF16, false),
       tandem_variant("AdamW fp32 grads, int8 states", Dtype::kF32, Dtype::kQ8, false),
       tandem_variant("AdamW bf16 grads, int8 states, bf16 out", Dtype::kBF16, Dtype::kQ8, true),
+      tandem_variant("AdamW bf16 grads, int8 states (stochastic codes), bf16 out", Dtype::kBF16, Dtype::kQ8, true),
       tandem_variant("AdamW bf16 grads, bf16 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kBF16,
                      true, 2),
       tandem_variant("AdamW bf16 grads, int8 states, bf16 master (stochastic), bf16 out", Dtype::kBF16, Dtype::kQ8,
@@ -119,11 +120,11 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
       {"torch", "foreach AdamW (at::_foreach_* ops)", 28}};
   EXPECT_EQ(per_size[1].bytes, 28) << "fp32 master, grad, m, v read and master, m, v written";
   EXPECT_EQ(per_size[9].bytes, 16) << "8-bit states: one byte each way per state";
-  EXPECT_EQ(per_size[12].bytes, 12) << "and a bf16 master: two bytes each way";
+  EXPECT_EQ(per_size[13].bytes, 12) << "and a bf16 master: two bytes each way";
   for (size_t i = 1; i < lines.size(); ++i) {
     const json& j = lines[i];
-    const Want& w = per_size[(i - 1) % 18];
-    const int64_t n = i <= 18 ? 17 : 1;
+    const Want& w = per_size[(i - 1) % 19];
+    const int64_t n = i <= 19 ? 17 : 1;
     SCOPED_TRACE(::testing::Message() << "line " << i << ": " << j.dump());
     EXPECT_EQ(j["impl"], w.impl);
     EXPECT_EQ(j["variant"], w.variant);
@@ -141,7 +142,7 @@ TEST(OptimBench, WritesOneJsonLinePerMeasurementWithItsBytesAndTimes) {
   }
   // The closing table: a header and one row per measurement.
   const std::string table = out.substr(out.find("\nimpl "));
-  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 36) << table;
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 1 + 1 + 38) << table;
   EXPECT_NE(table.find("B/par"), std::string::npos);
 }
 
@@ -165,7 +166,7 @@ TEST(OptimBench, ExtraKernelLevelsTimeThePlainFp32VariantOnly) {
     const std::string v = j["variant"];
     if (v.find("[scalar]") != std::string::npos) scalar.push_back(v);
   }
-  EXPECT_EQ(lines.size(), 19u);
+  EXPECT_EQ(lines.size(), 20u);
   EXPECT_EQ(scalar, std::vector<std::string>{"AdamW fp32 grads, fp32 states [scalar]"});
   EXPECT_EQ(active_cpu_isa(), best_cpu_isa()) << "the bench leaves the best level active";
 }

@@ -79,9 +79,9 @@ TEST(BenchCommand, OptimRunsTheParameterCountsGivenInPlaceOfTheDefaults) {
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.code, 0);
   const auto lines = json_lines(dir.file("o.jsonl"));
-  ASSERT_EQ(lines.size(), 36u) << "18 measurements for each of two sizes";
+  ASSERT_EQ(lines.size(), 38u) << "19 measurements for each of two sizes";
   for (size_t i = 0; i < lines.size(); ++i) {
-    EXPECT_EQ(lines[i]["params"], i < 18 ? 1024 : 17) << i;
+    EXPECT_EQ(lines[i]["params"], i < 19 ? 1024 : 17) << i;
     EXPECT_EQ(lines[i]["threads"], 1) << i;
     EXPECT_EQ(lines[i]["times_s"].size(), 2u) << "--repeats " << i;
   }
@@ -94,11 +94,11 @@ TEST(BenchCommand, OptimRunsTheParameterCountsGivenInPlaceOfTheDefaults) {
              std::string("scalar,") + to_string(best_cpu_isa()), "--json", dir.file("levels.jsonl")});
   ASSERT_EQ(levels.error, "");
   const auto more = json_lines(dir.file("levels.jsonl"));
-  ASSERT_EQ(more.size(), 38u) << "one scalar measurement per size";
+  ASSERT_EQ(more.size(), 40u) << "one scalar measurement per size";
   EXPECT_EQ(more[2]["variant"], "AdamW fp32 grads, fp32 states [scalar]");
   EXPECT_EQ(more[2]["params"], 5);
-  EXPECT_EQ(more[21]["variant"], "AdamW fp32 grads, fp32 states [scalar]");
-  EXPECT_EQ(more[21]["params"], 9);
+  EXPECT_EQ(more[22]["variant"], "AdamW fp32 grads, fp32 states [scalar]");
+  EXPECT_EQ(more[22]["params"], 9);
 }
 
 TEST(BenchCommand, OptimRefusesBadCountsThreadsAndLevels) {

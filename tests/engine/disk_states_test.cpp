@@ -93,7 +93,9 @@ TEST(DiskStates, TheTiersStatesEqualTheHostsThroughMovesAndLoads) {
     store.set_gpu_blocks(0);
     expect_same_state(state_of(store), want, "after moving back");
     for (auto& b : store.blocks())
-      if (b.nvme) EXPECT_FALSE(b.m.defined()) << b.name << ": moved back, its states went to the file again";
+      if (b.nvme) {
+        EXPECT_FALSE(b.m.defined()) << b.name << ": moved back, its states went to the file again";
+      }
 
     // A state loaded into a fresh store with the tier: the same values (8-bit states re-encode the
     // decoded values to the same codes).

@@ -54,8 +54,9 @@ TEST(MasterKinds, ValuesComeBackExactFromFp32ToBf16sBitsOrAboutSixteenWithTheCom
     set_master(b, 0, x);
     const auto back = master_f32(b);
     EXPECT_LE(((back - x).abs() / x.abs()).max().item<double>(), rel) << static_cast<int>(kind);
-    if (kind == MasterKind::kBf16Kahan)  // and not merely bf16's precision
+    if (kind == MasterKind::kBf16Kahan) {  // and not merely bf16's precision
       EXPECT_GT(((b.master.to(torch::kFloat32) - x).abs() / x.abs()).max().item<double>(), 1.0 / 1024);
+    }
     // A part of the slice, read and written alone.
     set_master(b, 100, torch::full({7}, 0.5));
     EXPECT_TRUE(torch::equal(master_f32(b, 100, 7), torch::full({7}, 0.5)));
@@ -66,7 +67,9 @@ TEST(MasterKinds, ValuesComeBackExactFromFp32ToBf16sBitsOrAboutSixteenWithTheCom
     allocate_host_master(again, kind, alloc);
     set_master(again, 0, master_f32(b));
     EXPECT_TRUE(torch::equal(again.master, b.master));
-    if (kind == MasterKind::kBf16Kahan) EXPECT_TRUE(torch::equal(again.master_comp, b.master_comp));
+    if (kind == MasterKind::kBf16Kahan) {
+      EXPECT_TRUE(torch::equal(again.master_comp, b.master_comp));
+    }
   }
 }
 

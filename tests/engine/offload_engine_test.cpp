@@ -332,7 +332,9 @@ TEST(OffloadEngine, TheNvmeTierGivesTheSameBitsAsHostStates) {
       EXPECT_GT(got.stats.nvme_read_bytes, 0);
       EXPECT_GT(got.stats.nvme_written_bytes, 0);
       EXPECT_EQ(want.stats.nvme_read_bytes, 0);
-      if (c.solve) EXPECT_EQ(got.gpu_blocks, 4);
+      if (c.solve) {
+        EXPECT_EQ(got.gpu_blocks, 4);
+      }
     }
   }
   // Speculation keeps an undo log, which the tier does not: refused.

@@ -36,7 +36,7 @@ namespace tandem {
 // outside every scope costs one thread-local read. It becomes the default only when a model asks
 // for offload and only where the base engine is the default (a C++ program: a process that has run
 // a backward on the base engine keeps its idle threads). Inside Python torch's engine stays the
-// default, so the feature is refused there (activation_offload_available).
+// default, so the feature is refused there (use_tandem_autograd_engine returns false).
 
 // Note [One copy per saved tensor]
 // Ops save the same tensor more than once: a layer's normalised input for each of the q, k and v
@@ -84,6 +84,32 @@ bool is_parameter_derived(const at::Tensor& t) {
   return false;
 }
 
+// What a host copy is a copy of (Note [One copy per saved tensor]): a tensor's storage while it
+// lives, at this place and version, with this dtype and shape.
+struct SavedTensorKey {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  int64_t offset = 0, version = 0;
+  c10::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+
+  static SavedTensorKey of(const at::Tensor& t) {
+    SavedTensorKey k;
+    k.storage = t.storage().getWeakStorageImpl();
+    k.offset = t.storage_offset();
+    k.version = static_cast<int64_t>(t._version());
+    k.dtype = t.scalar_type();
+    k.sizes = t.sizes().vec();
+    k.strides = t.strides().vec();
+    return k;
+  }
+  bool matches(const at::Tensor& t) const {
+    const auto alive = storage.lock();
+    return alive && alive.get() == t.storage().unsafeGetStorageImpl() && offset == t.storage_offset() &&
+           version == static_cast<int64_t>(t._version()) && dtype == t.scalar_type() && t.sizes() == sizes &&
+           t.strides() == strides;
+  }
+};
+
 }  // namespace
 
 struct HostCopy {
@@ -95,19 +121,9 @@ struct HostCopy {
   at::Tensor fetched;                   // its copy back, made on fetch_stream, until unpacked
   std::optional<c10::Event> fetch_done;
   int64_t unpacks_left = 1;             // saved tensors sharing this copy, not yet unpacked
-  // What it is a copy of (Note [One copy per saved tensor]): that storage while it lives, at this
-  // place and version.
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
-  int64_t offset = 0, version = 0;
-  c10::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> sizes, strides;
+  SavedTensorKey key;                   // what it is a copy of
 
-  bool copies(const at::Tensor& t) const {
-    const auto alive = storage.lock();
-    return alive && alive.get() == t.storage().unsafeGetStorageImpl() && offset == t.storage_offset() &&
-           version == static_cast<int64_t>(t._version()) && dtype == t.scalar_type() && t.sizes() == sizes &&
-           t.strides() == strides;
-  }
+  bool copies(const at::Tensor& t) const { return key.matches(t); }
 };
 
 namespace {
@@ -127,12 +143,7 @@ class HostSavedTensor final : public torch::autograd::SavedVariableHooks {
     HostCopy& c = *copy_;
     c.device = t.device();
     c.block = block_;
-    c.storage = t.storage().getWeakStorageImpl();
-    c.offset = t.storage_offset();
-    c.version = static_cast<int64_t>(t._version());
-    c.dtype = t.scalar_type();
-    c.sizes = t.sizes().vec();
-    c.strides = t.strides().vec();
+    c.key = SavedTensorKey::of(t);
     // The saved tensor's own layout where it is dense (a transposed view stays transposed), so its
     // backward runs the kernels it would have run; otherwise contiguous.
     const bool dense = t.is_non_overlapping_and_dense();
@@ -213,10 +224,8 @@ bool use_tandem_autograd_engine() {
     tandem_engine_impl().ensure_device_threads();
     torch::autograd::set_default_engine_stub(&tandem_engine);
   }
-  return activation_offload_available();
+  return &torch::autograd::Engine::get_default_engine() == &tandem_engine();
 }
-
-bool activation_offload_available() { return &torch::autograd::Engine::get_default_engine() == &tandem_engine(); }
 
 namespace {
 HostArena::Allocator default_slab(bool pinned) {

@@ -25,9 +25,6 @@ namespace tandem {
 /// program that offloads activations runs it.
 bool use_tandem_autograd_engine();
 
-/// Whether tandem's engine is the default, i.e. activation offload can run here.
-bool activation_offload_available();
-
 /// One saved tensor's copy on the host, its events and its copy back (activation_offload.cpp).
 struct HostCopy;
 
