@@ -1,7 +1,8 @@
 """tandem's tokenizer.json reader on model folders as transformers writes them: byte-level BPE
 vocabularies trained here (test_tokenizers_parity's trainer), turned into fast tokenizers by
-transformers' own converters (GPT2Converter, Qwen2Converter, and TikTokenConverter from a
-.tiktoken file of the trained ranks, as Llama 3 is converted), wrapped in the family's tokenizer
+transformers' own converters (GPT2Converter, Qwen2Converter, TikTokenConverter from a .tiktoken
+file of the trained ranks, as Llama 3 is converted, and MistralConverter from a tekken.json of them,
+as Mistral NeMo's and later models' are), wrapped in the family's tokenizer
 class and written by save_pretrained (tokenizer.json + tokenizer_config.json). The reference is
 AutoTokenizer.from_pretrained on that folder: the same ids with and without the template's
 special tokens on test_tokenizers_parity's sample and its 1 MB mixed text, the same decoded text,
@@ -28,7 +29,13 @@ from transformers.convert_slow_tokenizer import (  # noqa: E402
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
                    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
-TEXTS = SAMPLE + [DECOMPOSED, "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+# Tekken's pre-tokenizer pattern (Mistral NeMo's tekken.json): letters split by case classes, digits
+# one by one.
+TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+          r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+TEKKEN_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
+TEXTS = SAMPLE + [DECOMPOSED, "<s>[INST] What's CamelCase? [/INST]ThisIsIt</s>", "HTTPServer XMLHttpRequest ǅungla", "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
                   "<|im_start|>system\nYou are.<|im_end|>\n<|im_start|>user\n", "<|reserved_special_token_1|> x"]
 
 
@@ -97,12 +104,35 @@ def llama3_folder(tmp_path):
                                    add_bos_token=True)
 
 
+def mistral_tekken_folder(tmp_path):
+    """Mistral's tekken.json (the trained vocabulary's bytes by rank, Tekken's pattern, its special
+    tokens first) turned into a fast tokenizer by transformers' own MistralConverter (byte-level BPE,
+    ignore_merges, the specials at ids 0-4), as PreTrainedTokenizerFast saves it with BOS <s>."""
+    from transformers.integrations.mistral.tokenizer import MistralConverter
+    vocab, _ = trained(tmp_path, "tekken_trained", split_then_bytes(TEKKEN), [])
+    to_byte = {c: b for b, c in bytes_to_unicode().items()}
+    ranked = [bytes(to_byte[c] for c in token) for token, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tekken = tmp_path / "tekken.json"  # outside the folder: tandem reads the tokenizer.json
+    tekken.write_text(json.dumps({
+        "config": {"pattern": TEKKEN, "num_vocab_tokens": len(ranked),
+                   "default_vocab_size": len(ranked) + len(TEKKEN_SPECIALS),
+                   "default_num_special_tokens": len(TEKKEN_SPECIALS), "version": "v3"},
+        "vocab": [{"rank": r, "token_bytes": base64.b64encode(b).decode(), "token_str": None}
+                  for r, b in enumerate(ranked)],
+        "special_tokens": [{"rank": r, "token_str": t, "is_control": True} for r, t in enumerate(TEKKEN_SPECIALS)]}))
+    backend = MistralConverter(vocab_file=str(tekken)).converted()
+    assert json.loads(backend.to_str())["model"]["ignore_merges"]
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   add_bos_token=True)
+
+
 FAMILIES = {
     "gpt2": lambda p: gpt2_folder(p, add_prefix_space=False),
     "gpt2_prefix_space": lambda p: gpt2_folder(p, add_prefix_space=True),
     "gpt2_bos": lambda p: gpt2_folder(p, add_bos_token=True),
     "qwen2": qwen2_folder,
     "llama3_tiktoken": llama3_folder,
+    "mistral_tekken": mistral_tekken_folder,
 }
 
 
