@@ -167,6 +167,31 @@ TEST(InspectCommand, ThePlanIsCheckedAgainstTheCapacitiesGiven) {
   EXPECT_FALSE(has(tight, "the plan fits")) << tight.out;
 }
 
+// Where fp32 m and v cap the GPU-updated Blocks, the plan says how many bf16 ones would let fit;
+// with bf16 device states already (bf16 host states resolve them so) it says nothing more.
+TEST(InspectCommand, ThePlanNamesTheBlocksThatBf16DeviceStatesWouldFit) {
+  const std::vector<std::string> plan = {"inspect", "-p", "1B", "--device", "cpu", "--plan", "--gpu-memory", "12",
+                                         "--host-memory", "64", "--set", "offload.optimizer=cpu",
+                                         "--set", "train.micro_batch=1", "--set", "train.seq_len=512",
+                                         "--set", "train.precision=bf16", "--set", "model.checkpointing=true"};
+  const Inspected fp32 = inspect(plan);
+  ASSERT_EQ(fp32.error, "") << fp32.out;
+  const std::string hint = "with optim.device_state_dtype=bf16 (their m and v in bf16) ";
+  const size_t at = fp32.out.find(hint);
+  ASSERT_NE(at, std::string::npos) << fp32.out;
+  const size_t first = fp32.out.find("offload.update_split=auto: ");
+  const long fit = std::stol(fp32.out.substr(first + 27)), more = std::stol(fp32.out.substr(at + hint.size()));
+  EXPECT_GT(more, fit) << fp32.out;
+  std::vector<std::string> bf16 = plan;
+  bf16.insert(bf16.end(), {"--set", "optim.device_state_dtype=bf16"});
+  const Inspected with = inspect(bf16);
+  EXPECT_TRUE(has(with, "offload.update_split=auto: " + std::to_string(more) + " of 24 decoder blocks GPU-updated"))
+      << "the hint's count is the plan's with that setting\n" << with.out;
+  EXPECT_FALSE(has(with, hint)) << with.out;
+  bf16.back() = "optim.state_dtype=bf16";
+  EXPECT_FALSE(has(inspect(bf16), hint));
+}
+
 TEST(InspectCommand, APlanOfSeveralRanksNeedsALayoutThatDividesThem) {
   const std::vector<std::string> base = {"inspect", "-p",           "tiny", "--device",      "cpu",
                                          "--plan",  "--gpu-memory", "80",   "--host-memory", "64"};

@@ -34,6 +34,18 @@ ModelSpec spec_for(const Config& cfg) {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// Where the GPU-updated Blocks keep fp32 m and v and bf16 ones would let more of them fit: how many
+// (13B at B=8 on an H200: 16 against 23, 1.32x against 1.09x its bound, docs/benchmarks.md).
+std::string bf16_device_states_hint(const ModelSpec& s, const Config& cfg, int64_t T, const MemoryCapacity& cap,
+                                    const PlanLayout& layout, int64_t fit, int64_t L) {
+  if (fit < 0 || fit >= L || device_state_bytes(cfg.optim.device_state_dtype, cfg.optim.state_dtype) != 4) return "";
+  Config bf16 = cfg;
+  bf16.optim.device_state_dtype = DeviceStateDtype::kBf16;
+  const int64_t more = largest_fitting_gpu_blocks(s, bf16, T, cap, layout);
+  if (more <= fit) return "";
+  return strprintf("; with optim.device_state_dtype=bf16 (their m and v in bf16) %lld would fit", (long long)more);
+}
+
 // The plan of one rank's layout: the split from offload.update_split (auto = the most GPU-updated
 // Blocks that fit), the host ring, the table and the budgets. Returns the plan checked later.
 MemoryPlan print_rank_plan(Config cfg, const ModelSpec& s, int64_t T, const MemoryCapacity& cap,
@@ -53,6 +65,7 @@ MemoryPlan print_rank_plan(Config cfg, const ModelSpec& s, int64_t T, const Memo
                 ? strprintf("offload.update_split=auto: %lld of %lld decoder blocks GPU-updated, the most that fit",
                             (long long)g, (long long)L)
                 : std::string("offload.update_split=auto: not even 0 GPU-updated blocks fit");
+    split += bf16_device_states_hint(s, cfg, T, cap, layout, fit, L);
   }
   const bool ring_auto = cfg.offload.host_ring < 0;
   cfg.offload = resolve_host_ring(s, cfg, T, g, cap, layout);
