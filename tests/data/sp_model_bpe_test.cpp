@@ -73,6 +73,20 @@ TEST(SpModelBpe, EveryNormalizationAndUnknownCharactersWithoutByteFallback) {
   EXPECT_EQ(bpe(unigram), nullptr);
 }
 
+// Note [Words at space runs]: the text is cut before each run of spaces only where no piece joins a
+// character to a space after it. A piece "a▁" (scored above "▁a") is such a join: merged over the
+// whole text, "▁a▁b" becomes ▁ a▁ b, which cutting before the second ▁ would never give.
+TEST(SpModelBpe, APieceWithASpaceAfterACharacterKeepsTheTextOneWord) {
+  ModelBytes cut;
+  EXPECT_EQ(sp_bpe_for_model(parse_sp_model_proto(cut.build(), "t.model"), "t.model")->encode("a b a"),
+            (Ids{kSpaceA, kSpace, kB, kSpaceA}));
+  ModelBytes joined;
+  joined.extra = {{"a" + kSp, -0.5f}};
+  const TokenId kAThenSpace = 266;
+  EXPECT_EQ(sp_bpe_for_model(parse_sp_model_proto(joined.build(), "t.model"), "t.model")->encode("a b"),
+            (Ids{kSpace, kAThenSpace, kB}));
+}
+
 TEST(SpModelBpe, BytesThatAreNotAModelAreRefusedNamingTheFile) {
   EXPECT_NE(error_of([] { parse_sp_model_proto("\xFF", "bad.model"); }).find("bad.model is not a SentencePiece model"),
             std::string::npos);

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tandem::test {
 
@@ -36,6 +38,7 @@ struct ModelBytes {
   int model_type = 2;
   bool byte_fallback = true, add_dummy_prefix = true, remove_extra_whitespaces = false;
   std::string normalizer = "identity";
+  std::vector<std::pair<std::string, float>> extra;  // normal pieces after <sep>, with their scores
   std::string build() const {
     // <unk> <s> </s>, the 256 byte pieces, then a, b, ▁, ▁a, ab, ▁ab (scores: later merges lower).
     std::string out = piece("<unk>", 0, 2) + piece("<s>", 0, 3) + piece("</s>", 0, 3);
@@ -46,6 +49,7 @@ struct ModelBytes {
     }
     out += piece("a", -10, 1) + piece("b", -11, 1) + piece(kSp, -12, 1) + piece(kSp + "a", -1, 1) + piece("ab", -2, 1) +
            piece(kSp + "ab", -3, 1) + piece("<sep>", 0, 4);
+    for (const auto& [text, score] : extra) out += piece(text, score, 1);
     out += field(2, flag(3, uint64_t(model_type)) + flag(35, byte_fallback) + flag(24, 0));
     out += field(3, field(1, normalizer) + flag(3, add_dummy_prefix) + flag(4, remove_extra_whitespaces) + flag(5, 1));
     return out;

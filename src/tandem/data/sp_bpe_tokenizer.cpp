@@ -63,6 +63,7 @@ struct SpBpeTokenizer::Model {
   MergeTable merges;
   std::optional<TokenId> unk;
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  bool split_at_spaces = false;  // Note [Words at space runs]
   AddedTokens added;
   TokenTemplate tmpl;
   TextDecoder decoder;
@@ -166,7 +167,48 @@ void initial_symbols(const Model& m, std::string_view word, std::vector<TokenId>
   if (unk) ids.push_back(*unk);
 }
 
+// Note [Words at space runs]
+// With no pre-tokenizer that splits (a converted Llama 2 or Mistral, a tokenizer.model read as BPE:
+// Note [SentencePiece model as BPE]) the whole text is one word, merged at once and never found in
+// the word cache. When no token of the vocabulary has a "▁" after another character than "▁" (as
+// SentencePiece's trainer makes them: a space starts a piece, runs of spaces stay together), no
+// merge can join a character to a "▁" that follows it, so the text splits before each run of "▁"
+// into words whose merges are those of the whole text: merges of different words never meet, and
+// within a word they go in the same order. "▁" must be a token itself, so that a run of unknown
+// characters (fused into one unk) cannot reach over a split either; and without ignore_merges, which
+// looks the whole word up first. The words, a few bytes each, then come from the cache.
+bool splits_at_spaces(const Model& m) {
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";  // U+2581
+  if (m.ignore_merges || !m.char_id(0x2581)) return false;
+  for (const auto& [token, id] : m.vocab)
+    for (size_t at = token.find(kSpace, 1); at != std::string::npos; at = token.find(kSpace, at + 1))
+      if (at < kSpace.size() || token.compare(at - kSpace.size(), kSpace.size(), kSpace) != 0) return false;
+  return true;
+}
+
+// `word` cut before each run of "▁" that does not start it (Note [Words at space runs]).
+template <class F>
+void for_each_space_word(std::string_view word, F&& f) {
+  static constexpr std::string_view kSpace = "\xE2\x96\x81";
+  size_t start = 0;
+  for (size_t at = word.find(kSpace, 1); at != std::string_view::npos; at = word.find(kSpace, at + kSpace.size())) {
+    const bool run_start = at >= kSpace.size() && word.compare(at - kSpace.size(), kSpace.size(), kSpace) != 0;
+    if (!run_start || at == start) continue;
+    f(word.substr(start, at - start));
+    start = at;
+  }
+  f(word.substr(start));
+}
+
+void encode_merged(const Model& m, std::string_view word, EncodeScratch& scratch, std::vector<TokenId>& out);
+
 void encode_word(const Model& m, std::string_view word, EncodeScratch& scratch, std::vector<TokenId>& out) {
+  if (!m.split_at_spaces) return encode_merged(m, word, scratch, out);
+  for_each_space_word(word, [&](std::string_view w) { encode_merged(m, w, scratch, out); });
+}
+
+// One word through the cache, or its characters merged.
+void encode_merged(const Model& m, std::string_view word, EncodeScratch& scratch, std::vector<TokenId>& out) {
   if (m.ignore_merges) {
     if (const auto it = m.vocab.find(std::string(word)); it != m.vocab.end()) {
       out.push_back(it->second);
@@ -308,6 +350,7 @@ std::unique_ptr<SpBpeTokenizer> SpBpeTokenizer::from_parsed(const nlohmann::json
   }
   TANDEM_CHECK(!m->vocab.empty(), source, " has an empty vocabulary; the file is damaged");
   build_tables(*m);
+  m->split_at_spaces = splits_at_spaces(*m);
   std::tie(m->bos, m->eos) = choose_bos_eos(names, m->tmpl, source, find);
   return std::unique_ptr<SpBpeTokenizer>(new SpBpeTokenizer(std::move(m)));
 }

@@ -1,6 +1,6 @@
 #pragma once
 // Leftmost-longest search for a set of byte strings: a tokenizer.json's added tokens
-// (added_tokens.h), a SentencePiece model's user-defined pieces (sp_unigram.h).
+// (added_tokens.h), a SentencePiece model's user-defined pieces (sp_normalizer.h, sentencepiece_tokenizer.h).
 
 #include <array>
 #include <cstddef>
