@@ -18,21 +18,7 @@
 //                  smallest code 2^-16 of the scale: a smaller sqrt(v) is stored as that, never as 0,
 //                  so a quantised v can only enlarge the denominator of the update, never zero it.
 // The codes are the top bits of the fp32 representation of value / scale, rounded to nearest even,
-// so encoding and decoding are integer shifts and adds.
-//
-// Note [8-bit stochastic codes]
-// Rounded to nearest, a moment moves only when its new value crosses half a code: sqrt(v) has 4
-// mantissa bits (a code is 3-6 % of it), and with beta2 = 0.95 a step moves v by at most 5 %, so a v
-// that should shrink as the gradients do cannot, in about half of each binade, and the updates stay
-// smaller than Adam's (the 1B curves' +1.2 % after step 100). With optim.state_rounding=stochastic
-// the update kernels round each new code up with probability equal to the fraction that nearest
-// rounding would drop, so a moment's code is its value on average and small steps land. The random
-// bits are random_bits(element index, the step's seed) of kernels/bf16_rounding.h, one hash an
-// element: its low 16 bits round m, its high 16 bits sqrt(v), each placed just below the rounded
-// bit, so every instruction set gives the same codes. Only the update rounds stochastically: a
-// code's own value encodes back to itself either way, and the stores between tiers and the
-// retraction (whose solved-back values lie within half a code of the codes they came from) round to
-// nearest. An update dequantises a tile of the moments
+// so encoding and decoding are integer shifts and adds. An update dequantises a tile of the moments
 // into fp32, runs the fp32 Adam update on it (the master and the weights sent to the GPU see the
 // unquantised new moments), then quantises the new moments with the tile's new scales. Blocks start
 // at each parameter's first element (a span's tiles), so a parameter owns its scales; sharded
@@ -42,6 +28,23 @@
 // a GPU-updated Block keeps fp32 states, so an adaptive split that decides otherwise after a resume
 // quantises at other steps), and fp32, bf16 and int8 runs resume from one another; writing one takes
 // 8 bytes of host memory a parameter for the copies while it is written.
+//
+// Note [8-bit stochastic codes]
+// Rounded to nearest, a moment moves only when its new value crosses half a code: sqrt(v) has 4
+// mantissa bits (a code is 3-6 % of it), and with beta2 = 0.95 a step moves v by at most 5 %, so a v
+// that should shrink as the gradients do cannot, in about half of each binade
+// (Q8States.StochasticCodesFollowAShrinkingVThatNearestCodesHold). With optim.state_rounding=stochastic
+// the update kernels round each new code up with probability equal to the fraction that nearest
+// rounding would drop, so a moment's code is its value on average and small steps land. The random
+// bits are random_bits(element index, the step's seed) of kernels/bf16_rounding.h, one hash an
+// element: its low 16 bits round m, its high 16 bits sqrt(v), each placed just below the rounded
+// bit, so every instruction set gives the same codes. Only the update rounds stochastically: a
+// code's own value encodes back to itself either way, and the stores between tiers and the
+// retraction round to nearest. A retraction solves the codes before back from those after: within
+// half a code of them after nearest codes, up to a whole code after stochastic ones, so a clipped
+// speculative step with stochastic codes may leave a moment one code from where an exact step would. On the 1B curves (docs/benchmarks.md, 2026-12-03) both roundings ended within 1 % of
+// GPU-only AdamW and no gain of one over the other showed, while stochastic codes take 6 % more update
+// time, so nearest stays the default.
 
 #include <cstdint>
 #include <cstring>
