@@ -1,5 +1,5 @@
 """Generation benchmark fixture and peer: writes a random-weight folder of a decoder family (Llama
-by default; --preset qwen2.5-0.5B, gemma2-2B, mistral-7B) (transformers, bf16
+by default; --preset llama3.2-1B, llama2-7B, qwen2.5-0.5B, gemma2-2B, mistral-7B) (transformers, bf16
 safetensors, a byte-level BPE tokenizer trained here) and times transformers' own greedy batched
 generate on it, for `tandem generate` on the same folder in the same run (scripts/gpu-check.sh, part
 `serve`); then sets streamed runs against the PCIe bound in one table.
@@ -25,12 +25,14 @@ import torch
 # src/tandem/models/spec.cpp's shapes; the folder's vocabulary is the preset's, its tokenizer the
 # small one trained here (a tokenizer smaller than the model is allowed: its ids are a subset).
 PRESETS = {
+    "llama3.2-1B": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, model_vocab=128256, tie=True),
     "13B": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, model_vocab=32000),
     "llama2-7B": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, model_vocab=32000),
     "qwen2.5-0.5B": dict(family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, model_vocab=151936),
     "gemma2-2B": dict(family="gemma2", layers=26, hidden=2304, heads=8, kv_heads=4, ffn=9216, model_vocab=256000),
     "mistral-7B": dict(family="mistral", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, model_vocab=32000),
 }
+# Llama-3.2-1B's shape: 1.24 B parameters, its 128256-token embedding tied to the output projection.
 # Each family's published extras beside the shape (Qwen2.5 ties its embeddings at 0.5B; Gemma2-2B's
 # head_dim, soft-caps and alternating 4096-token windows; Mistral's 4096-token window).
 FAMILY_CONFIG = {
@@ -61,6 +63,9 @@ def make(args):
     with open(f"{args.dir}/tokenizer_config.json", "w") as f:
         json.dump({"eos_token": "<|eot_id|>"}, f)
     config_class, extra = FAMILY_CONFIG[args.family]
+    extra = dict(extra)
+    if args.tie:
+        extra["tie_word_embeddings"] = True
     cfg = getattr(transformers, config_class)(
         vocab_size=args.model_vocab or tok.get_vocab_size(), hidden_size=args.hidden, intermediate_size=args.ffn,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
@@ -187,6 +192,7 @@ def main():
     mk.add_argument("--kv-heads", type=int, default=8)
     mk.add_argument("--vocab", type=int, default=8000, help="the BPE tokenizer's target size")
     mk.add_argument("--model-vocab", type=int, default=0, help="the model's vocabulary (default: the tokenizer's)")
+    mk.add_argument("--tie", action="store_true", help="tie the output projection to the embedding")
     mk.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tm = sub.add_parser("time", help="time transformers' greedy generate on a folder")
     tm.add_argument("dir")

@@ -845,7 +845,12 @@ if [[ ${SERVE_BIG:-0} != only && ${SERVE_1B:-1} == 1 ]]; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
 install_wheels clients || true
 gdir="$OUT/gen-model"; mkdir -p "$gdir"
-python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-22}" 2>&1 | tail -1
+# SERVE_PRESET (e.g. llama3.2-1B: the 1.24 B shape, vocabulary 128256, tied) replaces the layered folder.
+if [[ -n ${SERVE_PRESET:-} ]]; then
+  python3 bench/generate_peer.py make "$gdir" --preset "$SERVE_PRESET" 2>&1 | tail -1
+else
+  python3 bench/generate_peer.py make "$gdir" --layers "${SERVE_LAYERS:-22}" 2>&1 | tail -1
+fi
 write_prompts "${SERVE_BATCH:-32}" "$OUT/gen-prompts.txt"
 gen=("$BUILD/tandem" generate --checkpoint "$gdir" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 --ignore-eos
      --max-batch "${SERVE_BATCH:-32}" --kv-cache-gib 1)

@@ -96,6 +96,27 @@ std::vector<torch::Tensor> run_schedule(Decoder& decoder, Model* reference, int 
   return out;
 }
 
+/// One sequence alone: a prompt of 5 tokens, then steps-1 decode steps of one row; each step's logits.
+std::vector<torch::Tensor> decode_alone(Decoder& decoder, int steps) {
+  const int64_t V = decoder.spec().vocab_size;
+  KvCache cache(decoder.cache_shape(1), 16 * decoder.cache_shape(1).page_bytes());
+  PageTable pages;
+  std::vector<TokenId> tokens{1, 2, 3, 4, 5};
+  int64_t cached = 0;
+  std::vector<torch::Tensor> out;
+  for (int step = 0; step < steps; ++step) {
+    const auto end = static_cast<int64_t>(tokens.size());
+    EXPECT_TRUE(cache.reserve(pages, end));
+    const std::vector<SequenceChunk> batch{
+        {&pages, cached, std::vector<TokenId>(tokens.begin() + cached, tokens.end())}};
+    out.push_back(decoder.forward(batch, cache, LogitRows::kAll));
+    cached = end;
+    tokens.push_back(static_cast<TokenId>((7 * step + 3) % V));
+  }
+  cache.release(pages);
+  return out;
+}
+
 TEST(ServeDecoder, IncrementalDecodingEqualsTheFullForward) {
   const auto model = test::random_llama(test::small_llama_spec(), 3);
   auto decoder = test::decoder_of(*model);
@@ -255,10 +276,9 @@ TEST(ServeDecoder, AnUnknownChoiceOfDecodeKernelsIsNamed) {
   ::setenv("TANDEM_DECODE_KERNELS", "fast", 1);
   const auto message = test::error_of([&] { test::decoder_of(*model); });
   ::unsetenv("TANDEM_DECODE_KERNELS");
-  EXPECT_NE(
-      message.find(
-          "TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or persistent or separate or torch"),
-      std::string::npos)
+  EXPECT_NE(message.find("TANDEM_DECODE_KERNELS=fast is not a choice of decode kernels; use fused or norms-apart or "
+                         "persistent or separate or torch"),
+            std::string::npos)
       << message;
 }
 
@@ -278,6 +298,32 @@ TEST(ServeDecoderGpu, SkinnyEpiloguesGiveTheSeparateKernelsLogits) {
     ::unsetenv("TANDEM_DECODE_KERNELS");
     const auto a = run_schedule(*fused, nullptr, 9), b = run_schedule(*separate, nullptr, 9);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "step " << i << ", " << dtype;
+  }
+}
+
+// Note [Norm in the product]: the products that form their own norms give the logits of the norms
+// in their own kernels, bit for bit, at widths whose rows fit the shared memory at every batch.
+TEST(ServeDecoderGpu, NormsInTheProductsGiveTheNormKernelsLogits) {
+  REQUIRE_CUDA();
+  auto spec = test::small_llama_spec();
+  spec.d_model = 256, spec.n_head = 4, spec.n_kv_head = 2;
+  const auto model = test::random_llama(spec, 10);
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
+    ::setenv("TANDEM_DECODE_KERNELS", "fused", 1);
+    auto fused = test::decoder_of(*model, dtype, -1, 1, cuda);
+    ::setenv("TANDEM_DECODE_KERNELS", "norms-apart", 1);
+    auto apart = test::decoder_of(*model, dtype, -1, 1, cuda);
+    ::unsetenv("TANDEM_DECODE_KERNELS");
+    auto a = run_schedule(*fused, nullptr, 10), b = run_schedule(*apart, nullptr, 10);
+    const auto a1 = decode_alone(*fused, 6), b1 = decode_alone(*apart, 6);
+    a.insert(a.end(), a1.begin(), a1.end());
+    b.insert(b.end(), b1.begin(), b1.end());
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "step " << i << ", " << dtype;
+    // the schedule's step of four decodes and the five of one sequence alone, two products a layer
+    EXPECT_EQ(fused->normed_products(), 2 * spec.n_layer * 6) << dtype;
+    EXPECT_EQ(apart->normed_products(), 0) << dtype;
   }
 }
 

@@ -41,59 +41,88 @@ __device__ __forceinline__ void store4(T* p, const float* v) {
   }
 }
 
-/// The sum of v over the kNormThreads threads that call it (tid 0 to kNormThreads - 1), on each of
-/// them: warp sums into `partial` (kNormThreads / 32 floats of shared memory), `sync()` a barrier
-/// of those threads, then the warps' sums in order.
-template <class Sync>
-__device__ __forceinline__ float norm_block_sum(float v, float* partial, int tid, Sync sync) {
-  v = warp_sum(v);
-  if (tid % 32 == 0) partial[tid / 32] = v;
-  sync();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  return total;
-}
-
-/// Thread tid's part of one row of the fused norm (C elements, a multiple of 4): r = x + a (x alone
-/// without a), stored into r where r is given, then out = cast(r / rms(r) * scale), the scale w or
-/// 1 + w. load_x(i, v) and load_a(i, v) give elements i to i + 3 as floats; w is fp32.
-template <class TO, class LoadX, class LoadA, class Sync>
-__device__ __forceinline__ void add_rms_norm_row(LoadX load_x, LoadA load_a, bool has_a, float* r, const float* w,
-                                                 TO* out, int C, float eps, bool plus_one, int tid, float* partial,
-                                                 Sync sync) {
+/// Thread tid's part of one row of the fused norm (C elements, a multiple of 4) on a block of
+/// THREADS threads (a divisor of kNormThreads): r = x + a (x alone without a), stored into r where r
+/// is given, then out = cast(r / rms(r) * scale), the scale w or 1 + w. Each thread plays the
+/// kNormThreads / THREADS threads tid, tid + THREADS, ... of the kNormThreads-thread norm, whose
+/// sums it forms in that norm's order (each warp's sum, then the warps' sums in order), so the
+/// result has the same bits on any THREADS. HOLD keeps r's elements in registers between the two
+/// passes; without it the second pass loads and adds them again (the same bits, fewer registers
+/// held across the barrier, for a caller that keeps its own in flight). load_x(i, v) and load_a(i,
+/// v) give elements i to i + 3 as floats; w is fp32; `partial` holds kNormThreads / 32 floats,
+/// `sync()` is a barrier of the THREADS threads, and the caller syncs again before `partial` is used
+/// for another row.
+template <int THREADS, bool HOLD, class TO, class LoadX, class LoadA, class Sync>
+__device__ __forceinline__ void add_rms_norm_row_on(LoadX load_x, LoadA load_a, bool has_a, float* r, const float* w,
+                                                    TO* out, int C, float eps, bool plus_one, int tid, float* partial,
+                                                    Sync sync) {
+  static_assert(kNormThreads % THREADS == 0 && THREADS % 32 == 0, "a block of whole warps dividing the norm's");
+  constexpr int plays = kNormThreads / THREADS;
   constexpr int step = 4 * kNormThreads;
-  float held[kNormHeld][4];
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kNormHeld; ++k) {
-    const int i = k * step + 4 * tid;
-    if (i >= C) break;
-    load_x(i, held[k]);
+  constexpr int held_n = HOLD ? kNormHeld : 1;
+  const auto sum_at = [&](int i, float* v) {  // r's elements i to i + 3
+    load_x(i, v);
     if (has_a) {
       float av[4];
       load_a(i, av);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) held[k][j] = __fadd_rn(held[k][j], av[j]);
+      for (int j = 0; j < 4; ++j) v[j] = __fadd_rn(v[j], av[j]);
     }
-    if (r != nullptr) store4(r + i, held[k]);
+  };
+  float held[plays][held_n][4];
+  float ss[plays];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) ss = fmaf(held[k][j], held[k][j], ss);
-  }
-  const float inv = rsqrtf(norm_block_sum(ss, partial, tid, sync) / static_cast<float>(C) + eps);
+  for (int p = 0; p < plays; ++p) {
+    const int t = tid + p * THREADS;
+    ss[p] = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kNormHeld; ++k) {
-    const int i = k * step + 4 * tid;
-    if (i >= C) break;
-    float s[4], o[4];
-    load4(w + i, s);
+    for (int k = 0; k < kNormHeld; ++k) {
+      const int i = k * step + 4 * t;
+      if (i >= C) break;
+      float* v = held[p][HOLD ? k : 0];
+      sum_at(i, v);
+      if (r != nullptr) store4(r + i, v);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float scale = plus_one ? __fadd_rn(1.0f, s[j]) : s[j];
-      o[j] = __fmul_rn(__fmul_rn(held[k][j], inv), scale);
+      for (int j = 0; j < 4; ++j) ss[p] = fmaf(v[j], v[j], ss[p]);
     }
-    store4(out + i, o);
   }
+#pragma unroll
+  for (int p = 0; p < plays; ++p) {
+    const float v = warp_sum(ss[p]);
+    if (tid % 32 == 0) partial[(tid + p * THREADS) / 32] = v;
+  }
+  sync();
+  float total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormThreads / 32; ++k) total += partial[k];
+  const float inv = rsqrtf(total / static_cast<float>(C) + eps);
+#pragma unroll
+  for (int p = 0; p < plays; ++p) {
+    const int t = tid + p * THREADS;
+#pragma unroll
+    for (int k = 0; k < kNormHeld; ++k) {
+      const int i = k * step + 4 * t;
+      if (i >= C) break;
+      float* v = held[p][HOLD ? k : 0];
+      if (!HOLD) sum_at(i, v);
+      float s[4], o[4];
+      load4(w + i, s);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float scale = plus_one ? __fadd_rn(1.0f, s[j]) : s[j];
+        o[j] = __fmul_rn(__fmul_rn(v[j], inv), scale);
+      }
+      store4(out + i, o);
+    }
+  }
+}
+
+/// add_rms_norm_row_on for a block of kNormThreads threads (tid 0 to kNormThreads - 1).
+template <class TO, class LoadX, class LoadA, class Sync>
+__device__ __forceinline__ void add_rms_norm_row(LoadX load_x, LoadA load_a, bool has_a, float* r, const float* w,
+                                                 TO* out, int C, float eps, bool plus_one, int tid, float* partial,
+                                                 Sync sync) {
+  add_rms_norm_row_on<kNormThreads, true>(load_x, load_a, has_a, r, w, out, C, eps, plus_one, tid, partial, sync);
 }
 
 /// silu(g) rounded to T (torch's silu: g / (1 + exp(-g)) in fp32), times u: the fused activation

@@ -44,13 +44,15 @@ __device__ __forceinline__ void load_pieces(const T* const (&w)[WROWS], int64_t 
 /// sum[j][r] = x[r] . w[j] for the WROWS weight rows w[j] (K elements each) and the ROWS rows of x
 /// (contiguous, K apart), on every lane. Each lane loads IN_FLIGHT 16-byte pieces of every weight row
 /// before using any, and walks its pieces in increasing order whatever IN_FLIGHT and WROWS are, so
-/// the sums do not depend on either. It waits for the kernels ahead on the stream (Note [Dependent
-/// launch]) once its first weights are asked for: the weights are not theirs to write, so a product
-/// launched early streams them while the kernel before it ends, and x, which that kernel writes, is
-/// read after the wait. The caller touches nothing the kernels ahead write before calling it.
-template <class T, int ROWS, int WROWS, int IN_FLIGHT>
-__device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* const (&w)[WROWS], int64_t K, int lane,
-                                          float (&sum)[WROWS][ROWS]) {
+/// the sums do not depend on either. Once its first weights are asked for it calls `ready()`, then
+/// reads x: warp_dots waits there for the kernels ahead on the stream (Note [Dependent launch]) and
+/// reads x from global memory; a product whose block computes its own x (Note [Norm in the
+/// product]) waits, writes x into shared memory and syncs the block there (X_SHARED). The weights
+/// are not the kernels ahead's to write, so a product launched early streams them while the kernel
+/// before it ends. The caller touches nothing the kernels ahead write before calling it.
+template <class T, int ROWS, int WROWS, int IN_FLIGHT, bool X_SHARED, class Ready>
+__device__ __forceinline__ void warp_dots_after(const T* x, const T* const (&w)[WROWS], int64_t K, int lane,
+                                                float (&sum)[WROWS][ROWS], Ready ready) {
   constexpr int per = 16 / static_cast<int>(sizeof(T));
   const int64_t pieces = K / per;
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -60,7 +62,7 @@ __device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* cons
     for (int r = 0; r < ROWS; ++r) sum[j][r] = 0.0f;
   uint4 wv[WROWS][IN_FLIGHT];
   load_pieces<T, WROWS, IN_FLIGHT>(w, pieces, lane, wv);
-  wait_for_prior_grids();
+  ready();
   for (int64_t base = lane; base < pieces; base += 32 * IN_FLIGHT) {
     if (base != lane) load_pieces<T, WROWS, IN_FLIGHT>(w, pieces, base, wv);
 #pragma unroll
@@ -69,7 +71,12 @@ __device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* cons
       if (c >= pieces) break;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
-        const uint4 xv = __ldg(xr + r * pieces + c);
+        uint4 xv;
+        if constexpr (X_SHARED) {
+          xv = xr[r * pieces + c];
+        } else {
+          xv = __ldg(xr + r * pieces + c);
+        }
 #pragma unroll
         for (int j = 0; j < WROWS; ++j) sum[j][r] = dot16<T>(xv, wv[j][u], sum[j][r]);
       }
@@ -79,6 +86,13 @@ __device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* cons
   for (int j = 0; j < WROWS; ++j)
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) sum[j][r] = warp_sum(sum[j][r]);
+}
+
+/// warp_dots_after with x in global memory, written by the kernels ahead: it waits for them.
+template <class T, int ROWS, int WROWS, int IN_FLIGHT>
+__device__ __forceinline__ void warp_dots(const T* __restrict__ x, const T* const (&w)[WROWS], int64_t K, int lane,
+                                          float (&sum)[WROWS][ROWS]) {
+  warp_dots_after<T, ROWS, WROWS, IN_FLIGHT, false>(x, w, K, lane, sum, [] { wait_for_prior_grids(); });
 }
 
 /// warp_dots' sums with x (ROWS rows, K apart) and the WROWS weight rows in shared memory, where the

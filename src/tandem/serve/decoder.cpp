@@ -45,14 +45,15 @@ torch::Tensor length_mask(const torch::Tensor& lengths, int64_t keys) {
   return (key.unsqueeze(0) < lengths.unsqueeze(1)).view({lengths.size(0), 1, 1, keys});
 }
 
-// Note [Paged decode attention], Note [Decode fusions] and Note [Skinny epilogues]: the CUDA kernels
-// layer by layer with the products' epilogues (`fused`, the default), unless TANDEM_DECODE_KERNELS
-// asks for the whole decode step in one launch where that takes the model (`persistent`, Note
-// [Persistent decode step]: slower so far), for the kernels without the epilogues (`separate`) or
-// for LibTorch's ops only (`torch`), to compare.
+// Note [Paged decode attention], Note [Decode fusions], Note [Skinny epilogues] and Note [Norm in
+// the product]: the CUDA kernels layer by layer with the products' epilogues and the norms inside
+// the products (`fused`, the default), unless TANDEM_DECODE_KERNELS asks for the whole decode step
+// in one launch where that takes the model (`persistent`, Note [Persistent decode step]: slower so
+// far), for the norms in kernels of their own (`norms-apart`), for the kernels without the
+// epilogues (`separate`) or for LibTorch's ops only (`torch`), to compare.
 std::string decode_kernels() {
-  const std::string k =
-      env_choice("TANDEM_DECODE_KERNELS", "decode kernels", {"fused", "persistent", "separate", "torch"});
+  const std::string k = env_choice("TANDEM_DECODE_KERNELS", "decode kernels",
+                                   {"fused", "norms-apart", "persistent", "separate", "torch"});
   return k.empty() ? "fused" : k;
 }
 
@@ -137,6 +138,7 @@ Decoder::Decoder(std::shared_ptr<DecoderWeights> weights) : weights_(std::move(w
   fused_act_ = fused && p.gated_ffn && p.act == Activation::kSilu;
   skinny_linear_ = fused;
   skinny_epilogues_ = fused && kernels != "separate";
+  norms_in_products_ = skinny_epilogues_ && fused_norms_ && kernels != "norms-apart";
   packed_prefill_ = fused && packed_prefill_supported(device(), dtype(), spec().head_dim(), p.attn_softcap);
   // Note [Persistent decode step]: what the one launch computes is this path's, fused throughout.
   persistent_ = fused && kernels == "persistent" && paged_attention_ && fused_norms_ && fused_rope_ && fused_act_ &&
@@ -246,6 +248,8 @@ StepLayout Decoder::layout(const std::vector<SequenceChunk>& batch, const KvCach
     for (int64_t t = rows == LogitRows::kAll ? 0 : T - 1; t < T; ++t) logit_rows.push_back(first_row[b] + t);
   }
   s.logit_rows = int64_tensor(logit_rows, device);
+  s.every_row = static_cast<int64_t>(logit_rows.size()) == s.rows;
+  for (size_t i = 0; i < logit_rows.size() && s.every_row; ++i) s.every_row = logit_rows[i] == static_cast<int64_t>(i);
   return s;
 }
 
@@ -436,15 +440,13 @@ std::pair<torch::Tensor, torch::Tensor> Decoder::layer(const torch::Tensor& x, c
   const int64_t N = step.rows, H = s.n_head, hd = s.head_dim();
   const LayerWeights w = weights_->acquire(index);
   // Attention. x: (N, C) fp32 residual stream.
-  const auto [stream, h_in] = add_and_norm(x, pending, w.attn_norm, w.attn_norm_bias);
-  const auto [q, k, v] = queries_keys_values(h_in, w, index, step, cache);
+  const auto [stream, q, k, v] = normed_queries_keys_values(x, pending, w, index, step, cache);
   const auto y = attention(q, k, v, index, step, cache);  // (N, H, hd)
   // Note [Decode step kernels]: the add converts the compute-dtype output to fp32 itself.
   auto a = linear(y.reshape({N, H * hd}), w.o, w.o_bias);
   if (w.attn_out_norm.defined()) a = norm_fp32(a, w.attn_out_norm, {}, s.norm_eps, s.parts.norm);
   // Feed-forward: gated (act(gate) * up, stacked) or not (GPT-2).
-  const auto [r, h] = add_and_norm(stream, a, w.ff_norm, w.ff_norm_bias);
-  const auto inner = gated(h, w);  // (N, F)
+  const auto [r, inner] = normed_gated(stream, a, w);  // (N, F)
   auto f = linear(inner, w.down, w.down_bias);
   if (w.ff_out_norm.defined()) f = norm_fp32(f, w.ff_out_norm, {}, s.norm_eps, s.parts.norm);
   weights_->release(index);
@@ -491,6 +493,42 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Decoder::queries_keys_va
   kc.index_put_({step.write_page, Slice(), step.write_slot}, k);
   vc.index_put_({step.write_page, Slice(), step.write_slot}, v);
   return {qk.narrow(1, 0, H), k, v};
+}
+
+// {r, q, k, v}: r = x + pending, then q, k and v of r's attention norm (queries_keys_values). One
+// kernel where the q/k/v product takes the norm (Note [Norm in the product]).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> Decoder::normed_queries_keys_values(
+    const torch::Tensor& x, const torch::Tensor& pending, const LayerWeights& w, int64_t index, const StepLayout& step,
+    KvCache& cache) const {
+  const auto& s = spec();
+  if (norms_in_products_ && fused_rope_ && !w.attn_norm_bias.defined()) {
+    const NormedInput in{x, pending, w.attn_norm, s.norm_eps, s.parts.norm == NormKind::kRmsPlusOne};
+    if (skinny_norm_in_takes(in, w.qkv, dtype())) {
+      ++normed_products_;
+      auto kc = cache.keys(index), vc = cache.values(index);
+      return skinny_rope_kv(in, w.qkv, w.qkv_bias, s.n_head, s.n_kv_head, step.cos, step.sin, kc, vc, step.write_page,
+                            step.write_slot);
+    }
+  }
+  const auto [r, h] = add_and_norm(x, pending, w.attn_norm, w.attn_norm_bias);
+  auto [q, k, v] = queries_keys_values(h, w, index, step, cache);
+  return {r, q, k, v};
+}
+
+// {r, inner}: r = x + a, then the feed-forward's inner activation of r's norm (gated). One kernel
+// where the (gate, up) product takes the norm (Note [Norm in the product]).
+std::pair<torch::Tensor, torch::Tensor> Decoder::normed_gated(const torch::Tensor& x, const torch::Tensor& a,
+                                                              const LayerWeights& w) const {
+  const auto& s = spec();
+  if (norms_in_products_ && fused_act_ && !w.ff_norm_bias.defined()) {
+    const NormedInput in{x, a, w.ff_norm, s.norm_eps, s.parts.norm == NormKind::kRmsPlusOne};
+    if (skinny_norm_in_takes(in, w.gate_up, dtype())) {
+      ++normed_products_;
+      return skinny_silu_mul(in, w.gate_up, w.gate_up_bias);
+    }
+  }
+  const auto [r, h] = add_and_norm(x, a, w.ff_norm, w.ff_norm_bias);
+  return {r, gated(h, w)};
 }
 
 // The feed-forward's inner activation of h: act(gate) * up of the stacked (gate, up) product, or
@@ -554,6 +592,7 @@ StepLayout Decoder::decode_layout(const DecodeInputs& in, const KvCache& cache) 
   s.decode_pages = in.pages;
   set_decode_masks(s, in.lengths, in.pages.size(1) * cache.page_tokens());
   s.logit_rows = torch::arange(s.rows, in.tokens.options());
+  s.every_row = true;
   return s;
 }
 
@@ -572,8 +611,13 @@ torch::Tensor Decoder::run(const StepLayout& step, KvCache& cache) {
   if (p.scale_embedding) x = x * std::sqrt(double(spec().d_model));
   torch::Tensor pending;  // Note [Residual carried into the next norm]
   for (int64_t i = 0; i < spec().n_layer; ++i) std::tie(x, pending) = layer(x, pending, i, step, cache);
-  if (pending.defined()) x = x + pending;
-  const auto h = norm_in(x.index_select(0, step.logit_rows), w.final_norm(), w.final_norm_bias());
+  torch::Tensor h;
+  if (step.every_row) {  // the add and the norm in one kernel, the same values (Note [Decode fusions])
+    h = add_and_norm(x, pending, w.final_norm(), w.final_norm_bias()).second;
+  } else {
+    if (pending.defined()) x = x + pending;
+    h = norm_in(x.index_select(0, step.logit_rows), w.final_norm(), w.final_norm_bias());
+  }
   auto logits = linear(h, w.lm_head(), {}).to(torch::kFloat32);  // (B or N, V) fp32
   return p.final_softcap > 0 ? torch::tanh(logits / p.final_softcap) * p.final_softcap : logits;
 }

@@ -76,6 +76,9 @@ class Decoder {
   bool persistent_step(const KvCache& cache, int64_t rows) const;
   /// Why the persistent step does not run ("" when it does, or before prepare_decode_step).
   const std::string& persistent_refusal() const { return persistent_refusal_; }
+  /// The products launched so far that formed their own norm (Note [Norm in the product]); steps
+  /// replayed from a CUDA graph launch nothing here.
+  int64_t normed_products() const { return normed_products_; }
   /// Where it computes, and in which dtype (the KV cache's too).
   c10::Device device() const { return weights_->placement().device; }
   torch::ScalarType dtype() const { return weights_->placement().dtype; }
@@ -119,6 +122,11 @@ class Decoder {
                                                                               const StepLayout& step,
                                                                               KvCache& cache) const;
   torch::Tensor gated(const torch::Tensor& h, const LayerWeights& w) const;
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> normed_queries_keys_values(
+      const torch::Tensor& x, const torch::Tensor& pending, const LayerWeights& w, int64_t index,
+      const StepLayout& step, KvCache& cache) const;
+  std::pair<torch::Tensor, torch::Tensor> normed_gated(const torch::Tensor& x, const torch::Tensor& a,
+                                                       const LayerWeights& w) const;
   torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t index,
                           const StepLayout& step, KvCache& cache);
   DecodeStepModel decode_step_model(const KvCache& cache);
@@ -130,10 +138,12 @@ class Decoder {
   bool fused_norms_ = false, fused_rope_ = false, fused_act_ = false;  // Note [Decode fusions]
   bool skinny_linear_ = false;                                         // Note [Skinny linear]
   bool skinny_epilogues_ = false;                                      // Note [Skinny epilogues]
-  bool packed_prefill_ = false;                                        // Note [Packed prefill attention]
-  bool persistent_ = false;                                            // Note [Persistent decode step]
-  std::unique_ptr<DecodeStep> step_kernel_;                            // over the pages of cache step_cache_
-  uint64_t step_cache_ = 0;                                            // KvCache::id(); 0: none
+  bool norms_in_products_ = false;                                     // Note [Norm in the product]
+  mutable int64_t normed_products_ = 0;
+  bool packed_prefill_ = false;              // Note [Packed prefill attention]
+  bool persistent_ = false;                  // Note [Persistent decode step]
+  std::unique_ptr<DecodeStep> step_kernel_;  // over the pages of cache step_cache_
+  uint64_t step_cache_ = 0;                  // KvCache::id(); 0: none
   std::string persistent_refusal_;
 };
 

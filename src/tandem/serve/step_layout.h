@@ -55,6 +55,7 @@ struct StepLayout {
   /// the per-chunk layout above).
   PackedPrefills packed;
   torch::Tensor logit_rows;  // (B) or (N) int64: the rows whose logits are returned, in batch order
+  bool every_row = false;    // logit_rows is 0 to rows - 1: every row's logits, in order
 };
 
 /// A decode step (one new token per sequence) as device tensors of fixed shapes, which a recorded
