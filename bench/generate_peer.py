@@ -25,7 +25,8 @@ import torch
 # src/tandem/models/spec.cpp's shapes; the folder's vocabulary is the preset's, its tokenizer the
 # small one trained here (a tokenizer smaller than the model is allowed: its ids are a subset).
 PRESETS = {
-    "llama3.2-1B": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, model_vocab=128256, tie=True),
+    "llama3.2-1B": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, model_vocab=128256, tie=True,
+                        full_vocab=True),
     "13B": dict(layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, model_vocab=32000),
     "llama2-7B": dict(layers=32, hidden=4096, heads=32, kv_heads=32, ffn=11008, model_vocab=32000),
     "qwen2.5-0.5B": dict(family="qwen2", layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, model_vocab=151936),
@@ -44,6 +45,33 @@ FAMILY_CONFIG = {
 }
 
 
+def full_vocab_tokenizer(size):
+    """A byte-level BPE of exactly `size` ids that decode to text: the 256 byte characters, then
+    pairs and triples of the printable ASCII ones (space included), and <|eot_id|> last. A random
+    model of a large vocabulary (Llama-3's 128256) then streams text from its first token, as a
+    trained tokenizer of that size would; a small trained one leaves most sampled ids without text."""
+    import tokenizers
+
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    vocab, merges = {c: i for i, c in enumerate(alphabet)}, []
+    ascii_ = [chr(b) for b in range(33, 127)] + ["\u0120"]  # ByteLevel's characters of bytes 33-126 and space
+    pairs = [a + b for a in ascii_ for b in ascii_]
+    for piece in pairs:
+        if len(vocab) >= size - 1:
+            break
+        vocab[piece] = len(vocab)
+        merges.append((piece[0], piece[1]))
+    for piece in (p + c for p in pairs for c in ascii_):
+        if len(vocab) >= size - 1:
+            break
+        vocab[piece] = len(vocab)
+        merges.append((piece[:2], piece[2]))
+    vocab["<|eot_id|>"] = len(vocab)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+    tok.add_special_tokens(["<|eot_id|>"])
+    return tok
+
+
 def make(args):
     import tokenizers
     import transformers
@@ -52,13 +80,17 @@ def make(args):
         setattr(args, key, value)
     t0 = time.perf_counter()
     os.makedirs(args.dir, exist_ok=True)
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    if args.full_vocab:
+        tok = full_vocab_tokenizer(args.model_vocab)
+    else:
+        tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+        words = "the model trains on every tier of memory and serves text layer by layer".split()
+        corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(2000)]
+        tok.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
+            vocab_size=args.vocab, special_tokens=["<|eot_id|>"],
+            initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
-    words = "the model trains on every tier of memory and serves text layer by layer".split()
-    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(2000)]
-    tok.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
-        vocab_size=args.vocab, special_tokens=["<|eot_id|>"], initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
     tok.save(f"{args.dir}/tokenizer.json")
     with open(f"{args.dir}/tokenizer_config.json", "w") as f:
         json.dump({"eos_token": "<|eot_id|>"}, f)
@@ -193,6 +225,8 @@ def main():
     mk.add_argument("--vocab", type=int, default=8000, help="the BPE tokenizer's target size")
     mk.add_argument("--model-vocab", type=int, default=0, help="the model's vocabulary (default: the tokenizer's)")
     mk.add_argument("--tie", action="store_true", help="tie the output projection to the embedding")
+    mk.add_argument("--full-vocab", action="store_true",
+                    help="a tokenizer of the model's whole vocabulary, every id text (full_vocab_tokenizer)")
     mk.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     tm = sub.add_parser("time", help="time transformers' greedy generate on a folder")
     tm.add_argument("dir")
