@@ -121,13 +121,14 @@ void launch_skinny_silu_mul(const NormArgs* norm, const void* x, const void* w, 
     using T = decltype(tag);
     with_skinny_rows(rows, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
-      const bool deep = skinny_deep<T>(K);
-      const auto kernel =
-          norm != nullptr ? (deep ? skinny_silu_mul_kernel<T, R, 8, true> : skinny_silu_mul_kernel<T, R, 4, true>)
-                          : (deep ? skinny_silu_mul_kernel<T, R, 8, false> : skinny_silu_mul_kernel<T, R, 4, false>);
-      launch_dependent(kernel, dim3(blocks), dim3(32 * kSkinnyWarps), norm != nullptr ? normed_bytes<T, R>(K) : 0,
-                       stream, norm != nullptr ? *norm : none, static_cast<const T*>(x), static_cast<const T*>(w),
-                       static_cast<const T*>(bias), static_cast<T*>(out), K, F);
+      with_in_flight(skinny_in_flight<T>(K, rows), [&](auto depth) {
+        constexpr int D = decltype(depth)::value;
+        const auto kernel =
+            norm != nullptr ? skinny_silu_mul_kernel<T, R, D, true> : skinny_silu_mul_kernel<T, R, D, false>;
+        launch_dependent(kernel, dim3(blocks), dim3(32 * kSkinnyWarps), norm != nullptr ? normed_bytes<T, R>(K) : 0,
+                         stream, norm != nullptr ? *norm : none, static_cast<const T*>(x), static_cast<const T*>(w),
+                         static_cast<const T*>(bias), static_cast<T*>(out), K, F);
+      });
     });
   });
 }
@@ -142,13 +143,13 @@ void launch_skinny_rope_kv(const SkinnyRopeKvArgs& p, cudaStream_t stream) {
     using T = decltype(tag);
     with_skinny_rows(r.N, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
-      const bool deep = skinny_deep<T>(p.K);
-      if (normed) {
-        const auto kernel = deep ? skinny_rope_kv_normed_kernel<T, R, 8> : skinny_rope_kv_normed_kernel<T, R, 4>;
-        return launch_dependent(kernel, dim3(blocks), dim3(32 * kSkinnyWarps), normed_bytes<T, R>(p.K), stream, p);
-      }
-      const auto kernel = deep ? skinny_rope_kv_kernel<T, R, 8> : skinny_rope_kv_kernel<T, R, 4>;
-      launch_dependent(kernel, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, p);
+      with_in_flight(skinny_in_flight<T>(p.K, r.N), [&](auto depth) {
+        constexpr int D = decltype(depth)::value;
+        if (normed)
+          return launch_dependent(skinny_rope_kv_normed_kernel<T, R, D>, dim3(blocks), dim3(32 * kSkinnyWarps),
+                                  normed_bytes<T, R>(p.K), stream, p);
+        launch_dependent(skinny_rope_kv_kernel<T, R, D>, dim3(blocks), dim3(32 * kSkinnyWarps), 0, stream, p);
+      });
     });
   });
 }
