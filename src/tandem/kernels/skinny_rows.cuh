@@ -127,21 +127,27 @@ __device__ __forceinline__ void shared_dots(const T* x, const T* const (&w)[WROW
 }
 
 /// Pieces a lane keeps in flight for weight rows of K elements of T when the product has `rows` rows
-/// of x: 8 for one row whatever K, so that a row of up to 4 KB is wholly asked for before the wait
-/// (Note [Dependent launch]); with 2 to 4 rows 8 on weight rows of 8 KB and more, else 4.
-/// `tandem bench skinny_linear` on an H100 (2026-12-07, one row, Llama-3.2-1B's shapes): 8 against 4
-/// took its o product from 4.62 to 3.98 us and q/k/v from 5.74 to 5.37, and its batch-1 decode step
-/// from 1.25-1.27 to 1.22-1.23 ms; 16 on the 16 KB rows of its down product gained nothing (15.83
-/// against 15.69 us). Earlier (2026-11-27): with 8, Llama-2-7B's o and down products ran 24 % and
-/// 16 % faster and its q/k/v and gate/up within 4 %.
+/// of x. One row: 8, so that a row of up to 4 KB is wholly asked for before the wait (Note [Dependent
+/// launch]), and 16 on rows of 16 KB and more. 2 to 4 rows: 8 on rows of 8 KB and more, else 4.
+/// Measured on an H100 (2026-12-07, Llama-3.2-1B's shape, docs/benchmarks.md): one row's 8 and 16
+/// against 4 and 8 took its batch-1 decode step from 1.25-1.27 to 1.22-1.23 ms in one call;
+/// `tandem bench skinny_linear` there: o 4.62 -> 3.98 us, q/k/v 5.74 -> 5.37, and the down product's
+/// 16 KB rows the same with 16 as with 8 (15.83 against 15.69 us). Earlier (2026-11-27): with 8,
+/// Llama-2-7B's o and down products ran 24 % and 16 % faster and its q/k/v and gate/up within 4 %.
 template <class T>
 int skinny_in_flight(int64_t K, int64_t rows) {
-  return rows == 1 || K * static_cast<int64_t>(sizeof(T)) >= 8192 ? 8 : 4;
+  const int64_t bytes = K * static_cast<int64_t>(sizeof(T));
+  if (rows == 1) return bytes >= 16384 ? 16 : 8;
+  return bytes >= 8192 ? 8 : 4;
 }
 
-/// Calls f(std::integral_constant<int, n>{}) for n pieces in flight: 4 or 8 (skinny_in_flight).
-template <class F>
+/// Calls f(std::integral_constant<int, n>{}) for n pieces in flight (skinny_in_flight): 4, 8, or 16
+/// where ROWS is 1.
+template <int ROWS, class F>
 void with_in_flight(int n, F&& f) {
+  if constexpr (ROWS == 1) {
+    if (n == 16) return f(std::integral_constant<int, 16>{});
+  }
   if (n == 4) return f(std::integral_constant<int, 4>{});
   f(std::integral_constant<int, 8>{});
 }
