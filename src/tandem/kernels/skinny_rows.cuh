@@ -141,14 +141,15 @@ int skinny_in_flight(int64_t K, int64_t rows) {
   return bytes >= 8192 ? 8 : 4;
 }
 
-/// Calls f(std::integral_constant<int, n>{}) for n pieces in flight (skinny_in_flight): 4, 8, or 16
-/// where ROWS is 1.
+/// Calls f(std::integral_constant<int, n>{}) for the n pieces in flight that skinny_in_flight gives
+/// a product of ROWS rows: 8 or 16 for one row, 4 or 8 for more.
 template <int ROWS, class F>
 void with_in_flight(int n, F&& f) {
   if constexpr (ROWS == 1) {
     if (n == 16) return f(std::integral_constant<int, 16>{});
+  } else {
+    if (n == 4) return f(std::integral_constant<int, 4>{});
   }
-  if (n == 4) return f(std::integral_constant<int, 4>{});
   f(std::integral_constant<int, 8>{});
 }
 
