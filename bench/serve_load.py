@@ -5,7 +5,14 @@ Only the standard library (urllib and threads), so it runs wherever Python does.
     python3 bench/serve_load.py --url http://127.0.0.1:8000 --clients 64 --duration 60
     python3 bench/serve_load.py --checkpoint DIR [--tokenizer T] [--cli build/tandem] \\
         [--serve-args "--max-batch 64"] --clients 64 --requests 2000 --stream --json out.json
+    python3 bench/serve_load.py --checkpoint DIR --mix --clients 64 --duration 30 --json out.json
     python3 bench/serve_load.py --table out.json ...     # one markdown row per file
+
+--mix is the mixed load of a chat service (each request its own prompt of 20-400 tokens, cut from
+--text at a random place, max_tokens drawn from 16-256, every other request streamed, temperature
+0.7): unlike one prompt repeated, its prompts are prefilled, not found in the prefix cache. With
+--checkpoint (or --tokenizer) the folder's tokenizer.json, read by `tokenizers` where installed,
+cuts the prompts to whole token counts; otherwise a word stands for a token.
 
 Prints one line and the JSON (also written to --json): requests/s, generated tokens/s (the sum of
 the responses' usage.completion_tokens over the wall time), latency p50 and p99 (from sending a
@@ -18,8 +25,10 @@ the clients stop sending, the cause is printed and the exit code is 1.
 
 import argparse
 import datetime
+import glob
 import json
 import os
+import random
 import shlex
 import subprocess
 import sys
@@ -54,6 +63,78 @@ def system_prompt(words):
     """A system prompt of `words` words every client's chat requests share (--system-words)."""
     vocab = "the model trains on every tier of memory and serves text layer by layer".split()
     return " ".join(vocab[i % len(vocab)] for i in range(words))
+
+
+def default_text():
+    """The text --mix cuts prompts from by default: this repository's README and docs."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    parts = []
+    for path in [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        with open(path, errors="replace") as f:
+            parts.append(f.read())
+    return "\n".join(parts)
+
+
+def int_range(text):
+    """'LO-HI' as (LO, HI), 1 <= LO <= HI."""
+    try:
+        lo, hi = (int(v) for v in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a range LO-HI of whole numbers") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"'{text}': a range needs 1 <= LO <= HI")
+    return lo, hi
+
+
+class PromptSource:
+    """--mix's prompts: windows of `n` tokens of a text at random places. With a tokenizer.json and
+    the `tokenizers` package the text is tokenized once and a window is decoded from its ids; without,
+    a window is n words."""
+
+    def __init__(self, text, tokenizer_json=None):
+        self.ids, self.decode, self.counted = None, None, "words"
+        if tokenizer_json and os.path.exists(tokenizer_json):
+            try:
+                import tokenizers  # a test and benchmark package, not tandem's
+            except ImportError:
+                tokenizers = None
+            if tokenizers is not None:
+                tok = tokenizers.Tokenizer.from_file(tokenizer_json)
+                self.ids = tok.encode(text, add_special_tokens=False).ids
+                self.decode = tok.decode
+                self.counted = "tokens"
+        self.words = text.split()
+        units = len(self.ids) if self.ids is not None else len(self.words)
+        if units < 2:
+            raise LoadFailure("the text for --mix holds too little to cut prompts from")
+
+    def prompt(self, rng, n):
+        """A prompt of n tokens (words without a tokenizer): the text from a random place, wrapped."""
+        units = self.ids if self.ids is not None else self.words
+        start = rng.randrange(len(units))
+        window = [units[(start + i) % len(units)] for i in range(n)]
+        return self.decode(window) if self.ids is not None else " ".join(window)
+
+
+def mixed_request(args, source, rng, number):
+    """--mix: the JSON body of request `number` (counted over every client), whether it streams (the
+    even-numbered ones), its prompt's length and its max_tokens, the last two drawn uniformly from
+    their ranges with the client's `rng`."""
+    n = rng.randint(*args.prompt_tokens)
+    stream = number % 2 == 0
+    body = {"max_tokens": rng.randint(*args.max_tokens_range), "temperature": args.temperature}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if args.model:
+        body["model"] = args.model
+    text = source.prompt(rng, n)
+    if args.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    return json.dumps(body).encode(), stream, n, body["max_tokens"]
 
 
 def request_body(args, client):
@@ -132,39 +213,50 @@ def streamed_response(resp, t0):
 class Load:
     """The clients' shared state: what they measured, when to stop, the first failure."""
 
-    def __init__(self, args):
+    def __init__(self, args, source=None):
         self.args = args
+        self.source = source  # --mix: where prompts come from
         self.url = args.url.rstrip("/") + ("/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions")
         self.lock = threading.Lock()
         self.latencies, self.ttfts, self.tokens = [], [], 0
+        # --mix: each finished request's drawn prompt length, the streamed ones, the max_tokens asked for
+        self.prompt_lengths, self.streamed, self.asked = [], 0, 0
         self.started = 0
         self.failure = None
         self.deadline = None
 
     def take_one(self):
-        """Whether a client may send another request (the count or the duration not yet reached)."""
+        """The number of the request a client may send now (0, 1, ... over all clients), or None when
+        the count or the duration is reached."""
         with self.lock:
             if self.failure is not None:
-                return False
+                return None
             if self.args.requests and self.started >= self.args.requests:
-                return False
+                return None
             if not self.args.requests and time.perf_counter() >= self.deadline:
-                return False
+                return None
             self.started += 1
-            return True
+            return self.started - 1
 
     def client(self, i):
-        body = request_body(self.args, i)
+        body, stream, n, asked = request_body(self.args, i), self.args.stream, None, 0
+        rng = random.Random(self.args.seed * 100003 + i)
         try:
-            while self.take_one():
+            while (number := self.take_one()) is not None:
+                if self.source is not None:
+                    body, stream, n, asked = mixed_request(self.args, self.source, rng, number)
                 t0 = time.perf_counter()
                 with open_request(self.url, body, self.args.api_key, self.args.timeout) as resp:
-                    tokens, ttft = streamed_response(resp, t0) if self.args.stream else whole_response(resp)
+                    tokens, ttft = streamed_response(resp, t0) if stream else whole_response(resp)
                 with self.lock:
                     self.latencies.append(time.perf_counter() - t0)
                     self.tokens += tokens
                     if ttft is not None:
                         self.ttfts.append(ttft)
+                    if n is not None:
+                        self.prompt_lengths.append(n)
+                        self.streamed += int(stream)
+                        self.asked += asked
         except (LoadFailure, ValueError, KeyError, OSError) as e:
             with self.lock:
                 if self.failure is None:
@@ -192,13 +284,27 @@ def summary(load, wall):
            "latency_p50_s": percentile(load.latencies, 50), "latency_p99_s": percentile(load.latencies, 99)}
     if a.checkpoint and os.environ.get("TANDEM_DECODE_KERNELS"):  # the server's decode kernels, when set
         out["serve_env"] = "TANDEM_DECODE_KERNELS=" + os.environ["TANDEM_DECODE_KERNELS"]
-    if a.stream:
+    if a.mix:
+        out["stream"] = "half"
+        out["max_tokens"] = "{}-{}".format(*a.max_tokens_range)
+        out["mix"] = {"prompt_tokens": list(a.prompt_tokens), "max_tokens": list(a.max_tokens_range),
+                      "counted_in": load.source.counted, "streamed_requests": load.streamed,
+                      "prompt_min": min(load.prompt_lengths), "prompt_max": max(load.prompt_lengths),
+                      "prompt_mean": sum(load.prompt_lengths) / len(load.prompt_lengths),
+                      "max_tokens_asked": load.asked}
+    if a.stream or a.mix:
         out.update(ttft_p50_s=percentile(load.ttfts, 50), ttft_p99_s=percentile(load.ttfts, 99))
     return out
 
 
 def one_line(s):
-    line = (f"{s['clients']} clients, {s['endpoint']}{' streamed' if s['stream'] else ''}, {s['wall_s']:.1f} s: "
+    how = " streamed" if s["stream"] is True else ""
+    if s.get("mix"):
+        m = s["mix"]
+        how = (f" mixed (prompts of {m['prompt_tokens'][0]}-{m['prompt_tokens'][1]} {m['counted_in']}, max_tokens "
+               f"{m['max_tokens'][0]}-{m['max_tokens'][1]}, {m['streamed_requests']} streamed, temperature "
+               f"{s['temperature']:g})")
+    line = (f"{s['clients']} clients, {s['endpoint']}{how}, {s['wall_s']:.1f} s: "
             f"{s['requests']} requests, {s['requests_per_s']:.2f} requests/s, "
             f"{s['generated_tokens_per_s']:.1f} generated tokens/s, latency p50 {s['latency_p50_s']:.3f} s "
             f"p99 {s['latency_p99_s']:.3f} s")
@@ -295,7 +401,8 @@ def table(paths):
         flags = "(a running server)" if flags is None else f"`{flags.strip()}`" if flags.strip() else "(defaults)"
         if s.get("serve_env"):
             flags += f", `{s['serve_env']}`"
-        print(f"| {s['endpoint']}{' (stream)' if s['stream'] else ''}{system} | {flags} | {s['clients']} | "
+        how = " (mixed)" if s.get("mix") else " (stream)" if s["stream"] else ""
+        print(f"| {s['endpoint']}{how}{system} | {flags} | {s['clients']} | "
               f"{s['max_tokens']} | "
               f"{s['requests_per_s']:.2f} | {s['generated_tokens_per_s']:.1f} | {s['latency_p50_s']:.3f} s | "
               f"{s['latency_p99_s']:.3f} s | {ttft[0]} | {ttft[1]} |")
@@ -319,7 +426,7 @@ def parse_args(argv):
     ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     ap.add_argument("--stream", action="store_true", help="stream (server-sent events) and time the first token")
     ap.add_argument("--max-tokens", type=int, default=128, help="max_tokens of each request (default 128)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="temperature of each request (default 0)")
+    ap.add_argument("--temperature", type=float, help="temperature of each request (default 0; 0.7 with --mix)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="ask for max_tokens tokens whatever the model samples (the server's ignore_eos)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt (the client's number is appended)")
@@ -329,7 +436,20 @@ def parse_args(argv):
     ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY", ""), help="default $TANDEM_API_KEY")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one request may take (default 600)")
     ap.add_argument("--json", help="write the result here")
+    ap.add_argument("--mix", action="store_true",
+                    help="the mixed load (module doc): prompts of --prompt-tokens, max_tokens of --max-tokens-range, "
+                         "every other request streamed")
+    ap.add_argument("--prompt-tokens", type=int_range, default=(20, 400), metavar="LO-HI",
+                    help="--mix: prompt lengths in tokens (default 20-400)")
+    ap.add_argument("--max-tokens-range", type=int_range, default=(16, 256), metavar="LO-HI",
+                    help="--mix: max_tokens of the requests (default 16-256)")
+    ap.add_argument("--text", help="--mix: the text prompts are cut from (default this repository's README and docs)")
+    ap.add_argument("--seed", type=int, default=0, help="--mix: seed of the draws (default 0)")
     args = ap.parse_args(argv)
+    if args.temperature is None:
+        args.temperature = 0.7 if args.mix else 0.0
+    if args.mix and (args.system_words or args.stream):
+        ap.error("--mix draws its own prompts and streams every other request: leave out --system-words and --stream")
     if not args.table and bool(args.url) == bool(args.checkpoint):
         ap.error("give --url of a running server or --checkpoint to start one (one of them)")
     if args.clients < 1 or args.requests < 0 or args.duration <= 0 or args.max_tokens < 1:
@@ -337,8 +457,24 @@ def parse_args(argv):
     return args
 
 
+def prompt_source(args):
+    """--mix's prompts: from --text or the docs, cut by the served folder's tokenizer where it has one."""
+    if args.text:
+        try:
+            with open(args.text, errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise LoadFailure(f"--text {args.text}: {e.strerror}") from None
+    else:
+        text = default_text()
+    where = args.tokenizer or args.checkpoint
+    if where and not where.endswith(".json"):
+        where = os.path.join(where, "tokenizer.json")
+    return PromptSource(text, where)
+
+
 def measure(args, server):
-    load = Load(args)
+    load = Load(args, prompt_source(args) if args.mix else None)
     wall = load.run()
     if load.failure is not None:
         raise LoadFailure(load.failure)

@@ -44,7 +44,8 @@
 #   serve  generation: tandem generate (resident with and without CUDA graphs, and streaming all but 4 layers) against transformers'
 #          generate on one random-weight 1B folder; closed-loop load on `tandem serve` over the same
 #          folder (bench/serve_load.py, SERVE_CLIENTS clients, default 64, for SERVE_LOAD_S s, default
-#          60); the server's tests with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
+#          60), and the mixed load of a chat service (--mix; SERVE_MIX=0 leaves it out); the server's tests
+#          with the openai client on the GPU. SERVE_AB=1 repeats generation and the load
 #          with LibTorch's ops only (TANDEM_DECODE_KERNELS=torch); SERVE_DEP_AB=1 (default) repeats the batch-1
 #          runs with the decode kernels launched the ordinary way (TANDEM_DEPENDENT_LAUNCH=off, Note [Dependent
 #          launch]); SERVE_EPI_AB=1 (default) repeats them with the products' epilogues apart
@@ -840,6 +841,16 @@ serve_load_run() {  # name, serve flags
     grep -aiE "error|fail|warn|abort|terminate" "$OUT/$1-server.log" | head -10 | cut -c1-400
   fi
 }
+# The mixed load of a chat service (bench/serve_load.py --mix: each request its own prompt of 20-400
+# tokens, max_tokens 16-256, every other request streamed, temperature 0.7), SERVE_LOAD_S seconds on
+# the server's defaults; SERVE_MIX=0 leaves it out.
+serve_mix_run() {  # name
+  [[ ${SERVE_MIX:-1} == 1 ]] || return 0
+  python3 bench/serve_load.py --checkpoint "$gdir" --cli "$BUILD/tandem" --server-log "$OUT/$1-server.log" \
+    --serve-args "${SERVE_ARGS:-}" --clients "${SERVE_CLIENTS:-64}" --duration "${SERVE_LOAD_S:-60}" --mix \
+    --json "$OUT/$1.json" >"$OUT/$1.log" 2>&1 || grep -aiE "fail|error" "$OUT/$1.log" | head -3
+  echo "-- $1: $(head -1 "$OUT/$1.log")"
+}
 # SERVE_1B=0 leaves out the 1B folder's runs (generation, loads, the server's tests).
 if [[ ${SERVE_BIG:-0} != only && ${SERVE_1B:-1} == 1 ]]; then
 echo "== serve: generation on the GPU, tandem generate and transformers generate on the same folder"
@@ -904,6 +915,7 @@ python3 bench/generate_peer.py time "$gdir" --prompts "$OUT/gen-prompt1.txt" --m
 # a 2 GiB cache, the earlier benchmarks' flags; "" skips it).
 echo "== serve: ${SERVE_CLIENTS:-64} clients for ${SERVE_LOAD_S:-60} s on tandem serve (bench/serve_load.py)"
 serve_load_run serve-load "${SERVE_ARGS:-}"
+serve_mix_run serve-mix
 [[ ${SERVE_AB:-0} == 1 ]] && TANDEM_DECODE_KERNELS=torch serve_load_run serve-load-torch "${SERVE_ARGS:-}"
 serve_b=${SERVE_ARGS_B---max-batch 64 --kv-cache-gib 2}
 [[ -n $serve_b ]] && serve_load_run serve-load-b "$serve_b"
@@ -951,6 +963,7 @@ tail -2 "$OUT/gen7-batch.log"
 python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompt1.txt" --max-tokens 128 2>&1 | tail -1
 python3 bench/generate_peer.py time "$s7" --prompts "$OUT/gen-prompts.txt" --max-tokens 128 2>&1 | tail -1
 gdir=$s7 serve_load_run serve7-load "${SERVE_ARGS:-}"
+gdir=$s7 serve_mix_run serve7-mix
 rm -rf "$s7"
 fi
 if [[ ${SERVE_BIG:-0} != 0 ]]; then
