@@ -116,43 +116,36 @@ class PromptSource:
         return self.decode(window) if self.ids is not None else " ".join(window)
 
 
-def mixed_request(args, source, rng, number):
-    """--mix: the JSON body of request `number` (counted over every client), whether it streams (the
-    even-numbered ones), its prompt's length and its max_tokens, the last two drawn uniformly from
-    their ranges with the client's `rng`."""
-    n = rng.randint(*args.prompt_tokens)
-    stream = number % 2 == 0
-    body = {"max_tokens": rng.randint(*args.max_tokens_range), "temperature": args.temperature}
-    if args.ignore_eos:
-        body["ignore_eos"] = True
-    if args.model:
-        body["model"] = args.model
-    text = source.prompt(rng, n)
-    if args.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
-    else:
-        body["prompt"] = text
-    if stream:
-        body.update(stream=True, stream_options={"include_usage": True})
-    return json.dumps(body).encode(), stream, n, body["max_tokens"]
-
-
-def request_body(args, client):
-    """The JSON body of `client`'s requests."""
-    text = f"{args.prompt} {client}"
-    body = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+def body_of(args, text, max_tokens, stream, system_words=0):
+    """The JSON body of one request for `text`."""
+    body = {"max_tokens": max_tokens, "temperature": args.temperature}
     if args.ignore_eos:  # tandem's (and vLLM's) extension: every request generates max_tokens
         body["ignore_eos"] = True
     if args.model:
         body["model"] = args.model
     if args.endpoint == "chat":
-        body["messages"] = ([{"role": "system", "content": system_prompt(args.system_words)}] if args.system_words
+        body["messages"] = ([{"role": "system", "content": system_prompt(system_words)}] if system_words
                             else []) + [{"role": "user", "content": text}]
     else:
         body["prompt"] = text
-    if args.stream:
+    if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     return json.dumps(body).encode()
+
+
+def mixed_request(args, source, rng, number):
+    """--mix: the JSON body of request `number` (counted over every client), whether it streams (the
+    even-numbered ones), its prompt's length and its max_tokens, the last two drawn uniformly from
+    their ranges with the client's `rng`."""
+    n = rng.randint(*args.prompt_tokens)
+    max_tokens = rng.randint(*args.max_tokens_range)
+    stream = number % 2 == 0
+    return body_of(args, source.prompt(rng, n), max_tokens, stream), stream, n, max_tokens
+
+
+def request_body(args, client):
+    """The JSON body of `client`'s requests."""
+    return body_of(args, f"{args.prompt} {client}", args.max_tokens, args.stream, args.system_words)
 
 
 def open_request(url, body, api_key, timeout):
