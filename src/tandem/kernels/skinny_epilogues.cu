@@ -121,7 +121,7 @@ void launch_skinny_silu_mul(const NormArgs* norm, const void* x, const void* w, 
     using T = decltype(tag);
     with_skinny_rows(rows, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
-      with_in_flight<R>(skinny_in_flight<T>(K, rows), [&](auto depth) {
+      with_in_flight<T, R>(K, [&](auto depth) {
         constexpr int D = decltype(depth)::value;
         const auto kernel =
             norm != nullptr ? skinny_silu_mul_kernel<T, R, D, true> : skinny_silu_mul_kernel<T, R, D, false>;
@@ -143,7 +143,7 @@ void launch_skinny_rope_kv(const SkinnyRopeKvArgs& p, cudaStream_t stream) {
     using T = decltype(tag);
     with_skinny_rows(r.N, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
-      with_in_flight<R>(skinny_in_flight<T>(p.K, r.N), [&](auto depth) {
+      with_in_flight<T, R>(p.K, [&](auto depth) {
         constexpr int D = decltype(depth)::value;
         if (normed)
           return launch_dependent(skinny_rope_kv_normed_kernel<T, R, D>, dim3(blocks), dim3(32 * kSkinnyWarps),

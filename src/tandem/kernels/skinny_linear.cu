@@ -50,9 +50,8 @@ void launch_skinny_linear(const void* x, const void* w, const void* bias, void* 
     using T = decltype(tag);
     with_skinny_rows(rows, [&](auto rows_tag) {
       constexpr int R = decltype(rows_tag)::value;
-      with_in_flight<R>(skinny_in_flight<T>(K, rows), [&](auto depth) {
-        launch_in_flight<T, R, decltype(depth)::value>(x, w, bias, y, K, O, stream);
-      });
+      with_in_flight<T, R>(
+          K, [&](auto depth) { launch_in_flight<T, R, decltype(depth)::value>(x, w, bias, y, K, O, stream); });
     });
   });
 }

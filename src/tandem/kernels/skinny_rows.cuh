@@ -126,29 +126,22 @@ __device__ __forceinline__ void shared_dots(const T* x, const T* const (&w)[WROW
     for (int r = 0; r < ROWS; ++r) sum[j][r] = warp_sum(sum[j][r]);
 }
 
-/// Pieces a lane keeps in flight for weight rows of K elements of T when the product has `rows` rows
-/// of x. One row: 8, so that a row of up to 4 KB is wholly asked for before the wait (Note [Dependent
-/// launch]), and 16 on rows of 16 KB and more. 2 to 4 rows: 8 on rows of 8 KB and more, else 4.
-/// Measured on an H100 (2026-12-07, Llama-3.2-1B's shape, docs/benchmarks.md): one row's 8 and 16
-/// against 4 and 8 took its batch-1 decode step from 1.25-1.27 to 1.22-1.23 ms in one call;
-/// `tandem bench skinny_linear` there: o 4.62 -> 3.98 us, q/k/v 5.74 -> 5.37, and the down product's
-/// 16 KB rows the same with 16 as with 8 (15.83 against 15.69 us). Earlier (2026-11-27): with 8,
-/// Llama-2-7B's o and down products ran 24 % and 16 % faster and its q/k/v and gate/up within 4 %.
-template <class T>
-int skinny_in_flight(int64_t K, int64_t rows) {
+/// Calls f(std::integral_constant<int, n>{}) with n the pieces a lane keeps in flight for weight rows
+/// of K elements of T in a product of ROWS rows of x. One row: 8, so that a row of up to 4 KB is
+/// wholly asked for before the wait (Note [Dependent launch]), and 16 on rows of 16 KB and more. 2
+/// to 4 rows: 8 on rows of 8 KB and more, else 4. Measured on an H100 (2026-12-07, Llama-3.2-1B's
+/// shape, docs/benchmarks.md): one row's 8 and 16 against 4 and 8 took its batch-1 decode step from
+/// 1.25-1.27 to 1.22-1.23 ms in one call; `tandem bench skinny_linear` there: o 4.62 -> 3.98 us, q/k/v
+/// 5.74 -> 5.37, and the down product's 16 KB rows the same with 16 as with 8 (15.83 against 15.69
+/// us). Earlier (2026-11-27): with 8, Llama-2-7B's o and down products ran 24 % and 16 % faster and
+/// its q/k/v and gate/up within 4 %.
+template <class T, int ROWS, class F>
+void with_in_flight(int64_t K, F&& f) {
   const int64_t bytes = K * static_cast<int64_t>(sizeof(T));
-  if (rows == 1) return bytes >= 16384 ? 16 : 8;
-  return bytes >= 8192 ? 8 : 4;
-}
-
-/// Calls f(std::integral_constant<int, n>{}) for the n pieces in flight that skinny_in_flight gives
-/// a product of ROWS rows: 8 or 16 for one row, 4 or 8 for more.
-template <int ROWS, class F>
-void with_in_flight(int n, F&& f) {
   if constexpr (ROWS == 1) {
-    if (n == 16) return f(std::integral_constant<int, 16>{});
+    if (bytes >= 16384) return f(std::integral_constant<int, 16>{});
   } else {
-    if (n == 4) return f(std::integral_constant<int, 4>{});
+    if (bytes < 8192) return f(std::integral_constant<int, 4>{});
   }
   f(std::integral_constant<int, 8>{});
 }
