@@ -25,7 +25,6 @@ the clients stop sending, the cause is printed and the exit code is 1.
 
 import argparse
 import datetime
-import glob
 import json
 import os
 import random
@@ -40,6 +39,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_util import free_port  # noqa: E402
+from load_prompts import PromptSource, PromptsUnavailable, default_text, int_range  # noqa: E402
 
 DEFAULT_PROMPT = "the model trains on every tier of memory and serves text, client"
 
@@ -63,57 +63,6 @@ def system_prompt(words):
     """A system prompt of `words` words every client's chat requests share (--system-words)."""
     vocab = "the model trains on every tier of memory and serves text layer by layer".split()
     return " ".join(vocab[i % len(vocab)] for i in range(words))
-
-
-def default_text():
-    """The text --mix cuts prompts from by default: this repository's README and docs."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    parts = []
-    for path in [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
-        with open(path, errors="replace") as f:
-            parts.append(f.read())
-    return "\n".join(parts)
-
-
-def int_range(text):
-    """'LO-HI' as (LO, HI), 1 <= LO <= HI."""
-    try:
-        lo, hi = (int(v) for v in text.split("-"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a range LO-HI of whole numbers") from None
-    if not 1 <= lo <= hi:
-        raise argparse.ArgumentTypeError(f"'{text}': a range needs 1 <= LO <= HI")
-    return lo, hi
-
-
-class PromptSource:
-    """--mix's prompts: windows of `n` tokens of a text at random places. With a tokenizer.json and
-    the `tokenizers` package the text is tokenized once and a window is decoded from its ids; without,
-    a window is n words."""
-
-    def __init__(self, text, tokenizer_json=None):
-        self.ids, self.decode, self.counted = None, None, "words"
-        if tokenizer_json and os.path.exists(tokenizer_json):
-            try:
-                import tokenizers  # a test and benchmark package, not tandem's
-            except ImportError:
-                tokenizers = None
-            if tokenizers is not None:
-                tok = tokenizers.Tokenizer.from_file(tokenizer_json)
-                self.ids = tok.encode(text, add_special_tokens=False).ids
-                self.decode = tok.decode
-                self.counted = "tokens"
-        self.words = text.split()
-        units = len(self.ids) if self.ids is not None else len(self.words)
-        if units < 2:
-            raise LoadFailure("the text for --mix holds too little to cut prompts from")
-
-    def prompt(self, rng, n):
-        """A prompt of n tokens (words without a tokenizer): the text from a random place, wrapped."""
-        units = self.ids if self.ids is not None else self.words
-        start = rng.randrange(len(units))
-        window = [units[(start + i) % len(units)] for i in range(n)]
-        return self.decode(window) if self.ids is not None else " ".join(window)
 
 
 def body_of(args, text, max_tokens, stream, system_words=0):
@@ -463,7 +412,10 @@ def prompt_source(args):
     where = args.tokenizer or args.checkpoint
     if where and not where.endswith(".json"):
         where = os.path.join(where, "tokenizer.json")
-    return PromptSource(text, where)
+    try:
+        return PromptSource(text, where)
+    except PromptsUnavailable as e:
+        raise LoadFailure(str(e)) from None
 
 
 def measure(args, server):
